@@ -1,0 +1,122 @@
+"""EDMem model configuration.
+
+This file is copied to the Hub as custom code next to `modeling_edmem.py`: it imports nothing of ours.
+"""
+
+from huggingface_hub.dataclasses import strict
+from transformers.configuration_utils import PreTrainedConfig
+
+ENTITY_START_TOKEN = "<E_s>"
+ENTITY_END_TOKEN = "<E_e>"
+
+EDMEM_VARIANTS = ("edmem", "encdec", "encmem")
+LOWER_DECODER_SOURCES = ("upper", "lower")
+
+
+@strict
+class EDMemConfig(PreTrainedConfig):
+    r"""
+    Configuration of an EDMem model: a BART-style encoder-decoder whose encoder and decoder are each split into
+    lower and upper layers, with an entity memory read at every `<E_s>` token between the two.
+
+    The defaults are the paper's `edmem-large` setting: BART-large widths, 4 lower + 8 upper layers on each side,
+    a 1M x 256 entity table, top-100 entities at inference, and an entity-linking loss weight of 1.
+
+    Args:
+        encoder_lower_layers / encoder_upper_layers / decoder_lower_layers / decoder_upper_layers (`int`):
+            L1 and L2 of the paper, for the encoder and the decoder.
+        entity_vocab_size (`int`): rows of the entity table (N).
+        entity_embed_dim (`int`): width of an entity embedding (256 in the paper).
+        memory_top_k (`int` or `None`): entities read at inference; `None` reads the whole table.
+        memory_chunk_size (`int`): entities scored at a time when the whole table is read, which bounds the
+            memory of the read and of the entity-linking loss to `mentions x memory_chunk_size` scores.
+        entity_loss_weight (`float`): lambda in `loss = lm_loss + lambda * entity_loss`.
+        entity_start_token_id / entity_end_token_id (`int`): ids of `<E_s>` and `<E_e>`.
+        variant (`str`): `"edmem"` (full model), `"encdec"` (no memory, same LM objective) or `"encmem"`
+            (encoder + memory, the EaE-style auto-encoder of the paper's ablations).
+        lower_decoder_attends_to (`str`): which encoder output the lower decoder layers cross-attend to:
+            `"upper"` (the final encoder output, as in the authors' runs) or `"lower"` (the hidden states that
+            enter the upper encoder layers). The upper decoder layers always attend to the final output.
+    """
+
+    model_type = "edmem"
+    keys_to_ignore_at_inference = ["past_key_values"]
+    attribute_map = {
+        "num_attention_heads": "encoder_attention_heads",
+        "hidden_size": "d_model",
+        "num_hidden_layers": "decoder_layers",
+    }
+
+    vocab_size: int = 50267
+    max_position_embeddings: int = 1024
+    d_model: int = 1024
+    encoder_lower_layers: int = 4
+    encoder_upper_layers: int = 8
+    decoder_lower_layers: int = 4
+    decoder_upper_layers: int = 8
+    encoder_layers: int | None = None
+    decoder_layers: int | None = None
+    encoder_ffn_dim: int = 4096
+    encoder_attention_heads: int = 16
+    decoder_ffn_dim: int = 4096
+    decoder_attention_heads: int = 16
+    encoder_layerdrop: float = 0.0
+    decoder_layerdrop: float = 0.0
+    activation_function: str = "gelu"
+    dropout: float | int = 0.1
+    attention_dropout: float | int = 0.0
+    activation_dropout: float | int = 0.0
+    init_std: float = 0.02
+    scale_embedding: bool = False
+    entity_vocab_size: int = 1_000_000
+    entity_embed_dim: int = 256
+    memory_top_k: int | None = 100
+    memory_chunk_size: int = 65536
+    entity_loss_weight: float = 1.0
+    entity_start_token_id: int | None = 50265
+    entity_end_token_id: int | None = 50266
+    variant: str = "edmem"
+    lower_decoder_attends_to: str = "upper"
+    use_cache: bool = True
+    pad_token_id: int | None = 1
+    bos_token_id: int | None = 0
+    eos_token_id: int | list[int] | None = 2
+    is_encoder_decoder: bool | None = True
+    decoder_start_token_id: int | None = 2
+    forced_eos_token_id: int | list[int] | None = 2
+    tie_word_embeddings: bool = True
+
+    def __post_init__(self, **kwargs):
+        # The full depths are derived, so that layer indices, caches and BART weights line up.
+        self.encoder_layers = self.encoder_lower_layers + self.encoder_upper_layers
+        self.decoder_layers = self.decoder_lower_layers + self.decoder_upper_layers
+        super().__post_init__(**kwargs)
+
+    def validate_architecture(self):
+        """Checks that the settings describe a model that can be built."""
+        if self.variant not in EDMEM_VARIANTS:
+            raise ValueError(f"variant must be one of {EDMEM_VARIANTS}, got {self.variant!r}")
+        if self.lower_decoder_attends_to not in LOWER_DECODER_SOURCES:
+            raise ValueError(
+                f"lower_decoder_attends_to must be one of {LOWER_DECODER_SOURCES}, got {self.lower_decoder_attends_to!r}"
+            )
+        for name in ("encoder_lower_layers", "encoder_upper_layers", "decoder_lower_layers", "decoder_upper_layers"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.variant != "encdec":
+            if self.entity_vocab_size < 1:
+                raise ValueError(f"entity_vocab_size must be >= 1, got {self.entity_vocab_size}")
+            if self.entity_start_token_id is None or self.entity_end_token_id is None:
+                raise ValueError("entity_start_token_id and entity_end_token_id must be set for a model with memory")
+            for name in ("entity_start_token_id", "entity_end_token_id"):
+                if not 0 <= getattr(self, name) < self.vocab_size:
+                    raise ValueError(f"{name}={getattr(self, name)} is outside the vocabulary (size {self.vocab_size})")
+        if self.memory_top_k is not None and self.memory_top_k < 1:
+            raise ValueError(f"memory_top_k must be >= 1 or None, got {self.memory_top_k}")
+        if self.memory_chunk_size < 1:
+            raise ValueError(f"memory_chunk_size must be >= 1, got {self.memory_chunk_size}")
+        if self.d_model % self.encoder_attention_heads or self.d_model % self.decoder_attention_heads:
+            raise ValueError("d_model must be divisible by the number of attention heads")
+
+
+__all__ = ["EDMemConfig", "ENTITY_START_TOKEN", "ENTITY_END_TOKEN"]
