@@ -1,0 +1,118 @@
+"""The entity vocabulary: what each row of the entity memory stands for.
+
+Saved as plain JSON beside the weights (`entity_vocab.json`), never pickle: model repositories come from
+strangers. Copied to the Hub as custom code with `modeling_edmem.py`; it imports nothing else of ours.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+
+ENTITY_VOCAB_NAME = "entity_vocab.json"
+_FORMAT_VERSION = 1
+
+
+class EntityVocab:
+    """Entity id (a row of the entity table, `0..N-1`) -> canonical name, aliases and link count.
+
+    Names are unique: they are what constrained decoding spells out between `<E_s>` and `<E_e>`.
+    """
+
+    def __init__(
+        self,
+        names: Sequence[str],
+        aliases: Sequence[Sequence[str]] | None = None,
+        counts: Sequence[int] | None = None,
+    ):
+        names = list(names)
+        if aliases is not None and len(aliases) != len(names):
+            raise ValueError(f"EntityVocab: {len(aliases)} alias lists for {len(names)} names")
+        if counts is not None and len(counts) != len(names):
+            raise ValueError(f"EntityVocab: {len(counts)} counts for {len(names)} names")
+        self.names = names
+        self.aliases = [list(a) for a in aliases] if aliases is not None else [[] for _ in names]
+        self.counts = [int(c) for c in counts] if counts is not None else [0] * len(names)
+        self._ids: dict[str, int] = {}
+        for i, name in enumerate(names):
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"EntityVocab: entity {i} has an empty or non-string name: {name!r}")
+            if name in self._ids:
+                raise ValueError(f"EntityVocab: duplicate entity name {name!r} (ids {self._ids[name]} and {i})")
+            self._ids[name] = i
+
+    @classmethod
+    def from_names(cls, names: Iterable[str]) -> EntityVocab:
+        return cls(list(names))
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._ids
+
+    def __repr__(self) -> str:
+        head = ", ".join(repr(n) for n in self.names[:3])
+        return f"EntityVocab({len(self)} entities: {head}{', ...' if len(self) > 3 else ''})"
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, EntityVocab)
+            and self.names == other.names
+            and self.aliases == other.aliases
+            and self.counts == other.counts
+        )
+
+    def id_of(self, name: str) -> int:
+        try:
+            return self._ids[name]
+        except KeyError:
+            raise KeyError(f"unknown entity name {name!r}") from None
+
+    def name_of(self, entity_id: int) -> str:
+        entity_id = int(entity_id)
+        if not 0 <= entity_id < len(self.names):
+            raise ValueError(f"unknown entity id {entity_id}: the vocabulary has ids 0..{len(self.names) - 1}")
+        return self.names[entity_id]
+
+    def check_ids(self, ids: Iterable[int]) -> None:
+        """Raises a ValueError naming the first id outside the vocabulary."""
+        for entity_id in ids:
+            self.name_of(entity_id)
+
+    # --- files -------------------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict:
+        return {"format_version": _FORMAT_VERSION, "names": self.names, "aliases": self.aliases, "counts": self.counts}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> EntityVocab:
+        if not isinstance(data, dict) or "names" not in data:
+            raise ValueError("not an EDMem entity vocabulary: expected a JSON object with a 'names' list")
+        version = data.get("format_version", _FORMAT_VERSION)
+        if version > _FORMAT_VERSION:
+            raise ValueError(f"entity vocabulary format {version} is newer than this code reads ({_FORMAT_VERSION})")
+        return cls(data["names"], data.get("aliases"), data.get("counts"))
+
+    def save(self, path: str | os.PathLike) -> str:
+        """Writes `entity_vocab.json` into a directory (or to a file path ending in .json)."""
+        path = os.fspath(path)
+        if not path.endswith(".json"):
+            os.makedirs(path, exist_ok=True)
+            path = os.path.join(path, ENTITY_VOCAB_NAME)
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(self.to_dict(), f, ensure_ascii=False)
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> EntityVocab:
+        path = os.fspath(path)
+        if os.path.isdir(path):
+            path = os.path.join(path, ENTITY_VOCAB_NAME)
+        with open(path, encoding="utf-8") as f:
+            try:
+                data = json.load(f)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path} is not valid JSON: {err}") from err
+        return cls.from_dict(data)
