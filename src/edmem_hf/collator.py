@@ -1,0 +1,222 @@
+"""Masking collator for EDMem pre-training: random token masking + salient span masking (paper, Sec. 3.3).
+
+Each example is a corpus passage (`input_ids` with `<E_s>`/`<E_e>` markers, `entity_labels` on the `<E_s>`
+tokens). The collator pads, corrupts the input and returns the batch fields of `docs/design.md`:
+`input_ids` (corrupted), `attention_mask`, `entity_labels`, `labels` (the original sequence) and
+`decoder_entity_labels`.
+
+Randomness. If an example carries an `example_index` (and optionally an `epoch`), its masking is drawn from
+its own generator seeded by `(seed, epoch, example_index)`: the masking of a passage then does not depend on
+the batch it lands in, the number of processes, DataLoader workers or prefetching, which is what makes an
+interrupted and resumed run identical to an uninterrupted one and keeps evaluation masks fixed. Without an
+index, one stateful generator is used (seeded from `seed`, or the `generator` you pass); its state is in
+`state_dict()` so that it can be checkpointed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from .configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN
+
+IGNORE_INDEX = -100
+
+
+def _as_list(value: Any) -> list[int]:
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return list(value)
+
+
+@dataclass
+class EDMemMaskingCollator:
+    """Pads and corrupts a list of passages into an EDMem pre-training batch.
+
+    Args:
+        tokenizer: a tokenizer with a mask token and the `<E_s>`/`<E_e>` markers (ids are looked up once).
+        random_mask_prob: P_rtm, the chance that each ordinary token becomes the mask token (paper: 0.3).
+        mention_mask_prob: P_ssm, the chance that all tokens of a mention (strictly between `<E_s>` and
+            `<E_e>`) become mask tokens (paper: 0.5). Markers and special tokens are never masked.
+        seed: seed of the per-example generators (and of the stateful generator when no `generator` is given).
+        generator: optional `torch.Generator` for examples without `example_index`.
+        pad_to_multiple_of: pad the length up to a multiple of this (e.g. 8 for tensor cores).
+        return_salient_span_mask: also return `salient_span_mask`, True at each input `<E_s>` whose mention
+            was salient-span-masked (used by evaluation; pop it before calling the model).
+    """
+
+    tokenizer: Any
+    random_mask_prob: float = 0.3
+    mention_mask_prob: float = 0.5
+    seed: int = 0
+    generator: torch.Generator | None = None
+    pad_to_multiple_of: int | None = None
+    return_salient_span_mask: bool = False
+    _rng: np.random.Generator = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for name in ("random_mask_prob", "mention_mask_prob"):
+            value = getattr(self, name)
+            if not 0.0 <= float(value) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {value}")
+        if self.pad_to_multiple_of is not None and self.pad_to_multiple_of < 1:
+            raise ValueError(f"pad_to_multiple_of must be >= 1, got {self.pad_to_multiple_of}")
+        tok = self.tokenizer
+        if getattr(tok, "mask_token_id", None) is None:
+            raise ValueError("EDMemMaskingCollator: the tokenizer has no mask token (expected `<mask>`)")
+        if getattr(tok, "pad_token_id", None) is None:
+            raise ValueError("EDMemMaskingCollator: the tokenizer has no pad token (expected `<pad>`)")
+        unk = getattr(tok, "unk_token_id", None)
+        ids = {}
+        for marker in (ENTITY_START_TOKEN, ENTITY_END_TOKEN):
+            token_id = tok.convert_tokens_to_ids(marker)
+            if token_id is None or (unk is not None and token_id == unk):
+                raise ValueError(
+                    f"EDMemMaskingCollator: the tokenizer has no {marker} token; add the entity markers "
+                    f"(edmem train-tokenizer, or tokenizer.add_special_tokens) before pre-training"
+                )
+            ids[marker] = int(token_id)
+        self.mask_token_id = int(tok.mask_token_id)
+        self.pad_token_id = int(tok.pad_token_id)
+        self.entity_start_token_id = ids[ENTITY_START_TOKEN]
+        self.entity_end_token_id = ids[ENTITY_END_TOKEN]
+        special = set(int(i) for i in getattr(tok, "all_special_ids", []))
+        special |= {self.mask_token_id, self.pad_token_id, self.entity_start_token_id, self.entity_end_token_id}
+        self._special_ids = torch.tensor(sorted(special), dtype=torch.long)
+        self._rng = np.random.default_rng(self.seed)
+
+    # --- checkpointing of the stateful generator ----------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """State of the generator used for examples without `example_index` (for `register_for_checkpointing`)."""
+        state = {"numpy": self._rng.bit_generator.state}
+        if self.generator is not None:
+            state["torch"] = self.generator.get_state()
+        return state
+
+    def load_state_dict(self, state: Mapping) -> None:
+        self._rng.bit_generator.state = state["numpy"]
+        if self.generator is not None and "torch" in state:
+            self.generator.set_state(state["torch"])
+
+    # --- randomness -------------------------------------------------------------------------------------
+
+    def _uniforms(self, examples: Sequence[Mapping], lengths: list[int], n_mentions: list[int]):
+        """Per example: uniforms for its tokens and for its mentions, in a fixed draw order."""
+        token_u, mention_u = [], []
+        for example, length, mentions in zip(examples, lengths, n_mentions):
+            if "example_index" in example:
+                entropy = [int(self.seed), int(example.get("epoch", 0)), int(example["example_index"])]
+                rng = np.random.default_rng(np.random.SeedSequence(entropy))
+                token_u.append(torch.from_numpy(rng.random(length)))
+                mention_u.append(torch.from_numpy(rng.random(mentions)))
+            elif self.generator is not None:
+                token_u.append(torch.rand(length, generator=self.generator, dtype=torch.float64))
+                mention_u.append(torch.rand(mentions, generator=self.generator, dtype=torch.float64))
+            else:
+                token_u.append(torch.from_numpy(self._rng.random(length)))
+                mention_u.append(torch.from_numpy(self._rng.random(mentions)))
+        return token_u, mention_u
+
+    # --- the batch ----------------------------------------------------------------------------------------
+
+    def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
+        if len(examples) == 0:
+            raise ValueError("EDMemMaskingCollator: empty batch")
+        seqs, ent = [], []
+        for n, example in enumerate(examples):
+            if "input_ids" not in example:
+                raise ValueError(f"EDMemMaskingCollator: example {n} has no 'input_ids'")
+            ids = _as_list(example["input_ids"])
+            if not ids:
+                raise ValueError(f"EDMemMaskingCollator: example {n} has empty 'input_ids'")
+            labels = _as_list(example["entity_labels"]) if example.get("entity_labels") is not None else None
+            if labels is None:
+                labels = [IGNORE_INDEX] * len(ids)
+            if len(labels) != len(ids):
+                raise ValueError(
+                    f"EDMemMaskingCollator: example {n} has {len(ids)} input_ids but {len(labels)} entity_labels"
+                )
+            seqs.append(ids)
+            ent.append(labels)
+
+        lengths = [len(s) for s in seqs]
+        width = max(lengths)
+        if self.pad_to_multiple_of:
+            width = -(-width // self.pad_to_multiple_of) * self.pad_to_multiple_of
+        batch = len(seqs)
+        original = torch.full((batch, width), self.pad_token_id, dtype=torch.long)
+        entity_labels = torch.full((batch, width), IGNORE_INDEX, dtype=torch.long)
+        attention_mask = torch.zeros((batch, width), dtype=torch.long)
+        for i, (ids, labels) in enumerate(zip(seqs, ent)):
+            original[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            entity_labels[i, : len(ids)] = torch.tensor(labels, dtype=torch.long)
+            attention_mask[i, : len(ids)] = 1
+        valid = attention_mask.bool()
+
+        is_start = (original == self.entity_start_token_id) & valid
+        is_end = (original == self.entity_end_token_id) & valid
+        self._check(original, entity_labels, is_start, is_end, valid)
+
+        # Mention structure: depth 1 strictly between a start and its end; mention k of a row = k-th start.
+        starts_so_far = is_start.long().cumsum(dim=1)
+        depth = starts_so_far - is_end.long().cumsum(dim=1)
+        inside = (depth == 1) & ~is_start & valid
+        n_mentions = is_start.sum(dim=1).tolist()
+
+        token_u, mention_u = self._uniforms(examples, lengths, n_mentions)
+        token_rand = torch.ones((batch, width), dtype=torch.float64)
+        max_mentions = max(max(n_mentions), 1)
+        mention_rand = torch.ones((batch, max_mentions), dtype=torch.float64)
+        for i in range(batch):
+            token_rand[i, : lengths[i]] = token_u[i]
+            mention_rand[i, : n_mentions[i]] = mention_u[i]
+
+        maskable = valid & ~torch.isin(original, self._special_ids)
+        random_masked = (token_rand < self.random_mask_prob) & maskable
+        mention_chosen = mention_rand < self.mention_mask_prob  # (batch, max_mentions)
+        mention_of_token = (starts_so_far - 1).clamp(min=0)
+        span_masked = inside & torch.gather(mention_chosen, 1, mention_of_token) & maskable
+
+        input_ids = original.masked_fill(random_masked | span_masked, self.mask_token_id)
+        labels = original.masked_fill(~valid, IGNORE_INDEX)
+        out = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "entity_labels": entity_labels,
+            "labels": labels,
+            # Corruption only replaces tokens, so the target's markers sit where the input's do.
+            "decoder_entity_labels": entity_labels.clone(),
+        }
+        if self.return_salient_span_mask:
+            start_chosen = torch.gather(mention_chosen, 1, mention_of_token) & is_start
+            out["salient_span_mask"] = start_chosen
+        return out
+
+    def _check(self, original, entity_labels, is_start, is_end, valid) -> None:
+        """Raises a ValueError naming the first malformed example."""
+        depth = is_start.long().cumsum(dim=1) - is_end.long().cumsum(dim=1)
+        bad_rows = {
+            "has an <E_e> without a preceding <E_s>": (depth < 0).any(dim=1),
+            "has nested mentions (<E_s> inside a mention)": (depth > 1).any(dim=1),
+            "has an <E_s> without a matching <E_e> (unmatched mention start)": depth[:, -1] != 0,
+            "has an entity label on a token that is not <E_s>": ((entity_labels != IGNORE_INDEX) & ~is_start).any(
+                dim=1
+            ),
+            "has a negative entity label other than -100": (
+                (entity_labels < 0) & (entity_labels != IGNORE_INDEX) & valid
+            ).any(dim=1),
+        }
+        for message, rows in bad_rows.items():
+            if rows.any():
+                row = int(rows.nonzero()[0, 0])
+                raise ValueError(f"EDMemMaskingCollator: example {row} {message}")
+
+
+__all__ = ["EDMemMaskingCollator", "IGNORE_INDEX"]
