@@ -1,0 +1,40 @@
+"""edmem-hf: EDMem (encoder-decoder with an entity memory) for Hugging Face Transformers.
+
+Importing the package registers `EDMemConfig` and the EDMem models with `AutoConfig`, `AutoModel` and
+`AutoModelForSeq2SeqLM`, and marks them for `save_pretrained` to copy their code to the Hub.
+"""
+
+from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
+
+from .configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN, EDMemConfig
+from .entity_vocab import EntityVocab
+from .modeling_edmem import (
+    EDMemForConditionalGeneration,
+    EDMemForEntityLinking,
+    EDMemModel,
+    EDMemPreTrainedModel,
+    EntityMemory,
+    EntityMemoryAccess,
+)
+
+__version__ = "0.1.0"
+
+AutoConfig.register("edmem", EDMemConfig, exist_ok=True)
+AutoModel.register(EDMemConfig, EDMemModel, exist_ok=True)
+AutoModelForSeq2SeqLM.register(EDMemConfig, EDMemForConditionalGeneration, exist_ok=True)
+EDMemConfig.register_for_auto_class()
+EDMemModel.register_for_auto_class("AutoModel")
+EDMemForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
+
+__all__ = [
+    "ENTITY_END_TOKEN",
+    "ENTITY_START_TOKEN",
+    "EDMemConfig",
+    "EDMemForConditionalGeneration",
+    "EDMemForEntityLinking",
+    "EDMemModel",
+    "EDMemPreTrainedModel",
+    "EntityMemory",
+    "EntityMemoryAccess",
+    "EntityVocab",
+]

@@ -110,7 +110,9 @@ class EDMemConfig(PreTrainedConfig):
                 raise ValueError("entity_start_token_id and entity_end_token_id must be set for a model with memory")
             for name in ("entity_start_token_id", "entity_end_token_id"):
                 if not 0 <= getattr(self, name) < self.vocab_size:
-                    raise ValueError(f"{name}={getattr(self, name)} is outside the vocabulary (size {self.vocab_size})")
+                    raise ValueError(
+                        f"{name}={getattr(self, name)} is outside the vocabulary (size {self.vocab_size})"
+                    )
         if self.memory_top_k is not None and self.memory_top_k < 1:
             raise ValueError(f"memory_top_k must be >= 1 or None, got {self.memory_top_k}")
         if self.memory_chunk_size < 1:

@@ -1,0 +1,1257 @@
+"""PyTorch EDMem: an encoder-decoder with an entity memory (Zhang et al., EMNLP 2022).
+
+The encoder and the decoder are BART stacks split into lower and upper layers. At every `<E_s>` token the
+hidden state leaving the lower layers queries a table of entity embeddings by softmax attention, and the projected
+read is added to the hidden state and layer-normed before the upper layers. An entity-linking head on the final
+decoder states predicts the entity of each `<E_s>`.
+
+This file is copied to the Hub as custom code: it imports Transformers and, relatively, the other flat files of
+this package, and nothing else of ours.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import initialization as init
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.generation import GenerationMixin
+from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+from transformers.modeling_outputs import BaseModelOutput, ModelOutput
+from transformers.modeling_utils import PreTrainedModel
+from transformers.models.bart.modeling_bart import (
+    BartAttention,
+    BartDecoderLayer,
+    BartEncoderLayer,
+    BartLearnedPositionalEmbedding,
+    BartScaledWordEmbedding,
+    shift_tokens_right,
+)
+from transformers.utils import logging
+from transformers.utils.output_capturing import OutputRecorder, capture_outputs
+
+from .configuration_edmem import EDMemConfig
+from .entity_vocab import ENTITY_VOCAB_NAME, EntityVocab
+
+logger = logging.get_logger(__name__)
+
+IGNORE_INDEX = -100
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Attention over the entity table
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _chunk_scores(queries: torch.Tensor, table_chunk: torch.Tensor, mask_chunk: torch.Tensor | None) -> torch.Tensor:
+    """Dot-product scores of `(M, d)` queries against a `(C, d)` slice of the table, as float32 `(M, C)`."""
+    scores = (queries.to(table_chunk.dtype) @ table_chunk.t()).float()
+    if mask_chunk is not None:
+        scores = scores.masked_fill(~mask_chunk, float("-inf"))
+    return scores
+
+
+class _ChunkedEntityAttention(torch.autograd.Function):
+    """Softmax attention of M queries over all N entities, without an `(M, N)` matrix.
+
+    Forward returns the read `sum_i alpha_i e_i` `(M, d)` and the log-partition `logsumexp_i s_i` `(M,)`, computed
+    with a running log-sum-exp over chunks of the table. Backward recomputes each chunk's scores. Peak extra memory
+    is a few `(M, chunk)` float32 blocks instead of several `(M, N)` ones; the work is one extra `(M, N, d)` product.
+    Softmax arithmetic is float32 whatever the table's dtype.
+    """
+
+    @staticmethod
+    def forward(ctx, queries, table, entity_mask, chunk_size, compute_read):
+        num_queries, dim = queries.shape
+        device = queries.device
+        running_max = torch.full((num_queries,), float("-inf"), device=device)
+        running_sum = torch.zeros(num_queries, device=device)
+        read = torch.zeros(num_queries, dim, device=device) if compute_read else None
+        for start in range(0, table.shape[0], chunk_size):
+            chunk = table[start : start + chunk_size]
+            mask_chunk = entity_mask[start : start + chunk_size] if entity_mask is not None else None
+            scores = _chunk_scores(queries, chunk, mask_chunk)
+            new_max = torch.maximum(running_max, scores.amax(dim=1))
+            safe_max = torch.where(torch.isfinite(new_max), new_max, torch.zeros_like(new_max))
+            rescale = torch.exp(running_max - safe_max)
+            probs = torch.exp(scores - safe_max[:, None])
+            running_sum = running_sum * rescale + probs.sum(dim=1)
+            if compute_read:
+                read = read * rescale[:, None] + probs @ chunk.float()
+            running_max = new_max
+        empty = running_sum == 0  # every entity masked: nothing to read
+        log_partition = torch.where(
+            empty, torch.full_like(running_max, float("-inf")), running_max + running_sum.log()
+        )
+        if compute_read:
+            read = torch.where(empty[:, None], torch.zeros_like(read), read / running_sum.clamp_min(1e-30)[:, None])
+        ctx.save_for_backward(queries, table, log_partition, read if compute_read else log_partition, entity_mask)
+        ctx.chunk_size = chunk_size
+        ctx.compute_read = compute_read
+        out_read = read.to(queries.dtype) if compute_read else queries.new_zeros(num_queries, dim)
+        return out_read, log_partition
+
+    @staticmethod
+    def backward(ctx, grad_read, grad_log_partition):
+        queries, table, log_partition, read, entity_mask = ctx.saved_tensors
+        chunk_size = ctx.chunk_size
+        use_read = ctx.compute_read and grad_read is not None
+        queries_f = queries.float()
+        finite_lp = torch.where(torch.isfinite(log_partition), log_partition, torch.zeros_like(log_partition))
+        grad_queries = torch.zeros_like(queries_f)
+        grad_table = torch.zeros(table.shape, dtype=torch.float32, device=table.device)
+        if use_read:
+            grad_read = grad_read.float()
+            grad_dot_read = (grad_read * read).sum(dim=1)
+        if grad_log_partition is not None:
+            grad_log_partition = torch.where(
+                torch.isfinite(log_partition), grad_log_partition.float(), torch.zeros_like(grad_log_partition)
+            )
+        for start in range(0, table.shape[0], chunk_size):
+            chunk = table[start : start + chunk_size]
+            chunk_f = chunk.float()
+            mask_chunk = entity_mask[start : start + chunk_size] if entity_mask is not None else None
+            probs = torch.exp(_chunk_scores(queries, chunk, mask_chunk) - finite_lp[:, None])
+            grad_scores = torch.zeros_like(probs)
+            if use_read:
+                grad_scores = probs * (grad_read @ chunk_f.t() - grad_dot_read[:, None])
+            if grad_log_partition is not None:
+                grad_scores = grad_scores + grad_log_partition[:, None] * probs
+            grad_queries += grad_scores @ chunk_f
+            grad_chunk = grad_scores.t() @ queries_f
+            if use_read:
+                grad_chunk += probs.t() @ grad_read
+            grad_table[start : start + chunk_size] = grad_chunk
+        return grad_queries.to(queries.dtype), grad_table.to(table.dtype), None, None, None
+
+
+def entity_attention(
+    queries: torch.Tensor,
+    table: torch.Tensor,
+    *,
+    entity_mask: torch.Tensor | None = None,
+    top_k: int | None = None,
+    chunk_size: int = 16384,
+    compute_read: bool = True,
+    need_log_partition: bool = True,
+    return_top_k: int | None = None,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """Softmax attention of queries over the entity table (equations 1-2 of the paper, before `W_out`).
+
+    Args:
+        queries: `(M, d)` projected hidden states (`W_in h`), one per mention.
+        table: `(N, d)` entity embeddings.
+        entity_mask: optional `(N,)` bool, False hides an entity from the attention.
+        top_k: attend to the `top_k` best-scoring entities only (inference); `None` attends to all N.
+        chunk_size: entities scored at a time.
+        compute_read: whether to compute the read (the entity-linking head only needs scores).
+        need_log_partition: whether the full-table log-partition is needed (for a loss); with `top_k` it costs a
+            pass over the whole table, so generation skips it.
+        return_top_k: also return the ids and scores of the best `return_top_k` entities.
+
+    Returns:
+        `read` `(M, d)` or None, `log_partition` `(M,)` or None (the log-sum-exp over the whole table, so that
+        `score - log_partition` is the full log-softmax, also with `top_k`), and `top_ids`,
+        `top_scores` `(M, return_top_k)` or None. Scores are raw dot products.
+    """
+    num_entities = table.shape[0]
+    top_ids = top_scores = None
+    k_needed = max(top_k or 0, return_top_k or 0)
+    if k_needed:
+        k_needed = min(k_needed, num_entities)
+        with torch.no_grad():
+            top_scores, top_ids = _chunked_top_k(queries, table, entity_mask, k_needed, chunk_size)
+
+    read = log_partition = None
+    if compute_read and (top_k is None or top_k >= num_entities):
+        # One pass over the table gives the read and the log-partition together.
+        read, log_partition = _ChunkedEntityAttention.apply(queries, table, entity_mask, chunk_size, True)
+    else:
+        if compute_read:
+            ids = top_ids[:, :top_k]
+            candidates = table[ids]  # (M, k, d)
+            scores = torch.einsum("md,mkd->mk", queries.to(table.dtype), candidates).float()
+            if entity_mask is not None:
+                scores = scores.masked_fill(~entity_mask[ids], float("-inf"))
+            weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+            read = torch.einsum("mk,mkd->md", weights, candidates.float()).to(queries.dtype)
+        if need_log_partition:
+            _, log_partition = _ChunkedEntityAttention.apply(queries, table, entity_mask, chunk_size, False)
+    if return_top_k:
+        top_ids, top_scores = top_ids[:, :return_top_k], top_scores[:, :return_top_k]
+    else:
+        top_ids = top_scores = None
+    return read, log_partition, top_ids, top_scores
+
+
+def _chunked_top_k(queries, table, entity_mask, k, chunk_size):
+    """Top-k `(M, k)` scores and ids over the table, one chunk at a time."""
+    best_scores = best_ids = None
+    for start in range(0, table.shape[0], chunk_size):
+        scores = _chunk_scores(
+            queries,
+            table[start : start + chunk_size],
+            entity_mask[start : start + chunk_size] if entity_mask is not None else None,
+        )
+        chunk_k = min(k, scores.shape[1])
+        scores, ids = scores.topk(chunk_k, dim=1)
+        ids = ids + start
+        if best_scores is not None:
+            scores = torch.cat([best_scores, scores], dim=1)
+            ids = torch.cat([best_ids, ids], dim=1)
+            scores, order = scores.topk(min(k, scores.shape[1]), dim=1)
+            ids = ids.gather(1, order)
+        best_scores, best_ids = scores, ids
+    return best_scores, best_ids
+
+
+def dense_entity_attention(
+    queries: torch.Tensor, table: torch.Tensor, entity_mask: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The textbook formula with a full `(M, N)` score matrix: the reference that `entity_attention` must equal."""
+    scores = (queries @ table.t()).float()
+    if entity_mask is not None:
+        scores = scores.masked_fill(~entity_mask, float("-inf"))
+    read = torch.softmax(scores, dim=-1) @ table.float()
+    return read.to(queries.dtype), torch.logsumexp(scores, dim=-1)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Outputs
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class EntityMemoryAccess(ModelOutput):
+    """One memory access (or entity-linking prediction) for every `<E_s>` of a batch.
+
+    Args:
+        positions (`torch.LongTensor` of shape `(num_mentions, 2)`): (batch index, token position) of each `<E_s>`.
+        top_entity_ids (`torch.LongTensor` of shape `(num_mentions, k)`): the best entities, best first.
+        top_entity_scores (`torch.FloatTensor` of shape `(num_mentions, k)`): their raw dot-product scores.
+        entity_nll (`torch.FloatTensor` of shape `(num_labelled,)`): negative log-likelihood of the gold entity at
+            each labelled mention (only when labels were given).
+    """
+
+    positions: torch.LongTensor | None = None
+    top_entity_ids: torch.LongTensor | None = None
+    top_entity_scores: torch.FloatTensor | None = None
+    entity_nll: torch.FloatTensor | None = None
+
+
+@dataclass
+class EDMemEncoderOutput(BaseModelOutput):
+    """`BaseModelOutput` plus the hidden states entering the upper layers and the encoder's memory access.
+
+    Args:
+        lower_hidden_state (`torch.FloatTensor` of shape `(batch_size, sequence_length, hidden_size)`):
+            `LayerNorm(h_lower + m)`, what the upper encoder layers receive (kept only when the lower decoder
+            layers attend to it).
+        memory_access (`EntityMemoryAccess`): the memory read at each `<E_s>` of the input.
+    """
+
+    lower_hidden_state: torch.FloatTensor | None = None
+    memory_access: EntityMemoryAccess | None = None
+
+
+@dataclass
+class EDMemDecoderOutput(ModelOutput):
+    last_hidden_state: torch.FloatTensor | None = None
+    past_key_values: Cache | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
+    cross_attentions: tuple[torch.FloatTensor, ...] | None = None
+    memory_access: EntityMemoryAccess | None = None
+
+
+@dataclass
+class EDMemModelOutput(ModelOutput):
+    """Outputs of `EDMemModel`: BART's `Seq2SeqModelOutput` plus the memory accesses of encoder and decoder."""
+
+    last_hidden_state: torch.FloatTensor | None = None
+    past_key_values: Cache | None = None
+    decoder_hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    decoder_attentions: tuple[torch.FloatTensor, ...] | None = None
+    cross_attentions: tuple[torch.FloatTensor, ...] | None = None
+    encoder_last_hidden_state: torch.FloatTensor | None = None
+    encoder_hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    encoder_attentions: tuple[torch.FloatTensor, ...] | None = None
+    encoder_attended_entities: EntityMemoryAccess | None = None
+    decoder_attended_entities: EntityMemoryAccess | None = None
+
+
+@dataclass
+class EDMemSeq2SeqLMOutput(ModelOutput):
+    """Outputs of `EDMemForConditionalGeneration`.
+
+    Args:
+        loss (`torch.FloatTensor` of shape `()`): `lm_loss + config.entity_loss_weight * entity_loss`.
+        lm_loss (`torch.FloatTensor` of shape `()`): token negative log-likelihood of `labels`.
+        entity_loss (`torch.FloatTensor` of shape `()`): mean entity negative log-likelihood, averaged over the
+            memory accesses and the entity-linking head that have labelled mentions; 0 when no mention is labelled.
+        logits (`torch.FloatTensor` of shape `(batch_size, target_length, vocab_size)`): LM head scores.
+        encoder_attended_entities / decoder_attended_entities (`EntityMemoryAccess`): the entities each `<E_s>`
+            attended to in the memory, with their scores.
+        linked_entities (`EntityMemoryAccess`): the entity-linking head's predictions at each decoder `<E_s>`.
+    """
+
+    loss: torch.FloatTensor | None = None
+    lm_loss: torch.FloatTensor | None = None
+    entity_loss: torch.FloatTensor | None = None
+    logits: torch.FloatTensor | None = None
+    past_key_values: Cache | None = None
+    decoder_hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    decoder_attentions: tuple[torch.FloatTensor, ...] | None = None
+    cross_attentions: tuple[torch.FloatTensor, ...] | None = None
+    encoder_last_hidden_state: torch.FloatTensor | None = None
+    encoder_hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    encoder_attentions: tuple[torch.FloatTensor, ...] | None = None
+    encoder_attended_entities: EntityMemoryAccess | None = None
+    decoder_attended_entities: EntityMemoryAccess | None = None
+    linked_entities: EntityMemoryAccess | None = None
+
+
+@dataclass
+class EDMemEntityLinkingOutput(ModelOutput):
+    """Outputs of `EDMemForEntityLinking` (the encoder-only EncMem variant)."""
+
+    loss: torch.FloatTensor | None = None
+    lm_loss: torch.FloatTensor | None = None
+    entity_loss: torch.FloatTensor | None = None
+    logits: torch.FloatTensor | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
+    last_hidden_state: torch.FloatTensor | None = None
+    attended_entities: EntityMemoryAccess | None = None
+    linked_entities: EntityMemoryAccess | None = None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Memory and entity-linking head
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class EntityLinkingHead(nn.Module):
+    """Scores the entities for the hidden state of each `<E_s>`: `W_in h` against the entity table (eq. 2)."""
+
+    def __init__(self, config: EDMemConfig):
+        super().__init__()
+        self.query_proj = nn.Linear(config.d_model, config.entity_embed_dim)
+        self.chunk_size = config.memory_chunk_size
+        self.top_k = config.memory_top_k
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        mention_mask: torch.Tensor,
+        entity_table: torch.Tensor,
+        entity_labels: torch.Tensor | None = None,
+        entity_mask: torch.Tensor | None = None,
+        return_top_k: int | None = None,
+    ) -> EntityMemoryAccess:
+        """
+        Args:
+            hidden_states: `(batch, seq, d_model)`.
+            mention_mask: `(batch, seq)` bool, True at `<E_s>`.
+            entity_table: `(N, entity_embed_dim)`.
+            entity_labels: `(batch, seq)` entity ids at `<E_s>`, -100 elsewhere.
+        """
+        positions = mention_mask.nonzero()
+        queries = self.query_proj(hidden_states[mention_mask])
+        need_nll = entity_labels is not None
+        if queries.shape[0] == 0 or not (need_nll or return_top_k):
+            return _empty_access(positions, hidden_states, need_nll)
+        _, log_partition, top_ids, top_scores = entity_attention(
+            queries,
+            entity_table,
+            entity_mask=entity_mask,
+            chunk_size=self.chunk_size,
+            compute_read=False,
+            need_log_partition=need_nll,
+            return_top_k=return_top_k,
+        )
+        nll = _gold_nll(queries, entity_table, log_partition, entity_labels, mention_mask, entity_mask)
+        return EntityMemoryAccess(
+            positions=positions, top_entity_ids=top_ids, top_entity_scores=top_scores, entity_nll=nll
+        )
+
+
+class EntityMemory(nn.Module):
+    """The memory access between lower and upper layers (equations 1-2 of the paper).
+
+    For each `<E_s>` the query `W_in h` attends to the entity table (all N entities in training, the top
+    `memory_top_k` at inference); `m = W_out(sum_i alpha_i e_i)` at `<E_s>` and 0 elsewhere; the upper layers
+    receive `LayerNorm(h + m)` at every position, as in the authors' released code.
+    """
+
+    def __init__(self, config: EDMemConfig):
+        super().__init__()
+        self.query_proj = nn.Linear(config.d_model, config.entity_embed_dim)
+        self.output_proj = nn.Linear(config.entity_embed_dim, config.d_model)
+        self.layer_norm = nn.LayerNorm(config.d_model)
+        self.top_k = config.memory_top_k
+        self.chunk_size = config.memory_chunk_size
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        mention_mask: torch.Tensor,
+        entity_table: torch.Tensor,
+        entity_labels: torch.Tensor | None = None,
+        entity_mask: torch.Tensor | None = None,
+        return_top_k: int | None = None,
+    ) -> tuple[torch.Tensor, EntityMemoryAccess]:
+        """
+        Args:
+            hidden_states: `(batch, seq, d_model)` output of the lower layers.
+            mention_mask: `(batch, seq)` bool, True at `<E_s>`.
+            entity_table: `(N, entity_embed_dim)`.
+            entity_labels: `(batch, seq)` entity ids at `<E_s>`, -100 elsewhere.
+            entity_mask: `(N,)` bool, False hides an entity.
+            return_top_k: report the best entities of each access.
+
+        Returns:
+            `(batch, seq, d_model)` input of the upper layers, and the access.
+        """
+        positions = mention_mask.nonzero()
+        need_nll = entity_labels is not None
+        if positions.shape[0] == 0:
+            return self.layer_norm(hidden_states), _empty_access(positions, hidden_states, need_nll)
+        queries = self.query_proj(hidden_states[mention_mask])
+        top_k = None if self.training else self.top_k
+        read, log_partition, top_ids, top_scores = entity_attention(
+            queries,
+            entity_table,
+            entity_mask=entity_mask,
+            top_k=top_k,
+            chunk_size=self.chunk_size,
+            compute_read=True,
+            need_log_partition=need_nll,
+            return_top_k=return_top_k,
+        )
+        update = torch.zeros_like(hidden_states)
+        update[mention_mask] = self.output_proj(read.to(hidden_states.dtype))
+        hidden_states = self.layer_norm(hidden_states + update)
+        nll = _gold_nll(queries, entity_table, log_partition, entity_labels, mention_mask, entity_mask)
+        access = EntityMemoryAccess(
+            positions=positions, top_entity_ids=top_ids, top_entity_scores=top_scores, entity_nll=nll
+        )
+        return hidden_states, access
+
+
+def _empty_access(positions: torch.Tensor, like: torch.Tensor, need_nll: bool) -> EntityMemoryAccess:
+    return EntityMemoryAccess(
+        positions=positions, entity_nll=like.new_zeros(0, dtype=torch.float32) if need_nll else None
+    )
+
+
+def _gold_nll(queries, table, log_partition, entity_labels, mention_mask, entity_mask):
+    """`log_partition - s_gold` `(num_labelled,)` for each labelled mention whose entity is visible."""
+    if entity_labels is None:
+        return None
+    gold = entity_labels[mention_mask]
+    keep = gold != IGNORE_INDEX
+    if entity_mask is not None:
+        keep = keep & entity_mask[gold.clamp_min(0)]  # a hidden entity cannot be predicted: no loss
+    gold_scores = (queries[keep].to(table.dtype) * table[gold[keep]]).sum(-1).float()
+    return log_partition[keep] - gold_scores
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Pre-trained model base
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class EDMemPreTrainedModel(PreTrainedModel):
+    config_class = EDMemConfig
+    config: EDMemConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = [r"BartEncoderLayer", r"BartDecoderLayer"]
+    _skip_keys_device_placement = ["past_key_values"]
+    _supports_sdpa = True
+    _supports_flash_attn = True
+    _supports_flex_attn = True
+
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        if isinstance(module, EDMemForConditionalGeneration):
+            init.zeros_(module.final_logits_bias)
+
+    def set_entity_mask(self, entity_mask: torch.Tensor | None) -> None:
+        """Hides entities from every memory access and from entity linking (the paper's memory-size study).
+
+        `entity_mask` is a `(entity_vocab_size,)` bool tensor, False for hidden entities, or None to show all.
+        It is not saved with the model.
+        """
+        if entity_mask is not None:
+            entity_mask = torch.as_tensor(entity_mask, dtype=torch.bool)
+            if entity_mask.shape != (self.config.entity_vocab_size,):
+                raise ValueError(
+                    f"entity_mask must have shape ({self.config.entity_vocab_size},), got {tuple(entity_mask.shape)}"
+                )
+        for module in self.modules():
+            if isinstance(module, EDMemPreTrainedModel):
+                module._entity_mask = entity_mask
+
+    def _get_entity_mask(self, device) -> torch.Tensor | None:
+        mask = getattr(self, "_entity_mask", None)
+        return mask.to(device) if mask is not None else None
+
+
+def _entity_table_ties(prefix: str, variant: str) -> dict[str, str]:
+    ties = {}
+    if variant != "encdec":
+        ties[f"{prefix}encoder.entity_embeddings.weight"] = f"{prefix}entity_embeddings.weight"
+        if variant == "edmem":
+            ties[f"{prefix}decoder.entity_embeddings.weight"] = f"{prefix}entity_embeddings.weight"
+    return ties
+
+
+def check_mention_markers(input_ids: torch.Tensor, config: EDMemConfig, what: str = "input_ids") -> None:
+    """Raises a ValueError when `<E_s>` and `<E_e>` do not pair up (no nesting, none left open) in every row."""
+    start = input_ids == config.entity_start_token_id
+    end = input_ids == config.entity_end_token_id
+    depth = torch.cumsum(start.long() - end.long(), dim=-1)
+    bad_rows = ((depth < 0) | (depth > 1)).any(dim=-1) | (depth[..., -1] != 0)
+    if bad_rows.any():
+        row = int(bad_rows.nonzero()[0, 0])
+        raise ValueError(
+            f"unmatched mention markers in {what} row {row}: every <E_s> (id {config.entity_start_token_id}) must be "
+            f"closed by an <E_e> (id {config.entity_end_token_id}) before the next <E_s> or the end of the sequence"
+        )
+
+
+def check_entity_labels(
+    entity_labels: torch.Tensor, token_ids: torch.Tensor, config: EDMemConfig, what: str = "entity_labels"
+) -> None:
+    """Raises a ValueError for labels off `<E_s>` positions or outside the entity vocabulary."""
+    if entity_labels.shape != token_ids.shape:
+        raise ValueError(
+            f"{what} has shape {tuple(entity_labels.shape)} but the tokens it labels have shape {tuple(token_ids.shape)}"
+        )
+    labelled = entity_labels != IGNORE_INDEX
+    off_marker = labelled & (token_ids != config.entity_start_token_id)
+    if off_marker.any():
+        row, pos = off_marker.nonzero()[0].tolist()
+        raise ValueError(
+            f"{what} puts entity {int(entity_labels[row, pos])} on row {row} position {pos}, which is token "
+            f"{int(token_ids[row, pos])}, not <E_s> (id {config.entity_start_token_id}); use -100 for no label"
+        )
+    out_of_vocab = labelled & ((entity_labels < 0) | (entity_labels >= config.entity_vocab_size))
+    if out_of_vocab.any():
+        row, pos = out_of_vocab.nonzero()[0].tolist()
+        raise ValueError(
+            f"unknown entity id {int(entity_labels[row, pos])} in {what} (row {row}, position {pos}): the entity "
+            f"vocabulary has ids 0..{config.entity_vocab_size - 1}"
+        )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Encoder and decoder
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class EDMemEncoder(EDMemPreTrainedModel):
+    """BART encoder with an entity memory between its lower and upper layers.
+
+    `layers[:encoder_lower_layers]` are the lower layers; the names match BART's so that BART weights load.
+    """
+
+    _can_record_outputs = {"hidden_states": BartEncoderLayer, "attentions": BartAttention}
+
+    def __init__(
+        self,
+        config: EDMemConfig,
+        embed_tokens: nn.Embedding | None = None,
+        entity_embeddings: nn.Embedding | None = None,
+    ):
+        super().__init__(config)
+        self.dropout = config.dropout
+        self.layerdrop = config.encoder_layerdrop
+        embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+        self.embed_tokens = embed_tokens or BartScaledWordEmbedding(
+            config.vocab_size, config.d_model, config.pad_token_id, embed_scale=embed_scale
+        )
+        self.embed_positions = BartLearnedPositionalEmbedding(config.max_position_embeddings, config.d_model)
+        self.layers = nn.ModuleList([BartEncoderLayer(config, layer_idx=i) for i in range(config.encoder_layers)])
+        self.layernorm_embedding = nn.LayerNorm(config.d_model)
+        if config.variant != "encdec":
+            self.entity_embeddings = entity_embeddings or nn.Embedding(
+                config.entity_vocab_size, config.entity_embed_dim
+            )
+            self.memory = EntityMemory(config)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    @capture_outputs
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        entity_labels: torch.LongTensor | None = None,
+        output_attended_entities: bool | None = None,
+        **kwargs,
+    ) -> EDMemEncoderOutput:
+        r"""
+        input_ids: `(batch, seq)`; mentions are found by their `<E_s>` tokens.
+        entity_labels: `(batch, seq)`, the entity id at each `<E_s>`, -100 elsewhere.
+        output_attended_entities: report the memory's top entities for each `<E_s>` (default: when not training).
+        """
+        if (input_ids is None) ^ (inputs_embeds is not None):
+            raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
+        has_memory = self.config.variant != "encdec"
+        if has_memory and input_ids is None:
+            raise ValueError("EDMem finds mentions by their <E_s> tokens: pass input_ids, not only inputs_embeds")
+        if has_memory:
+            check_mention_markers(input_ids, self.config)
+        if entity_labels is not None:
+            if not has_memory:
+                raise ValueError("entity_labels were given but this EDMem variant ('encdec') has no entity memory")
+            check_entity_labels(entity_labels, input_ids, self.config)
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        embed_pos = self.embed_positions(inputs_embeds[:, :, -1]).to(inputs_embeds.device)
+        hidden_states = self.layernorm_embedding(inputs_embeds + embed_pos)
+        hidden_states = nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
+        attention_mask = create_bidirectional_mask(
+            config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask
+        )
+        if output_attended_entities is None:
+            output_attended_entities = not self.training
+
+        access = lower_hidden_state = None
+        for idx, layer in enumerate(self.layers):
+            if idx == self.config.encoder_lower_layers and has_memory:
+                hidden_states, access = self._read_memory(
+                    hidden_states, input_ids, entity_labels, output_attended_entities
+                )
+                if self.config.lower_decoder_attends_to == "lower":
+                    lower_hidden_state = hidden_states
+            if self.training and self.layerdrop > 0.0 and torch.rand([]) < self.layerdrop:
+                continue
+            hidden_states = layer(hidden_states, attention_mask, **kwargs)
+        if has_memory and self.config.encoder_upper_layers == 0:
+            hidden_states, access = self._read_memory(
+                hidden_states, input_ids, entity_labels, output_attended_entities
+            )
+            if self.config.lower_decoder_attends_to == "lower":
+                lower_hidden_state = hidden_states
+        return EDMemEncoderOutput(
+            last_hidden_state=hidden_states, lower_hidden_state=lower_hidden_state, memory_access=access
+        )
+
+    def _read_memory(self, hidden_states, input_ids, entity_labels, output_attended_entities):
+        mention_mask = input_ids == self.config.entity_start_token_id
+        return self.memory(
+            hidden_states,
+            mention_mask,
+            self.entity_embeddings.weight,
+            entity_labels=entity_labels,
+            entity_mask=self._get_entity_mask(hidden_states.device),
+            return_top_k=self.config.memory_top_k if output_attended_entities else None,
+        )
+
+
+class EDMemDecoder(EDMemPreTrainedModel):
+    """BART decoder with an entity memory between its lower and upper layers.
+
+    Incremental decoding runs only the new tokens through lower layers, memory (at `<E_s>`) and upper layers;
+    `past_key_values` is Transformers' `EncoderDecoderCache` over all decoder layers.
+    """
+
+    _can_record_outputs = {
+        "hidden_states": BartDecoderLayer,
+        "attentions": OutputRecorder(BartAttention, index=1, layer_name="self_attn"),
+        "cross_attentions": OutputRecorder(BartAttention, index=1, layer_name="encoder_attn"),
+    }
+
+    def __init__(
+        self,
+        config: EDMemConfig,
+        embed_tokens: nn.Embedding | None = None,
+        entity_embeddings: nn.Embedding | None = None,
+    ):
+        super().__init__(config)
+        self.dropout = config.dropout
+        self.layerdrop = config.decoder_layerdrop
+        embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+        self.embed_tokens = embed_tokens or BartScaledWordEmbedding(
+            config.vocab_size, config.d_model, config.pad_token_id, embed_scale=embed_scale
+        )
+        self.embed_positions = BartLearnedPositionalEmbedding(config.max_position_embeddings, config.d_model)
+        self.layers = nn.ModuleList([BartDecoderLayer(config, layer_idx=i) for i in range(config.decoder_layers)])
+        self.layernorm_embedding = nn.LayerNorm(config.d_model)
+        if config.variant == "edmem":
+            self.entity_embeddings = entity_embeddings or nn.Embedding(
+                config.entity_vocab_size, config.entity_embed_dim
+            )
+            self.memory = EntityMemory(config)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    @capture_outputs
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_lower_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        entity_labels: torch.LongTensor | None = None,
+        output_attended_entities: bool | None = None,
+        **kwargs,
+    ) -> EDMemDecoderOutput:
+        r"""
+        input_ids: `(batch, tgt_len)` decoder inputs (only the new tokens when a cache is given).
+        encoder_hidden_states: `(batch, src_len, d_model)` final encoder output.
+        encoder_lower_hidden_states: `(batch, src_len, d_model)` input of the upper encoder layers, attended to by
+            the lower decoder layers when `config.lower_decoder_attends_to == "lower"`.
+        entity_labels: `(batch, tgt_len)` aligned with `input_ids`: the entity id at each `<E_s>`, -100 elsewhere.
+        """
+        if (input_ids is None) ^ (inputs_embeds is not None):
+            raise ValueError("You must specify exactly one of decoder_input_ids or decoder_inputs_embeds")
+        has_memory = self.config.variant == "edmem"
+        if has_memory and input_ids is None:
+            raise ValueError("EDMem finds mentions by their <E_s> tokens: pass decoder_input_ids, not only embeddings")
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        if use_cache and past_key_values is None:
+            past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        batch_size, seq_length = inputs_embeds.shape[:2]
+        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        position_ids = torch.arange(seq_length, device=inputs_embeds.device) + past_length
+        if attention_mask is None:
+            attention_mask = torch.ones(batch_size, past_length + seq_length, device=inputs_embeds.device)
+        self_attn_cache = (
+            past_key_values.self_attention_cache
+            if isinstance(past_key_values, EncoderDecoderCache)
+            else past_key_values
+        )
+        causal_mask = create_causal_mask(
+            config=self.config,
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask,
+            past_key_values=self_attn_cache,
+        )
+        cross_mask = create_bidirectional_mask(
+            config=self.config,
+            inputs_embeds=inputs_embeds,
+            attention_mask=encoder_attention_mask,
+            encoder_hidden_states=encoder_hidden_states,
+        )
+        positions = self.embed_positions(input_ids, past_length, position_ids=position_ids).to(inputs_embeds.device)
+        hidden_states = self.layernorm_embedding(inputs_embeds + positions)
+        hidden_states = nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
+        if output_attended_entities is None:
+            output_attended_entities = not self.training
+        lower_source = encoder_hidden_states
+        if self.config.lower_decoder_attends_to == "lower" and encoder_lower_hidden_states is not None:
+            lower_source = encoder_lower_hidden_states
+
+        access = None
+        for idx, layer in enumerate(self.layers):
+            if idx == self.config.decoder_lower_layers and has_memory:
+                hidden_states, access = self._read_memory(
+                    hidden_states, input_ids, entity_labels, output_attended_entities
+                )
+            if self.training and self.layerdrop > 0.0 and torch.rand([]) < self.layerdrop:
+                continue
+            source = lower_source if idx < self.config.decoder_lower_layers else encoder_hidden_states
+            hidden_states = layer(
+                hidden_states,
+                causal_mask,
+                source,
+                encoder_attention_mask=cross_mask,
+                past_key_values=past_key_values,
+                use_cache=use_cache,
+                **kwargs,
+            )
+        if has_memory and self.config.decoder_upper_layers == 0:
+            hidden_states, access = self._read_memory(
+                hidden_states, input_ids, entity_labels, output_attended_entities
+            )
+        return EDMemDecoderOutput(
+            last_hidden_state=hidden_states, past_key_values=past_key_values, memory_access=access
+        )
+
+    def _read_memory(self, hidden_states, input_ids, entity_labels, output_attended_entities):
+        mention_mask = input_ids == self.config.entity_start_token_id
+        return self.memory(
+            hidden_states,
+            mention_mask,
+            self.entity_embeddings.weight,
+            entity_labels=entity_labels,
+            entity_mask=self._get_entity_mask(hidden_states.device),
+            return_top_k=self.config.memory_top_k if output_attended_entities else None,
+        )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Models
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class _EntityVocabMixin:
+    """`model.entity_vocab`: saved beside the weights and restored by `from_pretrained`."""
+
+    @property
+    def entity_vocab(self) -> EntityVocab | None:
+        return getattr(self, "_entity_vocab", None)
+
+    @entity_vocab.setter
+    def entity_vocab(self, vocab: EntityVocab | None) -> None:
+        if vocab is not None:
+            if not isinstance(vocab, EntityVocab):
+                raise TypeError(f"entity_vocab must be an EntityVocab, got {type(vocab).__name__}")
+            if len(vocab) != self.config.entity_vocab_size:
+                raise ValueError(
+                    f"entity vocabulary / memory mismatch: the vocabulary has {len(vocab)} entities but the entity "
+                    f"memory has {self.config.entity_vocab_size} rows (config.entity_vocab_size)"
+                )
+        self._entity_vocab = vocab
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        # All three auto classes, whichever class is saved, so that the Hub copy loads with any of them.
+        self.config.auto_map = {
+            "AutoConfig": "configuration_edmem.EDMemConfig",
+            "AutoModel": "modeling_edmem.EDMemModel",
+            "AutoModelForSeq2SeqLM": "modeling_edmem.EDMemForConditionalGeneration",
+        }
+        super().save_pretrained(save_directory, *args, **kwargs)
+        if self.entity_vocab is not None and kwargs.get("is_main_process", True):
+            self.entity_vocab.save(os.path.join(os.fspath(save_directory), ENTITY_VOCAB_NAME))
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        model = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        vocab_file = _resolve_entity_vocab_file(pretrained_model_name_or_path, kwargs)
+        if vocab_file is not None:
+            vocab = EntityVocab.load(vocab_file)
+            if len(vocab) != model.config.entity_vocab_size:
+                raise ValueError(
+                    f"checkpoint mismatch in {pretrained_model_name_or_path}: {ENTITY_VOCAB_NAME} lists {len(vocab)} "
+                    f"entities but the entity table has {model.config.entity_vocab_size} rows"
+                )
+            model.entity_vocab = vocab
+        return model
+
+
+def _resolve_entity_vocab_file(path, kwargs) -> str | None:
+    """Finds `entity_vocab.json` in a local directory or a Hub repository; None when there is none."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        candidate = os.path.join(path, kwargs.get("subfolder", "") or "", ENTITY_VOCAB_NAME)
+        return candidate if os.path.isfile(candidate) else None
+    from transformers.utils import cached_file
+
+    return cached_file(
+        path,
+        ENTITY_VOCAB_NAME,
+        revision=kwargs.get("revision"),
+        cache_dir=kwargs.get("cache_dir"),
+        token=kwargs.get("token"),
+        local_files_only=kwargs.get("local_files_only", False),
+        subfolder=kwargs.get("subfolder", "") or "",
+        _raise_exceptions_for_missing_entries=False,
+        _raise_exceptions_for_connection_errors=False,
+    )
+
+
+class EDMemModel(_EntityVocabMixin, EDMemPreTrainedModel):
+    """The bare EDMem encoder-decoder: hidden states and memory accesses, no heads."""
+
+    def __init__(self, config: EDMemConfig):
+        super().__init__(config)
+        embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+        self.shared = BartScaledWordEmbedding(
+            config.vocab_size, config.d_model, config.pad_token_id, embed_scale=embed_scale
+        )
+        if config.variant != "encdec":
+            self.entity_embeddings = nn.Embedding(config.entity_vocab_size, config.entity_embed_dim)
+        table = getattr(self, "entity_embeddings", None)
+        self.encoder = EDMemEncoder(config, self.shared, table)
+        if config.variant != "encmem":
+            self.decoder = EDMemDecoder(config, self.shared, table)
+        self.post_init()
+
+    def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict:
+        tied = super().get_expanded_tied_weights_keys(all_submodels=all_submodels)
+        if not all_submodels:
+            # The entity table is shared whatever `tie_word_embeddings` says: it is one memory.
+            tied.update(_entity_table_ties("", self.config.variant))
+            if self.config.tie_word_embeddings:
+                tied["encoder.embed_tokens.weight"] = "shared.weight"
+                if self.config.variant != "encmem":
+                    tied["decoder.embed_tokens.weight"] = "shared.weight"
+        return tied
+
+    def get_input_embeddings(self):
+        return self.shared
+
+    def set_input_embeddings(self, value):
+        self.shared = value
+        self.encoder.embed_tokens = value
+        if self.config.variant != "encmem":
+            self.decoder.embed_tokens = value
+
+    def get_encoder(self):
+        return self.encoder
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.LongTensor | None = None,
+        encoder_outputs: EDMemEncoderOutput | tuple | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        entity_labels: torch.LongTensor | None = None,
+        decoder_entity_labels: torch.LongTensor | None = None,
+        output_attended_entities: bool | None = None,
+        **kwargs,
+    ) -> EDMemModelOutput:
+        r"""
+        input_ids: `(batch, src_len)` with `<E_s> ... <E_e>` around mentions.
+        decoder_input_ids: `(batch, tgt_len)`; if absent, `input_ids` shifted right (denoising, as in BART).
+        entity_labels: `(batch, src_len)`, the entity id at each `<E_s>` of `input_ids`, -100 elsewhere.
+        decoder_entity_labels: `(batch, tgt_len)` aligned with `decoder_input_ids` (already shifted).
+        output_attended_entities: report each memory access's top entities (default: when not training).
+        """
+        if self.config.variant == "encmem":
+            raise ValueError("an 'encmem' EDMem has no decoder: use EDMemForEntityLinking")
+        if decoder_input_ids is None and decoder_inputs_embeds is None:
+            if input_ids is None:
+                raise ValueError("pass decoder_input_ids, decoder_inputs_embeds or input_ids")
+            decoder_input_ids = shift_tokens_right(
+                input_ids, self.config.pad_token_id, self.config.decoder_start_token_id
+            )
+        if encoder_outputs is None:
+            encoder_outputs = self.encoder(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                inputs_embeds=inputs_embeds,
+                entity_labels=entity_labels,
+                output_attended_entities=output_attended_entities,
+                **kwargs,
+            )
+        elif not isinstance(encoder_outputs, EDMemEncoderOutput):
+            encoder_outputs = EDMemEncoderOutput(
+                last_hidden_state=encoder_outputs[0],
+                hidden_states=encoder_outputs[1] if len(encoder_outputs) > 1 else None,
+                attentions=encoder_outputs[2] if len(encoder_outputs) > 2 else None,
+            )
+        if decoder_entity_labels is not None:
+            check_entity_labels(decoder_entity_labels, decoder_input_ids, self.config, "decoder_entity_labels")
+        decoder_outputs = self.decoder(
+            input_ids=decoder_input_ids,
+            attention_mask=decoder_attention_mask,
+            encoder_hidden_states=encoder_outputs.last_hidden_state,
+            encoder_lower_hidden_states=getattr(encoder_outputs, "lower_hidden_state", None),
+            encoder_attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            entity_labels=decoder_entity_labels,
+            output_attended_entities=output_attended_entities,
+            **kwargs,
+        )
+        return EDMemModelOutput(
+            last_hidden_state=decoder_outputs.last_hidden_state,
+            past_key_values=decoder_outputs.past_key_values,
+            decoder_hidden_states=decoder_outputs.hidden_states,
+            decoder_attentions=decoder_outputs.attentions,
+            cross_attentions=decoder_outputs.cross_attentions,
+            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
+            encoder_hidden_states=encoder_outputs.hidden_states,
+            encoder_attentions=encoder_outputs.attentions,
+            encoder_attended_entities=getattr(encoder_outputs, "memory_access", None),
+            decoder_attended_entities=decoder_outputs.memory_access,
+        )
+
+
+def _mean_entity_loss(accesses: list[EntityMemoryAccess | None], params: list[torch.Tensor]) -> torch.Tensor:
+    """Mean NLL per access, averaged over the accesses that have labelled mentions (0 when none has).
+
+    The `0 * sum(params)` term keeps every entity parameter in the graph, so that distributed training does not
+    stall on a batch without mentions.
+    """
+    per_access = [
+        a.entity_nll.mean() for a in accesses if a is not None and a.entity_nll is not None and a.entity_nll.numel()
+    ]
+    anchor = sum(p.sum() for p in params) * 0.0
+    if not per_access:
+        return anchor.float()
+    return torch.stack(per_access).mean() + anchor
+
+
+class EDMemForConditionalGeneration(_EntityVocabMixin, EDMemPreTrainedModel, GenerationMixin):
+    """EDMem with an LM head (tied to the input embeddings) and an entity-linking head on the decoder."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
+    _keys_to_ignore_on_load_missing = ["final_logits_bias"]
+
+    def __init__(self, config: EDMemConfig):
+        super().__init__(config)
+        if config.variant == "encmem":
+            raise ValueError("an 'encmem' EDMem has no decoder: use EDMemForEntityLinking")
+        self.model = EDMemModel(config)
+        self.final_logits_bias = nn.Buffer(torch.zeros((1, config.vocab_size)))
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.variant == "edmem":
+            self.entity_linking_head = EntityLinkingHead(config)
+        self.post_init()
+
+    def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict:
+        tied = super().get_expanded_tied_weights_keys(all_submodels=all_submodels)
+        if all_submodels:
+            tied.update(_entity_table_ties("model.", self.config.variant))
+        return tied
+
+    def get_encoder(self):
+        return self.model.encoder
+
+    def get_decoder(self):
+        return self.model.decoder
+
+    def get_input_embeddings(self):
+        return self.model.shared
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def resize_token_embeddings(self, new_num_tokens: int, pad_to_multiple_of=None, mean_resizing: bool = True):
+        new_embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        old = self.final_logits_bias
+        num = new_embeddings.weight.shape[0]
+        bias = old[:, :num] if num <= old.shape[-1] else torch.cat([old, old.new_zeros(1, num - old.shape[-1])], dim=1)
+        self.final_logits_bias = nn.Buffer(bias)
+        return new_embeddings
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.LongTensor | None = None,
+        encoder_outputs: EDMemEncoderOutput | tuple | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        entity_labels: torch.LongTensor | None = None,
+        decoder_entity_labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attended_entities: bool | None = None,
+        **kwargs,
+    ) -> EDMemSeq2SeqLMOutput:
+        r"""
+        labels: `(batch, tgt_len)` target tokens, -100 where not scored; the decoder input is `labels` shifted
+            right unless `decoder_input_ids` is given.
+        entity_labels: `(batch, src_len)` entity id at each `<E_s>` of `input_ids`, -100 elsewhere.
+        decoder_entity_labels: `(batch, tgt_len)` aligned with `labels`: the entity id at each `<E_s>` of `labels`,
+            -100 elsewhere. Shifted right with `labels`, so that each sits where the decoder reads that `<E_s>`.
+            It supervises the decoder's memory access and the entity-linking head.
+        """
+        config = self.config
+        if decoder_entity_labels is not None:
+            if labels is None:
+                raise ValueError("decoder_entity_labels are aligned with labels: pass labels too")
+            check_entity_labels(decoder_entity_labels, labels, config, "decoder_entity_labels")
+            decoder_entity_labels = shift_tokens_right(decoder_entity_labels, IGNORE_INDEX, IGNORE_INDEX)
+        if labels is not None:
+            use_cache = False
+            if decoder_input_ids is None and decoder_inputs_embeds is None:
+                decoder_input_ids = shift_tokens_right(labels, config.pad_token_id, config.decoder_start_token_id)
+        if config.variant != "edmem":
+            decoder_entity_labels_for_model = None
+        else:
+            decoder_entity_labels_for_model = decoder_entity_labels
+        outputs = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
+            encoder_outputs=encoder_outputs,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            entity_labels=entity_labels if config.variant != "encdec" else None,
+            decoder_entity_labels=decoder_entity_labels_for_model,
+            output_attended_entities=output_attended_entities,
+            **kwargs,
+        )
+        logits = self.lm_head(outputs.last_hidden_state) + self.final_logits_bias.to(outputs.last_hidden_state.device)
+
+        linked = None
+        if config.variant == "edmem":
+            want_top_k = (not self.training) if output_attended_entities is None else output_attended_entities
+            if want_top_k or decoder_entity_labels is not None:
+                linked = self.entity_linking_head(
+                    outputs.last_hidden_state,
+                    decoder_input_ids == config.entity_start_token_id,
+                    self.model.entity_embeddings.weight,
+                    entity_labels=decoder_entity_labels,
+                    entity_mask=self._get_entity_mask(logits.device),
+                    return_top_k=config.memory_top_k if want_top_k else None,
+                )
+
+        loss = lm_loss = entity_loss = None
+        if labels is not None:
+            lm_loss = nn.functional.cross_entropy(
+                logits.float().view(-1, logits.shape[-1]), labels.to(logits.device).view(-1), ignore_index=IGNORE_INDEX
+            )
+            loss = lm_loss
+            if config.variant != "encdec":
+                entity_loss = _mean_entity_loss(
+                    [outputs.encoder_attended_entities, outputs.decoder_attended_entities, linked],
+                    self._entity_parameters(),
+                )
+                loss = lm_loss + config.entity_loss_weight * entity_loss
+        return EDMemSeq2SeqLMOutput(
+            loss=loss,
+            lm_loss=lm_loss,
+            entity_loss=entity_loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            decoder_hidden_states=outputs.decoder_hidden_states,
+            decoder_attentions=outputs.decoder_attentions,
+            cross_attentions=outputs.cross_attentions,
+            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+            encoder_hidden_states=outputs.encoder_hidden_states,
+            encoder_attentions=outputs.encoder_attentions,
+            encoder_attended_entities=outputs.encoder_attended_entities,
+            decoder_attended_entities=outputs.decoder_attended_entities,
+            linked_entities=linked,
+        )
+
+    def _entity_parameters(self) -> list[torch.Tensor]:
+        modules = [self.model.encoder.memory]
+        if self.config.variant == "edmem":
+            modules += [self.model.decoder.memory, self.entity_linking_head]
+        params = [p for m in modules for p in m.parameters() if p.requires_grad]
+        table = self.model.entity_embeddings.weight
+        return params + ([table] if table.requires_grad else [])
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+
+class EDMemForEntityLinking(_EntityVocabMixin, EDMemPreTrainedModel):
+    """The encoder-only EncMem variant (EaE-style auto-encoder): encoder + memory, an entity-linking head on the
+    final encoder states and a masked-LM head. Predicts the entity of every `<E_s>` in the input."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
+
+    def __init__(self, config: EDMemConfig):
+        super().__init__(config)
+        if config.variant != "encmem":
+            raise ValueError(
+                f"EDMemForEntityLinking is the 'encmem' variant; got a config with variant={config.variant!r}"
+            )
+        self.model = EDMemModel(config)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.entity_linking_head = EntityLinkingHead(config)
+        self.post_init()
+
+    def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict:
+        tied = super().get_expanded_tied_weights_keys(all_submodels=all_submodels)
+        if all_submodels:
+            tied.update(_entity_table_ties("model.", "encmem"))
+        return tied
+
+    def get_input_embeddings(self):
+        return self.model.shared
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        entity_labels: torch.LongTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        output_attended_entities: bool | None = None,
+        **kwargs,
+    ) -> EDMemEntityLinkingOutput:
+        r"""
+        input_ids: `(batch, seq)` with `<E_s> ... <E_e>` around mentions.
+        entity_labels: `(batch, seq)` entity id at each `<E_s>`, -100 elsewhere.
+        labels: `(batch, seq)` masked-LM targets (original tokens where the input was masked, -100 elsewhere).
+        """
+        if input_ids is None:
+            raise ValueError("EDMemForEntityLinking needs input_ids: mentions are found by their <E_s> tokens")
+        check_mention_markers(input_ids, self.config)
+        if entity_labels is not None:
+            check_entity_labels(entity_labels, input_ids, self.config)
+        encoder_outputs = self.model.encoder(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            entity_labels=entity_labels,
+            output_attended_entities=output_attended_entities,
+            **kwargs,
+        )
+        hidden = encoder_outputs.last_hidden_state
+        logits = self.lm_head(hidden)
+        want_top_k = (not self.training) if output_attended_entities is None else output_attended_entities
+        linked = self.entity_linking_head(
+            hidden,
+            input_ids == self.config.entity_start_token_id,
+            self.model.entity_embeddings.weight,
+            entity_labels=entity_labels,
+            entity_mask=self._get_entity_mask(hidden.device),
+            return_top_k=self.config.memory_top_k if want_top_k else None,
+        )
+        loss = lm_loss = entity_loss = None
+        if labels is not None or entity_labels is not None:
+            entity_loss = _mean_entity_loss(
+                [encoder_outputs.memory_access, linked],
+                [p for m in (self.model.encoder.memory, self.entity_linking_head) for p in m.parameters()]
+                + [self.model.entity_embeddings.weight],
+            )
+            loss = self.config.entity_loss_weight * entity_loss
+            if labels is not None:
+                lm_loss = nn.functional.cross_entropy(
+                    logits.float().view(-1, logits.shape[-1]), labels.view(-1), ignore_index=IGNORE_INDEX
+                )
+                loss = loss + lm_loss
+        return EDMemEntityLinkingOutput(
+            loss=loss,
+            lm_loss=lm_loss,
+            entity_loss=entity_loss,
+            logits=logits,
+            hidden_states=encoder_outputs.hidden_states,
+            attentions=encoder_outputs.attentions,
+            last_hidden_state=hidden,
+            attended_entities=encoder_outputs.memory_access,
+            linked_entities=linked,
+        )
+
+
+__all__ = [
+    "EDMemEncoder",
+    "EDMemDecoder",
+    "EDMemModel",
+    "EDMemForConditionalGeneration",
+    "EDMemForEntityLinking",
+    "EDMemPreTrainedModel",
+    "EntityLinkingHead",
+    "EntityMemory",
+    "EntityMemoryAccess",
+    "dense_entity_attention",
+    "entity_attention",
+]
