@@ -1,0 +1,931 @@
+"""Entity-constrained decoding: a flat-array prefix tree of entity names and a vectorised logits processor.
+
+EDMem (paper, "Fine-Tuning") generates entity names between `<E_s>` and `<E_e>` in three settings: free-form
+(no constraint), static entity linking (a mention may only spell one of the top-k entities the entity-linking
+head picked for the example before decoding) and dynamic entity linking (one of the top-k entities picked from
+the hidden state of each generated `<E_s>`). This module holds the machinery, usable without EDMem as well:
+
+- `EntityTrie`: every entity's token sequence (`name <E_e>`, or e.g. `name </s>` for GENRE-style retrieval) in
+  a prefix tree stored as a handful of numpy arrays, built with vectorised numpy in seconds for 1M names and
+  cached on disk as `.npz` (never pickle: the cache may be shared).
+- `EntityConstrainedLogitsProcessor`: a `transformers.LogitsProcessor` forcing generation into the trie. It
+  works for greedy search, sampling and beam search (reordered beams are tracked by matching each row's prefix
+  with the previous step's rows), for any encoder-decoder or decoder-only model, and is a fast replacement for
+  `prefix_allowed_tokens_fn` with a GENRE dict trie (Transformers 5 removed `constraints=`).
+
+Two ways to say where a constrained span starts:
+
+- marker mode (`start_token_id` set, EDMem's `<E_s>`): every generated start marker opens a span, which ends
+  with the trie's end token (`<E_e>`). Outside a span everything but the end token is allowed.
+- position mode (`start_token_id=None`, GENRE-style): the span starts at `start_position` (default: the length
+  of the decoder prompt at the first call) and ends with the end token (usually `</s>`). After it, all tokens are
+  allowed (generation normally stops there).
+
+Inside a span the allowed tokens are the continuations of the names of the row's candidate entities (or of all
+entities when the row has no candidate set). Fallback, so that no row ever has every score at `-inf`: when no
+candidate fits (the generated prefix left the trie, e.g. because another processor forced a token, or the row's
+candidate set is empty or holds no entity below the current prefix) only the end token is allowed, closing the
+span; and if every allowed token already had a score of `-inf` when the processor was called (another processor
+forced something else), the row's scores are returned unchanged.
+
+Interface for the EDMem integration (`EDMemForConditionalGeneration.generate(entity_decoding=...)`):
+
+- `"free"`: no processor.
+- `"static"`: `EntityConstrainedLogitsProcessor(trie, start_token_id=<E_s>, candidates=ids, candidate_scores=
+  scores, group_size=num_beams or num_return_sequences)` with `ids`, `scores` of shape `(batch, k)` (the
+  entity-linking head's top-k for each example, `-1` padding). Rows of shape `(batch, k)` are expanded to the
+  `batch * group_size` generation rows with `repeat_interleave`, as `generate` expands its inputs.
+- `"dynamic"`: the same processor without `candidates`; in the model's forward, when the last input token of
+  some rows is `<E_s>`, call `processor.set_candidates(ids, scores, rows=mask)` with `ids`, `scores` of shape
+  `(rows, k)` (or `(n, k)` for the `n` rows selected by the boolean `mask` of shape `(rows,)`), in the row order
+  of that forward call. They apply from the next processor call on and follow their row through beam reordering.
+  Alternatively pass `candidates_fn(input_ids) -> (ids, scores) | None`, called at every step.
+- `group_size` must be the number of rows per example (`num_beams` for beam search, `num_return_sequences`
+  for sampling) when candidates differ between the beams of one example (dynamic mode): beams are only matched
+  within their example.
+- Reporting: `processor.mentions(sequences, example_index)` parses returned sequences into `EntityMention`s
+  (positions, token ids, the entity whose name was spelled, and the candidate ids/scores that were active when the
+  mention was opened), whatever reordering or hypothesis selection happened in between.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import LogitsProcessor
+
+from .configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN
+from .entity_vocab import EntityVocab
+
+__all__ = ["EntityTrie", "EntityConstrainedLogitsProcessor", "EntityMention", "marker_token_ids"]
+
+_TRIE_FORMAT_VERSION = 1
+# Node states of a row, besides a trie node id (>= 0).
+OUTSIDE = -1  # not inside a constrained span
+DEAD = -2  # inside a span whose prefix is not in the trie: only the end token is allowed
+
+
+def marker_token_ids(tokenizer: Any) -> tuple[int, int]:
+    """Ids of `<E_s>` and `<E_e>` in `tokenizer`; a ValueError if it does not have them as single tokens."""
+    ids = []
+    for token in (ENTITY_START_TOKEN, ENTITY_END_TOKEN):
+        token_id = tokenizer.convert_tokens_to_ids(token)
+        if token_id is None or (tokenizer.unk_token_id is not None and token_id == tokenizer.unk_token_id):
+            raise ValueError(
+                f"the tokenizer has no {token} token: add the mention markers as special tokens "
+                f"(tokenizer.add_special_tokens({{'additional_special_tokens': ['{ENTITY_START_TOKEN}', "
+                f"'{ENTITY_END_TOKEN}']}})) or pass their ids explicitly"
+            )
+        ids.append(int(token_id))
+    return ids[0], ids[1]
+
+
+def _tokenize(texts: list[str], tokenizer: Any, add_special_tokens: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Batch-encodes `texts` with the fast (Rust) tokenizer; returns flat token ids (int32) and lengths (int64)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None and hasattr(tokenizer, "encode_batch"):  # a bare `tokenizers.Tokenizer`
+        backend = tokenizer
+    if backend is not None:
+        encode = getattr(backend, "encode_batch_fast", None) or backend.encode_batch
+        encodings = encode(texts, add_special_tokens=add_special_tokens)
+        ids = [e.ids for e in encodings]
+    else:  # slow tokenizer: correct, not fast
+        ids = tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    flat = np.fromiter((t for seq in ids for t in seq), dtype=np.int32, count=int(lengths.sum()))
+    return flat, lengths
+
+
+def _tokenizer_fingerprint(tokenizer: Any) -> str:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None and hasattr(tokenizer, "to_str"):
+        backend = tokenizer
+    if backend is not None:
+        text = backend.to_str()
+    else:
+        text = json.dumps(sorted(tokenizer.get_vocab().items()))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+class EntityTrie:
+    r"""
+    Prefix tree over the token sequences of N entities, stored as flat arrays.
+
+    The sequences are sorted lexicographically; a node is a distinct prefix, numbered breadth-first (by depth,
+    then parent, then token), so that the children of a node are consecutive ids and the child reached through
+    edge `e` is node `e + 1` (node 0 is the root). Arrays (M nodes, N sequences):
+
+    - `first_child` `(M + 1,)`: children of node `n` are the nodes `first_child[n] .. first_child[n + 1] - 1`.
+    - `edge_key` `(M - 1,)` int64, sorted: `parent * vocab_size + token` of the edge into node `e + 1`; a child
+      lookup is one `searchsorted`, vectorised over rows.
+    - `node_depth` `(M,)`: number of tokens of the prefix.
+    - `node_lo`, `node_hi` `(M,)`: the sequences below a node are the sorted positions `[lo, hi)`, so a row's
+      candidate subset is checked against a node with two comparisons.
+    - `seq_tokens`, `seq_offsets` `(T,)`, `(N + 1,)`: the sorted sequences (CSR); `order` `(N,)`: sorted position
+      -> entity id, `rank` `(N,)`: entity id -> sorted position.
+
+    A node without children ends a sequence; sequences should end with an end token that names never contain
+    (`<E_e>`, or `</s>`), so that no sequence is a proper prefix of another.
+    """
+
+    _ARRAYS = ("first_child", "edge_key", "node_depth", "node_lo", "node_hi", "seq_tokens", "seq_offsets", "order")
+
+    def __init__(
+        self,
+        first_child: np.ndarray,
+        edge_key: np.ndarray,
+        node_depth: np.ndarray,
+        node_lo: np.ndarray,
+        node_hi: np.ndarray,
+        seq_tokens: np.ndarray,
+        seq_offsets: np.ndarray,
+        order: np.ndarray,
+        vocab_size: int,
+        end_token_id: int | None = None,
+        metadata: dict | None = None,
+    ):
+        self.first_child = first_child
+        self.edge_key = edge_key
+        self.node_depth = node_depth
+        self.node_lo = node_lo
+        self.node_hi = node_hi
+        self.seq_tokens = seq_tokens
+        self.seq_offsets = seq_offsets
+        self.order = order
+        self.rank = np.empty_like(order)
+        self.rank[order] = np.arange(len(order), dtype=order.dtype)
+        self.vocab_size = int(vocab_size)
+        self.end_token_id = None if end_token_id is None else int(end_token_id)
+        self.metadata = dict(metadata or {})
+        self._torch_cache: dict[str, dict[str, torch.Tensor]] = {}
+
+    # --- construction -----------------------------------------------------------------------------------
+
+    @classmethod
+    def from_sequences(
+        cls,
+        sequences: Sequence[Sequence[int]] | tuple[np.ndarray, np.ndarray],
+        vocab_size: int | None = None,
+        end_token_id: int | None = None,
+        metadata: dict | None = None,
+    ) -> EntityTrie:
+        """
+        Builds the trie from token sequences: a list of id lists, or `(flat_ids, lengths)` arrays (the sequence of
+        entity `i` is `flat_ids[sum(lengths[:i]) : sum(lengths[:i + 1])]`). Fully vectorised: one loop over depths.
+        """
+        if isinstance(sequences, tuple) and len(sequences) == 2 and isinstance(sequences[0], np.ndarray):
+            flat, lengths = np.asarray(sequences[0], dtype=np.int64), np.asarray(sequences[1], dtype=np.int64)
+        else:
+            lengths = np.fromiter(map(len, sequences), dtype=np.int64, count=len(sequences))
+            flat = np.fromiter((t for s in sequences for t in s), dtype=np.int64, count=int(lengths.sum()))
+        n = len(lengths)
+        if n == 0:
+            raise ValueError("EntityTrie: no sequences (an empty list of entity names?)")
+        if (lengths == 0).any():
+            bad = int(np.flatnonzero(lengths == 0)[0])
+            raise ValueError(f"EntityTrie: sequence {bad} is empty (an empty entity name?)")
+        if flat.min() < 0:
+            raise ValueError("EntityTrie: token ids must be >= 0")
+        vocab_size = int(max(vocab_size or 0, int(flat.max()) + 1))
+        max_len = int(lengths.max())
+
+        # Padded (N, L) matrix, padding below every token so that a shorter prefix sorts first.
+        dtype = np.uint16 if vocab_size < 2**16 - 1 else np.uint32
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        mat = np.zeros((n, max_len), dtype=dtype)
+        col = np.arange(len(flat), dtype=np.int64) - np.repeat(offsets[:-1], lengths)
+        mat[np.repeat(np.arange(n), lengths), col] = flat + 1
+        del col
+        order = np.lexsort(mat.T[::-1])
+        mat = mat[order]
+        sorted_lengths = lengths[order]
+
+        # lcp[i]: tokens row i shares with row i - 1 (0 for the first row).
+        lcp = np.zeros(n, dtype=np.int64)
+        if n > 1:
+            diff = mat[1:] != mat[:-1]
+            any_diff = diff.any(axis=1)
+            lcp[1:] = np.where(any_diff, diff.argmax(axis=1), max_len)
+            del diff, any_diff
+        if n > 1 and (lcp[1:] >= np.minimum(sorted_lengths[1:], sorted_lengths[:-1])).any():
+            # A sequence equal to, or a proper prefix of, another: the shorter one would have no node of its own.
+            i = int(np.flatnonzero(lcp[1:] >= np.minimum(sorted_lengths[1:], sorted_lengths[:-1]))[0]) + 1
+            a, b = int(order[i - 1]), int(order[i])
+            raise ValueError(
+                f"EntityTrie: the token sequence of entity {a} is equal to or a prefix of that of entity {b}; "
+                "end every sequence with an end token (e.g. <E_e> or </s>) and keep names unique"
+            )
+
+        # Nodes depth by depth; row i opens a node at every depth lcp[i] < d <= len[i].
+        depth_lo = [np.zeros(1, dtype=np.int64)]
+        depth_hi = [np.array([n], dtype=np.int64)]
+        parents, tokens = [], []
+        for d in range(1, max_len + 1):
+            rows = np.flatnonzero((lcp < d) & (sorted_lengths >= d))
+            if len(rows) == 0:
+                break
+            bounds = np.append(np.flatnonzero(lcp < d), n)
+            hi = bounds[np.searchsorted(bounds, rows, side="right")]
+            prev_lo = depth_lo[-1]
+            parent_local = np.searchsorted(prev_lo, rows, side="right") - 1
+            first_id = sum(len(x) for x in depth_lo[:-1])  # id of the first node at depth d - 1
+            parents.append(parent_local + first_id)
+            tokens.append(mat[rows, d - 1].astype(np.int64) - 1)
+            depth_lo.append(rows)
+            depth_hi.append(hi)
+        del mat
+        node_lo = np.concatenate(depth_lo).astype(np.int32)
+        node_hi = np.concatenate(depth_hi).astype(np.int32)
+        node_depth = np.concatenate([np.full(len(x), d, dtype=np.int16) for d, x in enumerate(depth_lo)])
+        parent = np.concatenate(parents) if parents else np.zeros(0, dtype=np.int64)
+        edge_key = parent * vocab_size + np.concatenate(tokens) if tokens else np.zeros(0, dtype=np.int64)
+        num_nodes = len(node_lo)
+        counts = np.bincount(parent, minlength=num_nodes)
+        first_child = np.empty(num_nodes + 1, dtype=np.int64)
+        first_child[0] = 1
+        np.cumsum(counts, out=first_child[1:])
+        first_child[1:] += 1
+        first_child = first_child.astype(np.int32 if num_nodes < 2**31 - 1 else np.int64)
+
+        seq_offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(sorted_lengths, out=seq_offsets[1:])
+        take = np.repeat(offsets[:-1][order] - seq_offsets[:-1], sorted_lengths) + np.arange(len(flat))
+        seq_tokens = flat[take].astype(np.int32)
+        return cls(
+            first_child=first_child,
+            edge_key=edge_key.astype(np.int64),
+            node_depth=node_depth,
+            node_lo=node_lo,
+            node_hi=node_hi,
+            seq_tokens=seq_tokens,
+            seq_offsets=seq_offsets,
+            order=order.astype(np.int32 if n < 2**31 - 1 else np.int64),
+            vocab_size=vocab_size,
+            end_token_id=end_token_id,
+            metadata=metadata,
+        )
+
+    @classmethod
+    def build(
+        cls,
+        names: Sequence[str] | EntityVocab,
+        tokenizer: Any,
+        end_token_id: int | None = None,
+        add_prefix_space: bool = True,
+        add_special_tokens: bool = False,
+        cache_dir: str | os.PathLike | None = None,
+    ) -> EntityTrie:
+        """
+        Tokenises `names` (batch-encoded by the fast tokenizer) and builds the trie over `name + [end_token_id]`.
+
+        Args:
+            names: entity names in entity-id order, or an `EntityVocab` (its `.names`).
+            tokenizer: a `PreTrainedTokenizerFast` (or a `tokenizers.Tokenizer`).
+            end_token_id: appended to every sequence (`<E_e>` for EDMem, `</s>` for GENRE-style retrieval);
+                `None` appends nothing (then `add_special_tokens=True` should supply the end, e.g. `</s>`).
+            add_prefix_space: tokenise `" " + name`, the way a mention appears in running text with a byte-level
+                BPE (`<E_s> Barack Obama` is `<E_s>`, `ĠBarack`, `ĠObama`). Set to False if the tokenizer adds the
+                space itself or for names at the very start of a text without a space.
+            add_special_tokens: let the tokenizer add its template (e.g. `<s> ... </s>` for BART, GENRE-style).
+            cache_dir: if given, the arrays are cached there as `entity_trie-<hash>.npz`, keyed by a hash of the
+                names, the tokenizer (vocabulary, merges, normaliser) and these options.
+        """
+        if isinstance(names, EntityVocab):
+            names = names.names
+        names = list(names)
+        if not names:
+            raise ValueError("EntityTrie.build: the list of names is empty")
+        for i, name in enumerate(names):
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"EntityTrie.build: name {i} is empty or not a string: {name!r}")
+        options = {
+            "end_token_id": end_token_id,
+            "add_prefix_space": add_prefix_space,
+            "add_special_tokens": add_special_tokens,
+            "format_version": _TRIE_FORMAT_VERSION,
+        }
+        path = None
+        if cache_dir is not None:
+            digest = hashlib.sha256()
+            digest.update(json.dumps(options, sort_keys=True).encode())
+            digest.update(_tokenizer_fingerprint(tokenizer).encode())
+            digest.update("\n".join(names).encode("utf-8", "surrogatepass"))
+            path = os.path.join(os.fspath(cache_dir), f"entity_trie-{digest.hexdigest()[:24]}.npz")
+            if os.path.exists(path):
+                return cls.load(path)
+        texts = [" " + name for name in names] if add_prefix_space else names
+        flat, lengths = _tokenize(texts, tokenizer, add_special_tokens)
+        if end_token_id is not None:
+            flat = np.insert(flat, np.cumsum(lengths), np.int32(end_token_id))
+            lengths = lengths + 1
+        vocab_size = len(tokenizer) if hasattr(tokenizer, "__len__") else tokenizer.get_vocab_size()
+        trie = cls.from_sequences((flat, lengths), vocab_size=vocab_size, end_token_id=end_token_id, metadata=options)
+        trie.metadata["cache_path"] = path
+        if path is not None:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            trie.save(path)
+        return trie
+
+    # --- files ------------------------------------------------------------------------------------------
+
+    def save(self, path: str | os.PathLike) -> str:
+        """Writes the arrays to an uncompressed `.npz` (plain arrays, loadable with `allow_pickle=False`)."""
+        path = os.fspath(path)
+        if not path.endswith(".npz"):
+            path += ".npz"
+        meta = {k: v for k, v in self.metadata.items() if k != "cache_path"}
+        meta.update(vocab_size=self.vocab_size, end_token_id=self.end_token_id, format_version=_TRIE_FORMAT_VERSION)
+        tmp = path + ".tmp.npz"
+        np.savez(tmp, metadata=np.array(json.dumps(meta)), **{k: getattr(self, k) for k in self._ARRAYS})
+        os.replace(tmp, path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> EntityTrie:
+        with np.load(os.fspath(path), allow_pickle=False) as data:
+            meta = json.loads(str(data["metadata"]))
+            if meta.get("format_version", 0) > _TRIE_FORMAT_VERSION:
+                raise ValueError(f"{path}: entity trie format {meta['format_version']} is newer than this code")
+            arrays = {k: data[k] for k in cls._ARRAYS}
+        vocab_size, end_token_id = meta.pop("vocab_size"), meta.pop("end_token_id")
+        meta["cache_path"] = os.fspath(path)
+        return cls(**arrays, vocab_size=vocab_size, end_token_id=end_token_id, metadata=meta)
+
+    # --- queries ----------------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.node_lo)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(getattr(self, k).nbytes for k in self._ARRAYS) + self.rank.nbytes
+
+    def __repr__(self) -> str:
+        return f"EntityTrie({len(self)} sequences, {self.num_nodes} nodes, {self.nbytes / 2**20:.1f} MiB)"
+
+    def sequence(self, entity_id: int) -> list[int]:
+        """Token ids of one entity's sequence (name tokens + end token)."""
+        self._check_ids(np.asarray([entity_id]))
+        r = int(self.rank[entity_id])
+        return self.seq_tokens[self.seq_offsets[r] : self.seq_offsets[r + 1]].tolist()
+
+    def _check_ids(self, ids: np.ndarray) -> None:
+        bad = (ids < -1) | (ids >= len(self))
+        if bad.any():
+            raise ValueError(
+                f"unknown entity id {int(ids[bad][0])}: the trie holds ids 0..{len(self) - 1} (-1 is padding)"
+            )
+
+    def sequences_for(
+        self, entity_ids: torch.Tensor | np.ndarray | Sequence[int], pad_token_id: int = -1
+    ) -> torch.Tensor:
+        """
+        Token sequences of a candidate subset, padded: `entity_ids` of shape `(k,)` (or `(..., k)`, `-1` = no
+        entity) -> a LongTensor of shape `(k, L)` (`(..., k, L)`), `L` the longest selected sequence.
+        """
+        ids = torch.as_tensor(entity_ids).long()
+        ids_np = ids.cpu().numpy()
+        self._check_ids(ids_np)
+        flat_ids = ids_np.reshape(-1)
+        valid = flat_ids >= 0
+        ranks = np.where(valid, self.rank[np.clip(flat_ids, 0, None)], 0)
+        starts = self.seq_offsets[ranks]
+        lens = np.where(valid, self.seq_offsets[ranks + 1] - starts, 0)
+        width = int(lens.max()) if len(lens) else 0
+        out = np.full((len(flat_ids), width), pad_token_id, dtype=np.int64)
+        cols = np.arange(width)
+        inside = cols[None, :] < lens[:, None]
+        out[inside] = self.seq_tokens[(starts[:, None] + cols[None, :])[inside]]
+        return torch.from_numpy(out).reshape(*ids.shape, width)
+
+    def lookup(self, token_ids: Sequence[int]) -> int:
+        """Entity id whose full sequence is `token_ids` (name tokens + end token), or -1."""
+        node = 0
+        for t in token_ids:
+            key = node * self.vocab_size + int(t)
+            pos = int(np.searchsorted(self.edge_key, key))
+            if pos >= len(self.edge_key) or self.edge_key[pos] != key or not 0 <= int(t) < self.vocab_size:
+                return -1
+            node = pos + 1
+        if self.first_child[node + 1] != self.first_child[node]:  # not the end of a sequence
+            return -1
+        return int(self.order[self.node_lo[node]])
+
+    def allowed_next_tokens(self, prefix: Sequence[int]) -> list[int]:
+        """Tokens that continue `prefix` in the trie (a reference implementation, for tests and debugging)."""
+        node = 0
+        for t in prefix:
+            key = node * self.vocab_size + int(t)
+            pos = int(np.searchsorted(self.edge_key, key))
+            if pos >= len(self.edge_key) or self.edge_key[pos] != key:
+                return []
+            node = pos + 1
+        edges = np.arange(self.first_child[node], self.first_child[node + 1]) - 1
+        return (self.edge_key[edges] % self.vocab_size).tolist()
+
+    def torch_arrays(self, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+        """The arrays as torch tensors on `device` (zero-copy on CPU), cached per device."""
+        device = torch.device(device)
+        key = str(device)
+        if key not in self._torch_cache:
+            arrays = {k: torch.from_numpy(np.ascontiguousarray(getattr(self, k))) for k in self._ARRAYS}
+            arrays["rank"] = torch.from_numpy(self.rank)
+            arrays["seq_len"] = torch.from_numpy(np.diff(self.seq_offsets).astype(np.int16))
+            self._torch_cache[key] = {k: v.to(device) for k, v in arrays.items()}
+        return self._torch_cache[key]
+
+
+@dataclass
+class EntityMention:
+    """One generated span: `sequence[start]` is the start marker (or the span's first token in position mode),
+    `sequence[end]` the end token (or `end == len` if unfinished). `entity_id` is the entity the span spells (-1
+    if none); `candidate_ids`/`candidate_scores` the row's candidates when the span was opened (empty if unknown)."""
+
+    start: int
+    end: int
+    token_ids: list[int]
+    entity_id: int
+    candidate_ids: list[int] = field(default_factory=list)
+    candidate_scores: list[float] = field(default_factory=list)
+
+
+class EntityConstrainedLogitsProcessor(LogitsProcessor):
+    r"""
+    [`LogitsProcessor`] that forces generated spans to be entity names from an [`EntityTrie`], optionally
+    restricted to per-row candidate entities. Vectorised over rows (batch x beams); see the module docstring.
+
+    Args:
+        trie (`EntityTrie`): the names (with their end token).
+        start_token_id (`int`, *optional*): marker that opens a span (`<E_s>`). `None`: position mode.
+        end_token_id (`int`, *optional*): token closing a span; defaults to `trie.end_token_id`.
+        start_position (`int`, *optional*): position mode only: index in `input_ids` where the span starts;
+            defaults to the length of `input_ids` at the first call of a generation (the decoder prompt).
+        candidates (`torch.LongTensor` of shape `(rows, k)` or `(examples, k)`, *optional*): per-row entity ids
+            (`-1` padding); `None` allows every entity of the trie.
+        candidate_scores (`torch.FloatTensor` of the same shape, *optional*): only reported by `mentions()`.
+        candidates_fn (`Callable`, *optional*): called as `candidates_fn(input_ids)` at every step; may return
+            `None` (no change), an id tensor of shape `(rows, k)` or a tuple `(ids, scores)`.
+        group_size (`int`, *optional*): rows per example (`num_beams` for beam search, `num_return_sequences`
+            for sampling): reordered beams are matched within their example, and `mentions()` keys its log by
+            example. Defaults to `rows // examples` when `candidates` has one row per example, else 1.
+        dense_threshold (`int`): nodes with at least this many children (e.g. the root of a 1M-name trie) get a
+            precomputed dense mask instead of a scatter.
+    """
+
+    def __init__(
+        self,
+        trie: EntityTrie,
+        start_token_id: int | None = None,
+        end_token_id: int | None = None,
+        start_position: int | None = None,
+        candidates: torch.Tensor | None = None,
+        candidate_scores: torch.Tensor | None = None,
+        candidates_fn: Callable[[torch.LongTensor], Any] | None = None,
+        group_size: int | None = None,
+        dense_threshold: int = 1024,
+    ):
+        self.trie = trie
+        self.start_token_id = None if start_token_id is None else int(start_token_id)
+        end_token_id = trie.end_token_id if end_token_id is None else end_token_id
+        if end_token_id is None:
+            raise ValueError(
+                "EntityConstrainedLogitsProcessor: no end token (give end_token_id or build the trie with one)"
+            )
+        self.end_token_id = int(end_token_id)
+        if self.start_token_id is not None and self.start_token_id == self.end_token_id:
+            raise ValueError("start_token_id and end_token_id must differ")
+        self.start_position = start_position
+        self.candidates_fn = candidates_fn
+        self.group_size = group_size
+        self.dense_threshold = int(dense_threshold)
+        self._examples: int | None = None
+        self._base_candidates: torch.Tensor | None = None
+        self._base_scores: torch.Tensor | None = None
+        if candidates is not None:
+            self._base_candidates, self._base_scores = self._check_candidates(candidates, candidate_scores)
+            self._examples = self._base_candidates.shape[0]
+        self._device: torch.device | None = None
+        self._t: dict[str, torch.Tensor] = {}
+        self.reset()
+
+    # --- public state -----------------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Forgets the state of the previous generation (done automatically when a new generation starts)."""
+        self._prev_ids: torch.Tensor | None = None
+        self._node: torch.Tensor | None = None
+        self._cands: torch.Tensor | None = None
+        self._scores: torch.Tensor | None = None
+        self._pending: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = []
+        self._span_start: int | None = None
+        self._log: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self.constrained_steps = 0  # rows x steps spent inside a span (for benchmarks/diagnostics)
+        self.total_steps = 0
+
+    def _check_candidates(
+        self, ids: torch.Tensor, scores: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        ids = torch.as_tensor(ids).long()
+        if ids.dim() == 1:
+            ids = ids[None, :]
+        if ids.dim() != 2:
+            raise ValueError(f"candidates must have shape (rows, k); got {tuple(ids.shape)}")
+        bad = (ids < -1) | (ids >= len(self.trie))
+        if bad.any():
+            raise ValueError(
+                f"unknown entity id {int(ids[bad][0])} in candidates: the trie holds ids 0..{len(self.trie) - 1} "
+                "(use -1 for padding)"
+            )
+        if scores is not None:
+            scores = torch.as_tensor(scores, dtype=torch.float32)
+            if scores.dim() == 1:
+                scores = scores[None, :]
+            if scores.shape != ids.shape:
+                raise ValueError(f"candidate_scores {tuple(scores.shape)} must match candidates {tuple(ids.shape)}")
+        return ids, scores
+
+    @property
+    def candidates(self) -> torch.Tensor | None:
+        """Current per-row candidate ids, shape `(rows, k)` (`None`: all entities)."""
+        return self._cands if self._cands is not None else self._base_candidates
+
+    @candidates.setter
+    def candidates(self, value: torch.Tensor | None) -> None:
+        if value is None:
+            self._base_candidates = self._base_scores = self._cands = self._scores = None
+            self._examples = None
+            return
+        self.set_candidates(value)
+
+    def set_candidates(
+        self,
+        entity_ids: torch.Tensor,
+        scores: torch.Tensor | None = None,
+        rows: torch.Tensor | None = None,
+    ) -> None:
+        """
+        Sets candidates for the current rows (the row order of the latest model forward), effective from the next
+        processor call. `entity_ids`/`scores`: `(rows, k)`, or `(n, k)` with `rows` a boolean mask `(rows,)` or
+        index tensor `(n,)` selecting the rows to update (dynamic entity linking: the rows whose last token is
+        `<E_s>`). Before a generation starts (no state yet), sets the static candidates, `(rows|examples, k)`.
+        """
+        ids, scores = self._check_candidates(entity_ids, scores)
+        if self._node is None and rows is None:
+            self._base_candidates, self._base_scores = ids, scores
+            self._examples = ids.shape[0]
+            return
+        self._pending.append((ids, scores, None if rows is None else torch.as_tensor(rows)))
+
+    # --- per-step machinery -----------------------------------------------------------------------------
+
+    def _setup_device(self, device: torch.device) -> None:
+        if self._device == device:
+            return
+        self._device = device
+        t = dict(self.trie.torch_arrays(device))
+        t["edge_key"] = t["edge_key"].contiguous()
+        counts = (t["first_child"][1:] - t["first_child"][:-1]).long()
+        dense = torch.nonzero(counts >= self.dense_threshold).flatten()
+        dense = dense[torch.argsort(counts[dense], descending=True)[:256]].sort().values
+        v = self.trie.vocab_size
+        masks = torch.zeros(len(dense) + 1, v, dtype=torch.bool, device=device)  # last row: nothing
+        for i, node in enumerate(dense.tolist()):  # once per processor, a few nodes
+            lo, hi = int(t["first_child"][node]), int(t["first_child"][node + 1])
+            masks[i, t["edge_key"][lo - 1 : hi - 1] % v] = True
+        t["dense_nodes"], t["dense_masks"] = dense, masks
+        self._t = t
+
+    def _advance(self, node: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
+        """One transition for every row: state `(rows,)` x token `(rows,)` -> state `(rows,)`."""
+        t, v = self._t, self.trie.vocab_size
+        edge_key = t["edge_key"]
+        in_trie = node >= 0
+        key = node.clamp(min=0) * v + tok.clamp(0, v - 1)
+        pos = torch.searchsorted(edge_key, key).clamp(max=edge_key.numel() - 1)
+        found = in_trie & (edge_key[pos] == key) & (tok < v) & (tok >= 0)
+        child = pos + 1
+        first_child = t["first_child"]
+        leaf = first_child[child + 1] == first_child[child]
+        is_end = tok == self.end_token_id
+        span_state = torch.where(is_end, OUTSIDE, DEAD)
+        new = torch.where(found, torch.where(leaf, OUTSIDE, child), span_state)
+        new = torch.where(node == OUTSIDE, OUTSIDE, new)
+        if self.start_token_id is not None:
+            new = torch.where(tok == self.start_token_id, 0, new)
+        return new
+
+    def _recompute(self, input_ids: torch.LongTensor) -> torch.Tensor:
+        """State of every row from scratch (first step of a generation): a loop over positions."""
+        rows, length = input_ids.shape
+        if self.start_token_id is not None:
+            node = torch.full((rows,), OUTSIDE, dtype=torch.long, device=input_ids.device)
+            is_start = input_ids == self.start_token_id
+            if not bool(is_start.any()):
+                return node
+            first = int(is_start.float().argmax(dim=1)[is_start.any(dim=1)].min())
+            for i in range(first, length):
+                node = self._advance(node, input_ids[:, i])
+            return node
+        if self._span_start is None:
+            self._span_start = length if self.start_position is None else int(self.start_position)
+        node = torch.zeros(rows, dtype=torch.long, device=input_ids.device)
+        for i in range(self._span_start, length):
+            node = self._advance(node, input_ids[:, i])
+        return node
+
+    def _hash_weights(self, length: int, device: torch.device) -> torch.Tensor:
+        w = self._t.get("hash_weights")
+        if w is None or w.numel() < length:
+            gen = torch.Generator().manual_seed(0x5EED)
+            w = torch.randint(-(2**62), 2**62, (max(64, 2 * length),), generator=gen, dtype=torch.long) | 1
+            self._t["hash_weights"] = w = w.to(device)
+        return w[:length]
+
+    def _parents(self, input_ids: torch.LongTensor) -> torch.Tensor | None:
+        """
+        Row of the previous call that each current row `(rows,)` continues (beams get reordered), matched by a
+        hash of the prefix (and of the example, when known) and verified exactly; None if some row matches none.
+        """
+        prev = self._prev_ids
+        rows, length = input_ids.shape
+        cur = input_ids[:, :-1]
+        arange = torch.arange(rows, device=input_ids.device)
+        if torch.equal(cur, prev):  # greedy search, sampling, or beams that kept their order
+            return arange
+        weights = self._hash_weights(length - 1, input_ids.device)
+        g = self._group_size(rows)
+        group = (arange // g) * 0x9E3779B97F4A7C1 if g and rows % g == 0 else torch.zeros_like(arange)
+        cur_hash = (cur * weights).sum(-1) + group
+        prev_hash = (prev * weights).sum(-1) + group
+        sorted_hash, perm = prev_hash.sort()
+        pos = torch.searchsorted(sorted_hash, cur_hash).clamp(max=rows - 1)
+        parents = perm[pos]
+        if not bool((prev[parents] == cur).all()):
+            return None
+        return parents
+
+    def _group_size(self, rows: int) -> int:
+        """Rows per example; 0 when unknown (rows may then be matched across examples)."""
+        if self.group_size is not None:
+            return int(self.group_size)
+        if self._examples and rows % self._examples == 0:
+            return rows // self._examples
+        return 0
+
+    def _apply_pending(self, rows: int) -> None:
+        for ids, scores, which in self._pending:
+            ids = ids.to(self._device)
+            scores = None if scores is None else scores.to(self._device)
+            if which is None:
+                if ids.shape[0] != rows:
+                    raise ValueError(f"set_candidates: {ids.shape[0]} rows of candidates for {rows} rows")
+                self._cands = ids
+                self._scores = scores if scores is not None else torch.zeros_like(ids, dtype=torch.float32)
+                continue
+            which = which.to(self._device)
+            if which.dtype == torch.bool:
+                which = torch.nonzero(which).flatten()
+            k = max(ids.shape[1], self._cands.shape[1] if self._cands is not None else 0)
+            cands = torch.full((rows, k), -1, dtype=torch.long, device=self._device)
+            cscores = torch.zeros((rows, k), dtype=torch.float32, device=self._device)
+            if self._cands is not None:
+                cands[:, : self._cands.shape[1]] = self._cands
+                cscores[:, : self._scores.shape[1]] = self._scores
+            cands[which] = -1
+            cands[which, : ids.shape[1]] = ids
+            cscores[which] = 0.0
+            if scores is not None:
+                cscores[which, : ids.shape[1]] = scores
+            self._cands, self._scores = cands, cscores
+        self._pending = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        """`input_ids` `(rows, T)`, `scores` `(rows, V)` -> scores with disallowed tokens at `-inf`."""
+        device = scores.device
+        self._setup_device(device)
+        rows = input_ids.shape[0]
+
+        prev = self._prev_ids
+        new_generation = prev is None or prev.shape[0] != rows or prev.shape[1] != input_ids.shape[1] - 1
+        parents = None if new_generation else self._parents(input_ids)
+        if new_generation:  # rebuild the state from input_ids
+            self._log = []
+            self._pending = [p for p in self._pending if p[2] is None]
+            self._span_start = None
+            self._node = self._recompute(input_ids)
+            self._cands = self._scores = None
+            if self._base_candidates is not None:
+                base = self._base_candidates.to(device)
+                base_scores = self._base_scores.to(device) if self._base_scores is not None else None
+                if rows % base.shape[0]:
+                    raise ValueError(f"{base.shape[0]} rows of candidates do not divide {rows} generation rows")
+                rep = rows // base.shape[0]
+                self._cands = base.repeat_interleave(rep, dim=0)
+                self._scores = (
+                    base_scores.repeat_interleave(rep, dim=0)
+                    if base_scores is not None
+                    else torch.zeros_like(self._cands, dtype=torch.float32)
+                )
+        elif parents is None:  # rows we cannot trace (should not happen in generate()): recompute their states
+            self._node = self._recompute(input_ids)
+        else:
+            self._node = self._advance(self._node[parents], input_ids[:, -1])
+            if self._cands is not None:
+                self._cands, self._scores = self._cands[parents], self._scores[parents]
+        self._prev_ids = input_ids.clone()
+
+        if self.candidates_fn is not None:
+            result = self.candidates_fn(input_ids)
+            if result is not None:
+                ids, cscores = result if isinstance(result, tuple) else (result, None)
+                self._pending.append((*self._check_candidates(ids, cscores), None))
+        if self._pending:
+            self._apply_pending(rows)
+
+        node = self._node
+        if self.start_token_id is not None and self._cands is not None:
+            opened = input_ids[:, -1] == self.start_token_id
+            if bool(opened.any()):  # log for mentions(): (example, prefix, candidate ids, scores)
+                idx = torch.nonzero(opened).flatten()
+                example = idx // self._group_size(rows)
+                self._log.append((example, input_ids[idx].clone(), self._cands[idx], self._scores[idx]))
+
+        in_span = node != OUTSIDE
+        self.total_steps += rows
+        self.constrained_steps += int(in_span.sum())
+        return self._mask(scores, node, in_span)
+
+    def _mask(self, scores: torch.FloatTensor, node: torch.Tensor, in_span: torch.Tensor) -> torch.FloatTensor:
+        t = self._t
+        rows, vocab = scores.shape
+        arange = torch.arange(rows, device=scores.device)
+        neg_inf = torch.tensor(float("-inf"), dtype=scores.dtype, device=scores.device)
+        in_trie = node >= 0
+        safe = node.clamp(min=0)
+        allowed = torch.zeros(rows, vocab + 1, dtype=torch.bool, device=scores.device)  # last column: dump
+        if self._cands is not None:
+            # Candidate subset: a candidate fits if its sorted position is in the node's range; its next token is
+            # its sequence's token at the node's depth.
+            cands = self._cands
+            valid = cands >= 0
+            ranks = t["rank"][cands.clamp(min=0)].long()
+            lo, hi = t["node_lo"][safe].long(), t["node_hi"][safe].long()
+            depth = t["node_depth"][safe].long()
+            valid &= in_trie[:, None] & (ranks >= lo[:, None]) & (ranks < hi[:, None])
+            valid &= t["seq_len"][ranks].long() > depth[:, None]
+            pos = (t["seq_offsets"][ranks] + depth[:, None]).clamp(max=t["seq_tokens"].numel() - 1)
+            tok = t["seq_tokens"][pos].long()
+            fallback = in_span & ~valid.any(-1)
+            tok = torch.cat([tok, torch.full_like(tok[:, :1], self.end_token_id)], dim=1)
+            valid = torch.cat([valid, fallback[:, None]], dim=1)
+            tok = torch.where(valid & (tok < vocab), tok, vocab)
+            allowed.scatter_(1, tok, True)
+            best = scores.gather(1, tok.clamp(max=vocab - 1)).masked_fill(~valid, float("-inf")).amax(-1)
+        else:
+            # All entities: the children of each row's node (dense masks for nodes with many children).
+            first_child = t["first_child"]
+            start = torch.where(in_trie, first_child[safe].long(), 0)
+            count = torch.where(in_trie, first_child[safe + 1].long() - start, 0)
+            dense_nodes = t["dense_nodes"]
+            if dense_nodes.numel():
+                slot = torch.searchsorted(dense_nodes, safe).clamp(max=dense_nodes.numel() - 1)
+                is_dense = in_trie & (dense_nodes[slot] == safe)
+                if bool(is_dense.any()):
+                    count = torch.where(is_dense, 0, count)
+                    masks = t["dense_masks"][torch.where(is_dense, slot, dense_nodes.numel())]
+                    allowed[:, : masks.shape[1]] |= masks[:, :vocab]
+            dead = in_span & ~in_trie
+            count = torch.where(dead, 1, count)
+            total = int(count.sum())
+            row_idx = torch.repeat_interleave(arange, count, output_size=total)
+            offset = torch.arange(total, device=scores.device) - torch.repeat_interleave(
+                torch.cumsum(count, 0) - count, count, output_size=total
+            )
+            edge = (torch.repeat_interleave(start, count, output_size=total) + offset - 1).clamp(min=0)
+            tok = t["edge_key"][edge.clamp(max=max(t["edge_key"].numel() - 1, 0))] % self.trie.vocab_size
+            tok = torch.where(dead[row_idx], self.end_token_id, tok)
+            tok = torch.where(tok < vocab, tok, vocab)
+            allowed[row_idx, tok] = True
+            best = torch.full((rows,), float("-inf"), dtype=scores.dtype, device=scores.device)
+            vals = scores[row_idx, tok.clamp(max=vocab - 1)].masked_fill(tok >= vocab, float("-inf"))
+            best = best.scatter_reduce(0, row_idx, vals, reduce="amax")
+            if dense_nodes.numel() and bool(is_dense.any()):
+                dense_best = scores.masked_fill(~allowed[:, :vocab], float("-inf")).amax(-1)
+                best = torch.maximum(best, dense_best)
+        # Rows whose allowed tokens all came in at -inf keep their scores (another processor decided).
+        constrain = in_span & (best > float("-inf"))
+        out = torch.where(constrain[:, None] & ~allowed[:, :vocab], neg_inf, scores)
+        if self.start_token_id is not None and self.end_token_id < vocab:
+            out[:, self.end_token_id] = torch.where(in_span, out[:, self.end_token_id], neg_inf)
+        return out
+
+    # --- construction helpers ---------------------------------------------------------------------------
+
+    @classmethod
+    def from_strings(
+        cls,
+        strings: Sequence[str],
+        tokenizer: Any,
+        start_token_id: int | None = None,
+        end_token_id: int | None = None,
+        add_prefix_space: bool = False,
+        add_special_tokens: bool = False,
+        start_position: int | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        **kwargs: Any,
+    ) -> EntityConstrainedLogitsProcessor:
+        """
+        Constrains generation of any Transformers model to exactly one of `strings` (GENRE-style retrieval): the
+        span starting at the end of the decoder prompt (or after each `start_token_id`) must be
+        `tokenizer(string) + [end_token_id]` (`end_token_id` defaults to `tokenizer.eos_token_id`; with
+        `add_special_tokens=True` the tokenizer's template, e.g. BART's `<s> ... </s>`, is used and nothing is
+        appended).
+        """
+        strings = list(strings)
+        if not strings:
+            raise ValueError("from_strings: the list of strings is empty")
+        if end_token_id is None:
+            end_token_id = tokenizer.eos_token_id
+            if end_token_id is None:
+                raise ValueError("from_strings: the tokenizer has no eos token; pass end_token_id")
+        trie = EntityTrie.build(
+            strings,
+            tokenizer,
+            end_token_id=None if add_special_tokens else end_token_id,
+            add_prefix_space=add_prefix_space,
+            add_special_tokens=add_special_tokens,
+            cache_dir=cache_dir,
+        )
+        return cls(
+            trie, start_token_id=start_token_id, end_token_id=end_token_id, start_position=start_position, **kwargs
+        )
+
+    @classmethod
+    def for_edmem(
+        cls,
+        trie_or_vocab: EntityTrie | EntityVocab | Sequence[str],
+        tokenizer: Any,
+        cache_dir: str | os.PathLike | None = None,
+        **kwargs: Any,
+    ) -> EntityConstrainedLogitsProcessor:
+        """Marker mode with the tokenizer's `<E_s>`/`<E_e>` (a ValueError if it lacks them); names are
+        tokenised with a leading space, as mentions appear in running text."""
+        start_id, end_id = marker_token_ids(tokenizer)
+        if isinstance(trie_or_vocab, EntityTrie):
+            trie = trie_or_vocab
+        else:
+            trie = EntityTrie.build(trie_or_vocab, tokenizer, end_token_id=end_id, cache_dir=cache_dir)
+        return cls(trie, start_token_id=start_id, end_token_id=end_id, **kwargs)
+
+    # --- reporting --------------------------------------------------------------------------------------
+
+    def mentions(
+        self, sequences: torch.LongTensor, example_index: torch.Tensor | Sequence[int] | None = None
+    ) -> list[list[EntityMention]]:
+        """
+        Parses returned sequences `(n, T)` into their spans. `example_index` `(n,)`: the example of each returned
+        sequence (e.g. `arange(batch).repeat_interleave(num_return_sequences)`); needed to report candidates.
+        Not in the per-step hot path.
+        """
+        seqs = sequences.tolist()
+        log_index: dict[tuple[int, tuple[int, ...]], tuple[list[int], list[float]]] = {}
+        for example, prefixes, cands, cscores in self._log:
+            for e, p, c, s in zip(example.tolist(), prefixes.tolist(), cands.tolist(), cscores.tolist()):
+                log_index[(e, tuple(p))] = (c, s)
+        out = []
+        for i, seq in enumerate(seqs):
+            found = []
+            if self.start_token_id is None:
+                starts = [(self._span_start or len(seq)) - 1] if self._span_start is not None else []
+            else:
+                starts = [j for j, tok in enumerate(seq) if tok == self.start_token_id]
+            for s in starts:
+                end = s + 1
+                while end < len(seq) and seq[end] != self.end_token_id and seq[end] != self.start_token_id:
+                    end += 1
+                span = seq[s + 1 : end]
+                closed = end < len(seq) and seq[end] == self.end_token_id
+                entity = self.trie.lookup(span + [self.end_token_id]) if closed else -1
+                cand_ids: list[int] = []
+                cand_scores: list[float] = []
+                if example_index is not None and self.start_token_id is not None:
+                    e = int(example_index[i])
+                    hit = log_index.get((e, tuple(seq[: s + 1])))
+                    if hit is not None:
+                        cand_ids = [c for c in hit[0] if c >= 0]
+                        cand_scores = [sc for c, sc in zip(*hit) if c >= 0]
+                found.append(EntityMention(s, end, span, entity, cand_ids, cand_scores))
+            out.append(found)
+        return out

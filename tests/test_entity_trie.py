@@ -1,0 +1,173 @@
+"""EntityTrie: structure, reachability, next-token sets, save/load, cache, sequences_for, bad input."""
+
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+from edmem_hf.entity_decoding import EntityTrie, marker_token_ids
+from edmem_hf.entity_vocab import EntityVocab
+
+SYLLABLES = ["ba", "ro", "ki", "ta", "lun", "mer", "vo", "sen", "dra", "pol", "is", "an", "gor", "eth", "ul", "zin"]
+
+
+def make_words(n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    out: set[str] = set()
+    while len(out) < n:
+        word = "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(1, 3)))
+        out.add(word.capitalize() if rng.random() < 0.5 else word)
+    return sorted(out)
+
+
+def make_tokenizer(vocab_size: int = 600, markers: bool = True) -> PreTrainedTokenizerFast:
+    """A tiny byte-level BPE with BART's specials (and `<E_s>`/`<E_e>`), trained locally."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"] + (["<E_s>", "<E_e>"] if markers else [])
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    words = make_words(400)
+    tok.train_from_iterator([" ".join(words[i : i + 8]) for i in range(0, len(words), 8)], trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        mask_token="<mask>",
+        additional_special_tokens=["<E_s>", "<E_e>"] if markers else [],
+    )
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return make_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def names():
+    rng = random.Random(1)
+    words = make_words(120, seed=2)
+    out = sorted({" ".join(rng.sample(words, rng.randint(1, 3))) for _ in range(300)})
+    return out + ["Baro", "Barokita", "Barokita lun"]  # names that are prefixes of others
+
+
+def reference_next_tokens(sequences: list[list[int]], prefix: list[int]) -> set[int]:
+    return {s[len(prefix)] for s in sequences if len(s) > len(prefix) and s[: len(prefix)] == prefix}
+
+
+def test_every_name_reachable_and_next_tokens_exact(tokenizer, names):
+    _, end_id = marker_token_ids(tokenizer)
+    trie = EntityTrie.build(names, tokenizer, end_token_id=end_id)
+    sequences = [tokenizer(" " + n, add_special_tokens=False).input_ids + [end_id] for n in names]
+    assert len(trie) == len(names)
+    for i, seq in enumerate(sequences):
+        assert trie.sequence(i) == seq
+        assert trie.lookup(seq) == i
+        for d in range(len(seq)):
+            assert set(trie.allowed_next_tokens(seq[:d])) == reference_next_tokens(sequences, seq[:d])
+        assert trie.allowed_next_tokens(seq) == []
+    assert trie.lookup(sequences[0][:-1]) == -1  # a prefix is not a name
+    assert trie.allowed_next_tokens([end_id]) == []
+    # Node arrays: ranges nest and the root covers everything.
+    assert trie.node_lo[0] == 0 and trie.node_hi[0] == len(names)
+    assert (trie.node_lo < trie.node_hi).all()
+    assert trie.num_nodes == len({tuple(s[:d]) for s in sequences for d in range(len(s) + 1)})
+
+
+def test_node_ranges_hold_exactly_the_names_below(tokenizer, names):
+    _, end_id = marker_token_ids(tokenizer)
+    trie = EntityTrie.build(names, tokenizer, end_token_id=end_id)
+    sorted_seqs = [trie.sequence(int(e)) for e in trie.order]
+    assert sorted_seqs == sorted(sorted_seqs)
+    rng = np.random.default_rng(0)
+    for node in rng.choice(trie.num_nodes, 50, replace=False):
+        lo, hi, depth = trie.node_lo[node], trie.node_hi[node], trie.node_depth[node]
+        prefix = sorted_seqs[lo][:depth]
+        below = [i for i, s in enumerate(sorted_seqs) if s[:depth] == prefix]
+        assert below == list(range(lo, hi))
+
+
+def test_no_prefix_space_option(tokenizer):
+    trie = EntityTrie.build(["Barokita", "lun"], tokenizer, end_token_id=2, add_prefix_space=False)
+    assert trie.sequence(0) == tokenizer("Barokita", add_special_tokens=False).input_ids + [2]
+    with_space = EntityTrie.build(["Barokita", "lun"], tokenizer, end_token_id=2)
+    assert with_space.sequence(0) == tokenizer(" Barokita", add_special_tokens=False).input_ids + [2]
+
+
+def test_entity_vocab_input(tokenizer, names):
+    _, end_id = marker_token_ids(tokenizer)
+    vocab = EntityVocab(names)
+    assert EntityTrie.build(vocab, tokenizer, end_token_id=end_id).sequence(5) == EntityTrie.build(
+        names, tokenizer, end_token_id=end_id
+    ).sequence(5)
+
+
+def test_save_load_round_trip_and_cache(tokenizer, names, tmp_path):
+    _, end_id = marker_token_ids(tokenizer)
+    trie = EntityTrie.build(names, tokenizer, end_token_id=end_id)
+    path = trie.save(tmp_path / "trie")
+    assert path.endswith(".npz")
+    loaded = EntityTrie.load(path)
+    for key in EntityTrie._ARRAYS + ("rank",):
+        np.testing.assert_array_equal(getattr(trie, key), getattr(loaded, key))
+    assert loaded.vocab_size == trie.vocab_size and loaded.end_token_id == end_id
+    with np.load(path, allow_pickle=False) as data:  # plain arrays only
+        assert all(data[k].dtype != object for k in data.files)
+
+    cache = tmp_path / "cache"
+    first = EntityTrie.build(names, tokenizer, end_token_id=end_id, cache_dir=cache)
+    files = os.listdir(cache)
+    assert len(files) == 1 and files[0].startswith("entity_trie-")
+    second = EntityTrie.build(names, tokenizer, end_token_id=end_id, cache_dir=cache)
+    assert second.metadata["cache_path"] == os.path.join(cache, files[0])
+    np.testing.assert_array_equal(first.edge_key, second.edge_key)
+    # Another name list or another option is another cache entry.
+    EntityTrie.build(names[:-1], tokenizer, end_token_id=end_id, cache_dir=cache)
+    EntityTrie.build(names, tokenizer, end_token_id=end_id, add_prefix_space=False, cache_dir=cache)
+    assert len(os.listdir(cache)) == 3
+
+
+def test_sequences_for(tokenizer, names):
+    _, end_id = marker_token_ids(tokenizer)
+    trie = EntityTrie.build(names, tokenizer, end_token_id=end_id)
+    table = trie.sequences_for(torch.tensor([3, -1, 0]))
+    assert table.shape[0] == 3 and table.dtype == torch.long
+    for row, entity in zip(table, [3, -1, 0]):
+        expected = trie.sequence(entity) if entity >= 0 else []
+        assert row[row >= 0].tolist() == expected
+    assert trie.sequences_for(torch.tensor([[1, 2], [4, -1]])).shape[:2] == (2, 2)
+    with pytest.raises(ValueError, match="unknown entity id"):
+        trie.sequences_for([len(names)])
+
+
+def test_bad_input(tokenizer):
+    with pytest.raises(ValueError, match="empty"):
+        EntityTrie.build([], tokenizer, end_token_id=2)
+    with pytest.raises(ValueError, match="empty or not a string"):
+        EntityTrie.build(["a", ""], tokenizer, end_token_id=2)
+    with pytest.raises(ValueError, match="prefix"):
+        EntityTrie.build(["Baro", "Barokita"], tokenizer, end_token_id=None)  # no end token: a prefix
+    with pytest.raises(ValueError, match="no <E_s> token"):
+        marker_token_ids(make_tokenizer(markers=False))
+
+
+def test_from_sequences_matches_reference_on_random_data():
+    rng = np.random.default_rng(0)
+    seqs = {tuple(rng.integers(0, 7, rng.integers(1, 6)).tolist()) + (99,) for _ in range(400)}
+    seqs = [list(s) for s in seqs]
+    trie = EntityTrie.from_sequences(seqs, end_token_id=99)
+    for i, seq in enumerate(seqs):
+        assert trie.lookup(seq) == i
+        for d in range(len(seq)):
+            assert set(trie.allowed_next_tokens(seq[:d])) == reference_next_tokens(seqs, seq[:d])
