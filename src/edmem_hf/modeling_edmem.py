@@ -503,12 +503,13 @@ class EDMemPreTrainedModel(PreTrainedModel):
         return mask.to(device) if mask is not None else None
 
 
-def _entity_table_ties(prefix: str, variant: str) -> dict[str, str]:
+def _entity_table_ties(variant: str) -> dict[str, str]:
+    """`{target: source}` names of the entity table held by the encoder and decoder of an `EDMemModel`."""
     ties = {}
     if variant != "encdec":
-        ties[f"{prefix}encoder.entity_embeddings.weight"] = f"{prefix}entity_embeddings.weight"
+        ties["encoder.entity_embeddings.weight"] = "entity_embeddings.weight"
         if variant == "edmem":
-            ties[f"{prefix}decoder.entity_embeddings.weight"] = f"{prefix}entity_embeddings.weight"
+            ties["decoder.entity_embeddings.weight"] = "entity_embeddings.weight"
     return ties
 
 
@@ -882,17 +883,18 @@ class EDMemModel(_EntityVocabMixin, EDMemPreTrainedModel):
         self.encoder = EDMemEncoder(config, self.shared, table)
         if config.variant != "encmem":
             self.decoder = EDMemDecoder(config, self.shared, table)
+        # The encoder and decoder hold the model's token embeddings and entity table under their own names.
+        self._tied_weights_keys = {"encoder.embed_tokens.weight": "shared.weight"}
+        if config.variant != "encmem":
+            self._tied_weights_keys["decoder.embed_tokens.weight"] = "shared.weight"
+        self._tied_weights_keys.update(_entity_table_ties(config.variant))
         self.post_init()
 
     def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict:
         tied = super().get_expanded_tied_weights_keys(all_submodels=all_submodels)
         if not all_submodels:
-            # The entity table is shared whatever `tie_word_embeddings` says: it is one memory.
-            tied.update(_entity_table_ties("", self.config.variant))
-            if self.config.tie_word_embeddings:
-                tied["encoder.embed_tokens.weight"] = "shared.weight"
-                if self.config.variant != "encmem":
-                    tied["decoder.embed_tokens.weight"] = "shared.weight"
+            # The entity table is one memory whatever `tie_word_embeddings` says.
+            tied.update(_entity_table_ties(self.config.variant))
         return tied
 
     def get_input_embeddings(self):
@@ -1013,12 +1015,6 @@ class EDMemForConditionalGeneration(_EntityVocabMixin, EDMemPreTrainedModel, Gen
         if config.variant == "edmem":
             self.entity_linking_head = EntityLinkingHead(config)
         self.post_init()
-
-    def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict:
-        tied = super().get_expanded_tied_weights_keys(all_submodels=all_submodels)
-        if all_submodels:
-            tied.update(_entity_table_ties("model.", self.config.variant))
-        return tied
 
     def get_encoder(self):
         return self.model.encoder
@@ -1166,12 +1162,6 @@ class EDMemForEntityLinking(_EntityVocabMixin, EDMemPreTrainedModel):
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.entity_linking_head = EntityLinkingHead(config)
         self.post_init()
-
-    def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict:
-        tied = super().get_expanded_tied_weights_keys(all_submodels=all_submodels)
-        if all_submodels:
-            tied.update(_entity_table_ties("model.", "encmem"))
-        return tied
 
     def get_input_embeddings(self):
         return self.model.shared

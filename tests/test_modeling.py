@@ -1,0 +1,439 @@
+"""EDMem model: shapes, memory maths, losses, cache, save/load and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, BartConfig, BartForConditionalGeneration
+
+from edmem_hf import EDMemForConditionalGeneration, EDMemForEntityLinking, EDMemModel, EntityVocab
+from edmem_hf.modeling_edmem import dense_entity_attention, entity_attention
+from tiny_models import EE, ES, N_ENTITIES, PAD, tiny_batch, tiny_config, tiny_model
+
+# --- shapes --------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", ["edmem", "encdec"])
+def test_seq2seq_shapes_for_each_variant(variant):
+    model = tiny_model(variant=variant)
+    model.eval()  # attended entities are reported by default outside training
+    batch = tiny_batch()
+    if variant == "encdec":
+        batch.pop("entity_labels"), batch.pop("decoder_entity_labels")
+    out = model(**batch)
+    assert out.logits.shape == (2, 6, model.config.vocab_size)
+    assert out.loss.ndim == 0 and torch.isfinite(out.loss)
+    if variant == "edmem":
+        assert torch.allclose(out.loss, out.lm_loss + model.config.entity_loss_weight * out.entity_loss)
+        # 3 mentions in the encoder input, 2 `<E_s>` read by the decoder.
+        assert out.encoder_attended_entities.positions.tolist() == [[0, 2], [0, 7], [1, 1]]
+        assert out.encoder_attended_entities.top_entity_ids.shape == (3, model.config.memory_top_k)
+        assert out.decoder_attended_entities.positions.tolist() == [[0, 1], [1, 2]]
+        assert out.linked_entities.top_entity_ids.shape == (2, model.config.memory_top_k)
+        assert out.encoder_attended_entities.entity_nll.shape == (3,)
+    else:
+        assert out.entity_loss is None and out.encoder_attended_entities is None
+        assert not any("entity" in name for name, _ in model.named_parameters())
+
+
+def test_encmem_entity_linking_shapes():
+    torch.manual_seed(0)
+    model = EDMemForEntityLinking(tiny_config(variant="encmem"))
+    model.eval()
+    batch = tiny_batch()
+    mlm_labels = torch.full_like(batch["input_ids"], -100)
+    mlm_labels[0, 3] = 11
+    out = model(batch["input_ids"], batch["attention_mask"], entity_labels=batch["entity_labels"], labels=mlm_labels)
+    assert out.logits.shape == (2, 12, model.config.vocab_size)
+    assert out.linked_entities.top_entity_ids.shape == (3, model.config.memory_top_k)
+    assert torch.allclose(out.loss, out.lm_loss + out.entity_loss)
+    assert not any(name.startswith("model.decoder") for name, _ in model.named_parameters())
+    with pytest.raises(ValueError, match="encmem"):
+        EDMemForEntityLinking(tiny_config())
+    with pytest.raises(ValueError, match="EDMemForEntityLinking"):
+        EDMemForConditionalGeneration(tiny_config(variant="encmem"))
+
+
+def test_lower_decoder_can_attend_to_lower_encoder_output():
+    upper = tiny_model(seed=1)
+    lower = tiny_model(seed=1, lower_decoder_attends_to="lower")
+    lower.load_state_dict(upper.state_dict())
+    batch = tiny_batch()
+    upper.eval(), lower.eval()
+    a, b = upper(**batch).logits, lower(**batch).logits
+    assert a.shape == b.shape and not torch.allclose(a, b)
+
+
+def test_base_model_returns_hidden_states_and_accesses():
+    model = EDMemModel(tiny_config())
+    model.eval()
+    batch = tiny_batch()
+    out = model(batch["input_ids"], batch["attention_mask"], output_hidden_states=True)
+    assert out.last_hidden_state.shape == (2, 12, 32)
+    assert len(out.encoder_hidden_states) == model.config.encoder_layers + 1
+    assert out.encoder_attended_entities.top_entity_ids.shape == (3, 8)
+
+
+# --- memory maths --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_chunked_memory_read_and_loss_equal_dense_formula(with_mask):
+    torch.manual_seed(0)
+    num_mentions, num_entities, dim = 7, 53, 12
+    queries = torch.randn(num_mentions, dim, dtype=torch.float64, requires_grad=True)
+    table = torch.randn(num_entities, dim, dtype=torch.float64, requires_grad=True)
+    mask = torch.rand(num_entities) > 0.3 if with_mask else None
+    gold = torch.randint(0, num_entities, (num_mentions,))
+    if mask is not None:
+        gold = mask.nonzero()[torch.randint(0, int(mask.sum()), (num_mentions,)), 0]
+    upstream = torch.randn(num_mentions, dim, dtype=torch.float64)
+
+    def objective(read, log_partition):
+        gold_scores = (queries * table[gold]).sum(-1)
+        return (read * upstream).sum() + (log_partition - gold_scores).sum()
+
+    read, log_partition, _, _ = entity_attention(queries, table, entity_mask=mask, chunk_size=10)
+    objective(read, log_partition).backward()
+    grads = queries.grad.clone(), table.grad.clone()
+    queries.grad = table.grad = None
+    dense_read, dense_lp = dense_entity_attention(queries, table, mask)
+    objective(dense_read, dense_lp.double()).backward()
+    assert torch.allclose(read, dense_read, atol=1e-6)
+    assert torch.allclose(log_partition.double(), dense_lp.double(), atol=1e-5)
+    # float32 softmax inside: gradients agree to float32 precision.
+    assert torch.allclose(grads[0], queries.grad, atol=1e-4)
+    assert torch.allclose(grads[1], table.grad, atol=1e-4)
+
+
+def test_top_k_attention_equals_full_attention_when_k_is_the_vocabulary():
+    torch.manual_seed(0)
+    queries, table = torch.randn(5, 8), torch.randn(30, 8)
+    full, _, _, _ = entity_attention(queries, table, top_k=None, chunk_size=7)
+    top, _, ids, _ = entity_attention(queries, table, top_k=29, chunk_size=7, return_top_k=30)
+    all_k, _, _, _ = entity_attention(queries, table, top_k=30, chunk_size=7)
+    assert torch.allclose(full, all_k, atol=1e-6)
+    assert not torch.allclose(full, top, atol=1e-6)  # dropping one entity changes the read
+    assert sorted(ids[0].tolist()) == list(range(30))
+    # and the model reads the same in eval mode with memory_top_k == N as in full mode
+    model = tiny_model(memory_top_k=N_ENTITIES)
+    model.eval()
+    batch = tiny_batch()
+    topk_logits = model(**batch).logits
+    model.config.memory_top_k = None
+    for module in model.modules():
+        if hasattr(module, "top_k"):
+            module.top_k = None
+    assert torch.allclose(topk_logits, model(**batch).logits, atol=1e-5)
+
+
+def test_masked_entities_get_zero_attention():
+    torch.manual_seed(0)
+    queries, table = torch.randn(4, 8), torch.randn(20, 8)
+    mask = torch.ones(20, dtype=torch.bool)
+    mask[[0, 3, 7, 19]] = False
+    read, lp, ids, _ = entity_attention(queries, table, entity_mask=mask, chunk_size=6, return_top_k=16)
+    visible = table[mask]
+    weights = torch.softmax(queries @ visible.t(), dim=-1)
+    assert torch.allclose(read, weights @ visible, atol=1e-6)
+    assert torch.allclose(lp, torch.logsumexp(queries @ visible.t(), dim=-1), atol=1e-5)
+    assert not set(ids.flatten().tolist()) & {0, 3, 7, 19}
+    # a masked table's gradient is zero on the hidden rows
+    table.requires_grad_(True)
+    read, lp, _, _ = entity_attention(queries, table, entity_mask=mask, chunk_size=6)
+    (read.sum() + lp.sum()).backward()
+    assert table.grad[~mask].abs().max() == 0 and table.grad[mask].abs().max() > 0
+    # a fully masked memory reads nothing (the model falls back to its EncDec behaviour)
+    read, lp, _, _ = entity_attention(queries, table, entity_mask=torch.zeros(20, dtype=torch.bool))
+    assert torch.equal(read, torch.zeros_like(read)) and torch.isinf(lp).all()
+
+
+def test_model_entity_mask_hides_entities_from_every_access():
+    model = tiny_model()
+    model.eval()
+    mask = torch.ones(N_ENTITIES, dtype=torch.bool)
+    mask[:20] = False
+    model.set_entity_mask(mask)
+    out = model(**tiny_batch())
+    for access in (out.encoder_attended_entities, out.decoder_attended_entities, out.linked_entities):
+        assert (access.top_entity_ids >= 20).all()
+    with pytest.raises(ValueError, match="entity_mask must have shape"):
+        model.set_entity_mask(torch.ones(3, dtype=torch.bool))
+
+
+def test_memory_softmax_is_float32_under_bf16():
+    torch.manual_seed(0)
+    queries, table = torch.randn(6, 16), torch.randn(100, 16)
+    ref_read, ref_lp, _, _ = entity_attention(queries, table, chunk_size=32)
+    read, lp, _, _ = entity_attention(queries.bfloat16(), table.bfloat16(), chunk_size=32)
+    assert read.dtype == torch.bfloat16 and lp.dtype == torch.float32
+    assert torch.allclose(lp, ref_lp, atol=0.1)
+    assert torch.allclose(read.float(), ref_read, atol=0.05)
+
+
+# --- losses and training -------------------------------------------------------------------------------------------
+
+
+def test_batch_without_mentions_has_zero_entity_loss_and_full_gradients():
+    model = tiny_model()
+    input_ids = torch.tensor([[0, 10, 11, 2]])
+    out = model(input_ids=input_ids, labels=torch.tensor([[12, 13, 2]]))
+    assert out.entity_loss.item() == 0.0 and torch.isfinite(out.loss)
+    out.loss.backward()
+    # every parameter is in the graph, so DDP does not wait for missing gradients
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_entity_loss_averages_the_three_accesses():
+    model = tiny_model()
+    model.eval()
+    out = model(**tiny_batch())
+    parts = [out.encoder_attended_entities, out.decoder_attended_entities, out.linked_entities]
+    expected = torch.stack([p.entity_nll.mean() for p in parts]).mean()
+    assert torch.allclose(out.entity_loss, expected)
+
+
+def test_toy_batch_is_overfit():
+    model = tiny_model(seed=3)
+    model.train()
+    batch = tiny_batch()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    first = None
+    for _ in range(120):
+        loss = model(**batch).loss
+        first = first if first is not None else loss.item()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert loss.item() < 0.1 * first, (first, loss.item())
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    batch = tiny_batch()
+    grads = []
+    for checkpointing in (False, True):
+        model = tiny_model(seed=5)
+        model.train()
+        if checkpointing:
+            model.gradient_checkpointing_enable()
+            assert model.model.encoder.gradient_checkpointing
+        model(**batch).loss.backward()
+        grads.append(model.model.encoder.layers[0].fc1.weight.grad.clone())
+    assert torch.allclose(grads[0], grads[1], atol=1e-6)
+
+
+def test_sdpa_and_eager_attention_agree():
+    batch = tiny_batch()
+    logits = []
+    for implementation in ("eager", "sdpa"):
+        model = tiny_model(seed=2)
+        model.set_attn_implementation(implementation)
+        assert model.config._attn_implementation == implementation
+        model.eval()
+        logits.append(model(**batch).logits)
+    assert torch.allclose(logits[0], logits[1], atol=1e-5)
+
+
+# --- generation and cache ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_generation_with_cache_equals_generation_without(num_beams):
+    model = tiny_model(seed=11)
+    model.eval()
+    batch = tiny_batch()
+    # Favour `<E_s>` so that generated mentions go through the decoder memory.
+    with torch.no_grad():
+        model.final_logits_bias[0, ES] = 3.0
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask")}
+    kwargs = dict(max_new_tokens=12, num_beams=num_beams, do_sample=False, min_new_tokens=12)
+    cached = model.generate(**inputs, use_cache=True, **kwargs)
+    uncached = model.generate(**inputs, use_cache=False, **kwargs)
+    assert torch.equal(cached, uncached)
+    assert (cached == ES).any(), "the test must exercise decoder memory reads"
+
+
+def test_incremental_decoding_matches_full_forward():
+    model = tiny_model(seed=4)
+    model.eval()
+    batch = tiny_batch()
+    decoder_input_ids = torch.tensor([[2, ES, 20, 21, EE, 9], [2, 23, ES, 24, EE, 2]])
+    full = model(batch["input_ids"], batch["attention_mask"], decoder_input_ids=decoder_input_ids).logits
+    encoder_outputs = model.get_encoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    past, steps = None, []
+    for t in range(decoder_input_ids.shape[1]):
+        out = model(
+            attention_mask=batch["attention_mask"],
+            decoder_input_ids=decoder_input_ids[:, t : t + 1],
+            encoder_outputs=encoder_outputs,
+            past_key_values=past,
+            use_cache=True,
+        )
+        past = out.past_key_values
+        steps.append(out.logits)
+    assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5)
+
+
+# --- save / load ---------------------------------------------------------------------------------------------------
+
+
+def test_save_load_round_trip(tmp_path):
+    model = tiny_model(seed=7)
+    model.eval()
+    batch = tiny_batch()
+    model.save_pretrained(tmp_path)
+    files = set(os.listdir(tmp_path))
+    assert {"config.json", "model.safetensors", "entity_vocab.json", "modeling_edmem.py"} <= files
+    assert {"configuration_edmem.py", "entity_vocab.py"} <= files
+    assert not any(f.endswith((".bin", ".pt", ".pkl")) for f in files)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["auto_map"] == {
+        "AutoConfig": "configuration_edmem.EDMemConfig",
+        "AutoModel": "modeling_edmem.EDMemModel",
+        "AutoModelForSeq2SeqLM": "modeling_edmem.EDMemForConditionalGeneration",
+    }
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
+    assert isinstance(loaded, EDMemForConditionalGeneration)
+    loaded.eval()
+    assert torch.equal(model(**batch).logits, loaded(**batch).logits)
+    assert loaded.entity_vocab == model.entity_vocab
+    # tied weights stay tied after loading
+    assert loaded.lm_head.weight.data_ptr() == loaded.model.shared.weight.data_ptr()
+    table = loaded.model.entity_embeddings.weight
+    assert loaded.model.encoder.entity_embeddings.weight is table
+    assert loaded.model.decoder.entity_embeddings.weight is table
+    assert isinstance(AutoConfig.from_pretrained(tmp_path).to_dict(), dict)
+    base = AutoModel.from_pretrained(tmp_path)
+    assert isinstance(base, EDMemModel) and base.entity_vocab == model.entity_vocab
+
+
+def test_remote_code_load_without_the_package(tmp_path):
+    model = tiny_model(seed=8)
+    model.eval()
+    batch = tiny_batch()
+    save_dir = tmp_path / "edmem-tiny"
+    model.save_pretrained(save_dir)
+    expected = model(**batch).logits[0, :, :5].tolist()
+    script = textwrap.dedent(
+        f"""
+        import json, sys
+        import torch
+        try:
+            import edmem_hf  # noqa: F401
+        except ImportError:
+            pass
+        else:
+            sys.exit("edmem_hf must not be importable here")
+        from transformers import AutoModelForSeq2SeqLM
+        model = AutoModelForSeq2SeqLM.from_pretrained({str(save_dir)!r}, trust_remote_code=True)
+        model.eval()
+        batch = {{k: torch.tensor(v) for k, v in json.loads(sys.stdin.read()).items()}}
+        print(type(model).__module__, type(model).__name__, len(model.entity_vocab))
+        print(json.dumps(model(**batch).logits[0, :, :5].tolist()))
+        """
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf_home"), "PYTHONPATH": ""}
+    # Run from a directory where `src/` is not on the path, with the package hidden from imports.
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "edmem_hf.py").write_text("raise ImportError('hidden for this test')\n")
+    env["PYTHONPATH"] = str(hide)
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        input=json.dumps({k: v.tolist() for k, v in batch.items()}),
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    header, logits = result.stdout.strip().splitlines()[-2:]
+    assert header.startswith("transformers_modules") and "EDMemForConditionalGeneration" in header
+    assert header.endswith(str(N_ENTITIES))
+    assert torch.allclose(torch.tensor(json.loads(logits)), torch.tensor(expected), atol=1e-5)
+
+
+def test_bart_weights_load_into_the_same_names():
+    config = tiny_config(variant="encdec")
+    bart = BartForConditionalGeneration(
+        BartConfig(
+            vocab_size=config.vocab_size,
+            d_model=32,
+            encoder_layers=config.encoder_layers,
+            decoder_layers=config.decoder_layers,
+            encoder_ffn_dim=64,
+            decoder_ffn_dim=64,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            max_position_embeddings=64,
+            dropout=0.0,
+        )
+    )
+    bart.eval()
+    edmem = EDMemForConditionalGeneration(config)
+    missing, unexpected = edmem.load_state_dict(bart.state_dict(), strict=False)
+    assert not unexpected and not missing
+    edmem.eval()
+    batch = tiny_batch()
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "labels": batch["labels"]}
+    assert torch.allclose(edmem(**inputs).logits, bart(**inputs).logits, atol=1e-5)
+
+
+# --- bad input -----------------------------------------------------------------------------------------------------
+
+
+def test_unmatched_entity_start_raises():
+    model = tiny_model()
+    for bad in ([[0, ES, 10, 2]], [[0, ES, 10, ES, 11, EE, 2]], [[0, 10, EE, 2]]):
+        with pytest.raises(ValueError, match="unmatched mention markers"):
+            model(input_ids=torch.tensor(bad), labels=torch.tensor([[10, 2]]))
+    with pytest.raises(ValueError, match="unmatched mention markers"):
+        model.generate(input_ids=torch.tensor([[0, ES, 10, 2]]), max_new_tokens=2)
+
+
+def test_entity_ids_outside_the_vocabulary_raise():
+    model = tiny_model()
+    batch = tiny_batch()
+    batch["entity_labels"][0, 2] = N_ENTITIES
+    with pytest.raises(ValueError, match=f"unknown entity id {N_ENTITIES}"):
+        model(**batch)
+    batch = tiny_batch()
+    batch["decoder_entity_labels"][0, 0] = -5
+    with pytest.raises(ValueError, match="unknown entity id -5"):
+        model(**batch)
+
+
+def test_entity_labels_off_entity_start_raise():
+    model = tiny_model()
+    batch = tiny_batch()
+    batch["entity_labels"][0, 3] = 4
+    with pytest.raises(ValueError, match="not <E_s>"):
+        model(**batch)
+    batch = tiny_batch()
+    batch["decoder_entity_labels"][0, 2] = 4
+    with pytest.raises(ValueError, match="decoder_entity_labels .* not <E_s>"):
+        model(**batch)
+    with pytest.raises(ValueError, match="pass labels too"):
+        model(input_ids=batch["input_ids"], decoder_entity_labels=batch["decoder_entity_labels"])
+
+
+def test_vocabulary_and_checkpoint_mismatch_raise(tmp_path):
+    model = tiny_model()
+    with pytest.raises(ValueError, match="vocabulary has 3 entities but the entity memory has 40 rows"):
+        model.entity_vocab = EntityVocab(["a", "b", "c"])
+    model.save_pretrained(tmp_path)
+    EntityVocab([f"E{i}" for i in range(N_ENTITIES + 1)]).save(tmp_path)
+    with pytest.raises(ValueError, match="checkpoint mismatch"):
+        EDMemForConditionalGeneration.from_pretrained(tmp_path)
+
+
+def test_padding_token_is_not_a_marker():
+    model = tiny_model()
+    assert PAD not in (model.config.entity_start_token_id, model.config.entity_end_token_id)

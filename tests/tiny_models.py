@@ -1,0 +1,70 @@
+"""Tiny EDMem configurations and batches shared by the model tests (CPU, seconds)."""
+
+from __future__ import annotations
+
+import torch
+
+from edmem_hf import EDMemConfig, EDMemForConditionalGeneration, EntityVocab
+
+PAD, BOS, EOS, ES, EE = 1, 0, 2, 5, 6
+VOCAB = 64
+N_ENTITIES = 40
+
+
+def tiny_config(**overrides) -> EDMemConfig:
+    settings = dict(
+        vocab_size=VOCAB,
+        d_model=32,
+        encoder_lower_layers=1,
+        encoder_upper_layers=1,
+        decoder_lower_layers=1,
+        decoder_upper_layers=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        entity_vocab_size=N_ENTITIES,
+        entity_embed_dim=16,
+        memory_top_k=8,
+        memory_chunk_size=16,
+        max_position_embeddings=64,
+        entity_start_token_id=ES,
+        entity_end_token_id=EE,
+        pad_token_id=PAD,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+        decoder_start_token_id=EOS,
+        forced_eos_token_id=EOS,
+        dropout=0.0,
+    )
+    settings.update(overrides)
+    return EDMemConfig(**settings)
+
+
+def tiny_model(seed: int = 0, **overrides) -> EDMemForConditionalGeneration:
+    torch.manual_seed(seed)
+    model = EDMemForConditionalGeneration(tiny_config(**overrides))
+    model.entity_vocab = EntityVocab([f"Entity {i}" for i in range(model.config.entity_vocab_size)])
+    return model
+
+
+def tiny_batch(seed: int = 0) -> dict[str, torch.Tensor]:
+    """Two padded examples with mentions in the input and the target, and their entity labels."""
+    input_ids = torch.tensor(
+        [
+            [BOS, 10, ES, 11, 12, EE, 13, ES, 14, EE, 15, EOS],
+            [BOS, ES, 16, EE, 17, 18, EOS, PAD, PAD, PAD, PAD, PAD],
+        ]
+    )
+    entity_labels = torch.full_like(input_ids, -100)
+    entity_labels[0, 2], entity_labels[0, 7], entity_labels[1, 1] = 7, 12, 3
+    labels = torch.tensor([[ES, 20, 21, EE, 22, EOS], [23, ES, 24, EE, EOS, -100]])
+    decoder_entity_labels = torch.full_like(labels, -100)
+    decoder_entity_labels[0, 0], decoder_entity_labels[1, 1] = 9, 30
+    return {
+        "input_ids": input_ids,
+        "attention_mask": (input_ids != PAD).long(),
+        "entity_labels": entity_labels,
+        "labels": labels,
+        "decoder_entity_labels": decoder_entity_labels,
+    }
