@@ -1,0 +1,772 @@
+"""`edmem build-corpus`: a MediaWiki dump -> EDMem pre-training passages, entity vocabulary and alias table.
+
+The build streams (paper, Appendix A; format in docs/design.md and docs/corpus.md):
+
+1. parse: `num_proc` processes each read the dump and parse every `num_proc`-th page into plain text + links,
+   written to an Arrow cache by `datasets.Dataset.from_generator` (this is the only pass over the XML);
+2. count: redirects, inbound link counts, the top-N entity vocabulary and the alias table, read back from the
+   cache column by column (memory grows with the number of titles and aliases, not with the text);
+3. label and window: `Dataset.map(num_proc)` adds heuristic mentions, tokenises with `<E_s>`/`<E_e>` around every
+   mention and cuts 128-token passages with a 10-token overlap;
+4. split off 0.5% validation passages and save.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ahocorasick
+import datasets
+from tqdm.auto import tqdm
+from transformers import HfArgumentParser, PreTrainedTokenizerBase
+
+from .configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN
+from .dump import MalformedPageError, iter_pages, parse_page
+from .entity_vocab import EntityVocab
+from .tokenization import DEFAULT_VOCAB_SIZE, extend_tokenizer, train_tokenizer
+
+logger = logging.getLogger(__name__)
+
+IGNORE_INDEX = -100
+NOT_AN_ARTICLE = -2  # link target that is neither an article nor a redirect to one (red link)
+OUT_OF_VOCAB = -1  # an article outside the entity vocabulary
+ALIASES_NAME = "aliases.json"
+STATS_NAME = "stats.json"
+
+PAGE_FEATURES = datasets.Features(
+    {
+        "page_id": datasets.Value("int64"),
+        "title": datasets.Value("string"),
+        "status": datasets.Value("string"),  # "article", "redirect" or "malformed"
+        "redirect": datasets.Value("string"),
+        "text": datasets.Value("string"),
+        "link_starts": datasets.Sequence(datasets.Value("int32")),
+        "link_ends": datasets.Sequence(datasets.Value("int32")),
+        "link_targets": datasets.Sequence(datasets.Value("string")),
+    }
+)
+PASSAGE_FEATURES = datasets.Features(
+    {
+        "input_ids": datasets.Sequence(datasets.Value("int32")),
+        "entity_labels": datasets.Sequence(datasets.Value("int64")),
+        "doc_id": datasets.Value("int64"),
+        "passage_index": datasets.Value("int32"),
+        # per-passage counts for the stats report, dropped before saving
+        "num_link_mentions": datasets.Value("int32"),
+        "num_heuristic_mentions": datasets.Value("int32"),
+        "num_labeled_mentions": datasets.Value("int32"),
+    }
+)
+_STATS_COLUMNS = ["num_link_mentions", "num_heuristic_mentions", "num_labeled_mentions"]
+
+
+# --- entity vocabulary and aliases ---------------------------------------------------------------------------
+
+
+def resolve_redirect(title: str, redirects: dict[str, str], max_hops: int = 5) -> str:
+    """Follows redirects (double redirects too) to the final title; stops on cycles."""
+    seen = {title}
+    for _ in range(max_hops):
+        target = redirects.get(title)
+        if target is None or target in seen:
+            break
+        seen.add(target)
+        title = target
+    return title
+
+
+def build_entity_vocab(
+    link_counts: Counter[str] | dict[str, int],
+    num_entities: int,
+    aliases: dict[str, Counter[str]] | None = None,
+) -> EntityVocab:
+    """The `num_entities` most linked entities (ties broken by name, so the result is deterministic).
+
+    Entities without any inbound link are never included: the memory could not learn them.
+    """
+    if num_entities <= 0:
+        raise ValueError(f"num_entities must be positive, got {num_entities}")
+    ranked = sorted(((count, name) for name, count in link_counts.items() if count > 0), key=lambda x: (-x[0], x[1]))
+    ranked = ranked[:num_entities]
+    names = [name for _, name in ranked]
+    alias_lists = None
+    if aliases is not None:
+        alias_lists = [[a for a, _ in sorted(aliases.get(name, {}).items(), key=lambda x: (-x[1], x[0]))] for name in names]
+    return EntityVocab(names, alias_lists, [count for count, _ in ranked])
+
+
+class AliasTable:
+    """Anchor text -> entity name -> number of links with that anchor (the paper's alias table T)."""
+
+    def __init__(self, counts: dict[str, dict[str, int]] | None = None):
+        self.counts: dict[str, Counter[str]] = defaultdict(Counter)
+        for alias, entities in (counts or {}).items():
+            self.counts[alias].update(entities)
+
+    def add(self, alias: str, entity: str, count: int = 1) -> None:
+        self.counts[alias][entity] += count
+
+    def __len__(self) -> int:
+        return len(self.counts)
+
+    def entities(self, alias: str) -> Counter[str]:
+        return self.counts.get(alias, Counter())
+
+    def by_entity(self) -> dict[str, Counter[str]]:
+        inverted: dict[str, Counter[str]] = defaultdict(Counter)
+        for alias, entities in self.counts.items():
+            for entity, count in entities.items():
+                inverted[entity][alias] += count
+        return inverted
+
+    def save(self, path: str | os.PathLike) -> str:
+        path = os.fspath(path)
+        if os.path.isdir(path):
+            path = os.path.join(path, ALIASES_NAME)
+        data = {alias: dict(entities.most_common()) for alias, entities in sorted(self.counts.items())}
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(data, f, ensure_ascii=False)
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> AliasTable:
+        path = os.fspath(path)
+        if os.path.isdir(path):
+            path = os.path.join(path, ALIASES_NAME)
+        with open(path, encoding="utf-8") as f:
+            return cls(json.load(f))
+
+
+_PARENTHETICAL = re.compile(r"\s*\([^()]*\)$")
+
+
+def heuristic_aliases(name: str, anchors: Counter[str] | dict[str, int], max_aliases: int = 10, min_count: int = 1) -> list[str]:
+    """The strings searched for unlinked mentions of an entity: its name, the name without a trailing
+    "(disambiguation)"-style qualifier, and its `max_aliases` most frequent anchors seen `min_count`+ times.
+
+    Anchors shorter than 2 characters or without any upper-case letter or digit ("here", "his") are left out:
+    such words are mostly not mentions of the page's entities.
+    """
+    result = [name]
+    short = _PARENTHETICAL.sub("", name)
+    if short and short != name:
+        result.append(short)
+    ranked = sorted(anchors.items(), key=lambda x: (-x[1], x[0]))
+    for anchor, count in ranked[:max_aliases]:
+        if count < min_count or len(anchor) < 2 or anchor in result:
+            continue
+        if not any(c.isupper() or c.isdigit() for c in anchor):
+            continue
+        result.append(anchor)
+    return result
+
+
+# --- mentions -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, order=True)
+class Mention:
+    start: int  # character offsets into the plain text
+    end: int
+    entity_id: int  # entity vocabulary id, or -100 for a mention of an entity outside the vocabulary
+    heuristic: bool = False
+
+
+def _is_word_char(char: str) -> bool:
+    return char.isalnum() or char == "_"
+
+
+def label_mentions(
+    text: str,
+    links: Sequence[tuple[int, int, int]],
+    candidate_aliases: dict[int, Sequence[str]],
+) -> list[Mention]:
+    """Hyperlink mentions plus heuristic mentions of `candidate_aliases` (entity id -> aliases).
+
+    `links` are `(start, end, entity_id)` spans (entity_id -100 outside the vocabulary). Heuristic matches are
+    whole words only, never overlap a link, and the leftmost-longest match wins; when several candidates share
+    an alias the lowest entity id (the most linked entity) wins. The caller passes the entities linked in the
+    page and the page's own entity (paper, Appendix A).
+    """
+    mentions = [Mention(s, e, eid) for s, e, eid in links]
+    if not candidate_aliases or not text:
+        return sorted(mentions)
+    automaton = ahocorasick.Automaton()
+    for entity_id in sorted(candidate_aliases):
+        for alias in candidate_aliases[entity_id]:
+            if alias and alias not in automaton:
+                automaton.add_word(alias, (len(alias), entity_id))
+    if len(automaton) == 0:
+        return sorted(mentions)
+    automaton.make_automaton()
+    # Covered characters: links first, then heuristic matches as they are accepted.
+    covered = bytearray(len(text))
+    for s, e, _ in links:
+        covered[s:e] = b"\x01" * (e - s)
+    matches = []
+    for end_index, (length, entity_id) in automaton.iter(text):
+        start, end = end_index - length + 1, end_index + 1
+        if start > 0 and _is_word_char(text[start - 1]) and _is_word_char(text[start]):
+            continue
+        if end < len(text) and _is_word_char(text[end]) and _is_word_char(text[end - 1]):
+            continue
+        matches.append((start, -length, entity_id))
+    matches.sort()
+    for start, negative_length, entity_id in matches:
+        end = start - negative_length
+        if any(covered[start:end]):
+            continue
+        covered[start:end] = b"\x01" * (end - start)
+        mentions.append(Mention(start, end, entity_id, heuristic=True))
+    return sorted(mentions)
+
+
+# --- passages -------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PassageSettings:
+    passage_length: int = 128  # tokens, with <s> and </s>
+    passage_overlap: int = 10
+
+    def __post_init__(self):
+        if self.passage_length < 8:
+            raise ValueError(f"passage_length={self.passage_length} is too short (at least 8)")
+        if not 0 <= self.passage_overlap < self.passage_length - 2:
+            raise ValueError(f"passage_overlap={self.passage_overlap} must be in [0, passage_length - 2)")
+
+
+def tokenize_with_mentions(
+    text: str, mentions: Sequence[Mention], tokenizer: PreTrainedTokenizerBase
+) -> tuple[list[int], list[int], list[tuple[int, int, bool]]]:
+    """Token ids of `text` with `<E_s>`/`<E_e>` around each mention (no `<s>`/`</s>`).
+
+    Returns ids, entity labels (the entity id at each `<E_s>`, -100 elsewhere) and the token positions
+    `(e_s, e_e, heuristic)` of each mention. The space before a mention is tokenised with the mention
+    (`" Paris"` -> `ĠParis`), as in running text.
+    """
+    return _tokenize_documents([(text, mentions)], tokenizer)[0]
+
+
+def _tokenize_documents(documents, tokenizer):
+    pieces: list[str] = []
+    layout: list[list[tuple[int, Mention | None]]] = []  # per document: (piece index, mention or None)
+    for text, mentions in documents:
+        doc_layout = []
+        position = 0
+        for mention in mentions:
+            start = mention.start
+            if start > position and text[start - 1] == " ":
+                start -= 1
+            if start > position:
+                doc_layout.append((len(pieces), None))
+                pieces.append(text[position:start])
+            doc_layout.append((len(pieces), mention))
+            pieces.append(text[start : mention.end])
+            position = mention.end
+        if position < len(text):
+            doc_layout.append((len(pieces), None))
+            pieces.append(text[position:])
+        layout.append(doc_layout)
+    backend = tokenizer.backend_tokenizer
+    encodings = backend.encode_batch(pieces, add_special_tokens=False) if pieces else []
+    start_id = tokenizer.convert_tokens_to_ids(ENTITY_START_TOKEN)
+    end_id = tokenizer.convert_tokens_to_ids(ENTITY_END_TOKEN)
+    results = []
+    for doc_layout in layout:
+        ids: list[int] = []
+        labels: list[int] = []
+        spans: list[tuple[int, int, bool]] = []
+        for piece_index, mention in doc_layout:
+            piece_ids = encodings[piece_index].ids
+            if mention is None:
+                ids.extend(piece_ids)
+                labels.extend([IGNORE_INDEX] * len(piece_ids))
+            else:
+                e_s = len(ids)
+                ids.append(start_id)
+                ids.extend(piece_ids)
+                ids.append(end_id)
+                labels.append(mention.entity_id if mention.entity_id >= 0 else IGNORE_INDEX)
+                labels.extend([IGNORE_INDEX] * (len(piece_ids) + 1))
+                spans.append((e_s, len(ids) - 1, mention.heuristic))
+        results.append((ids, labels, spans))
+    return results
+
+
+def window_passages(
+    ids: Sequence[int],
+    labels: Sequence[int],
+    spans: Sequence[tuple[int, int, bool]],
+    settings: PassageSettings,
+    bos_token_id: int,
+    eos_token_id: int,
+) -> list[dict]:
+    """Cuts one document's tokens into passages of `passage_length` tokens (with `<s>`/`</s>`).
+
+    Consecutive windows share `passage_overlap` tokens. The last window is topped up with tokens from the
+    start of the same document (a document shorter than one window gives one shorter passage). A mention
+    that a window boundary cuts keeps its words but loses its markers in that window, so such a passage is
+    one or two tokens shorter.
+    """
+    content = settings.passage_length - 2
+    stride = content - settings.passage_overlap
+    n = len(ids)
+    if n == 0:
+        return []
+    windows: list[list[tuple[int, int]]] = []
+    if n <= content:
+        windows.append([(0, n)])
+    else:
+        start = 0
+        while True:
+            end = start + content
+            if end >= n:
+                windows.append([(start, n), (0, end - n)] if end > n else [(start, n)])
+                break
+            windows.append([(start, end)])
+            start += stride
+    passages = []
+    for index, ranges in enumerate(windows):
+        out_ids = [bos_token_id]
+        out_labels = [IGNORE_INDEX]
+        counts = [0, 0, 0]  # link, heuristic, labelled
+        for range_start, range_end in ranges:
+            if range_end <= range_start:
+                continue
+            drop = set()
+            for e_s, e_e, heuristic in spans:
+                if e_e < range_start or e_s >= range_end:
+                    continue
+                if range_start <= e_s and e_e < range_end:
+                    counts[1 if heuristic else 0] += 1
+                    counts[2] += labels[e_s] != IGNORE_INDEX
+                else:  # cut by the boundary: unmark
+                    drop.add(e_s)
+                    drop.add(e_e)
+            if drop:
+                keep = [i for i in range(range_start, range_end) if i not in drop]
+                out_ids.extend(ids[i] for i in keep)
+                out_labels.extend(labels[i] for i in keep)
+            else:
+                out_ids.extend(ids[range_start:range_end])
+                out_labels.extend(labels[range_start:range_end])
+        out_ids.append(eos_token_id)
+        out_labels.append(IGNORE_INDEX)
+        passages.append(
+            {
+                "input_ids": out_ids,
+                "entity_labels": out_labels,
+                "passage_index": index,
+                "num_link_mentions": counts[0],
+                "num_heuristic_mentions": counts[1],
+                "num_labeled_mentions": counts[2],
+            }
+        )
+    return passages
+
+
+def build_passages(
+    text: str,
+    mentions: Sequence[Mention],
+    tokenizer: PreTrainedTokenizerBase,
+    settings: PassageSettings | None = None,
+) -> list[dict]:
+    """Passages (dicts with `input_ids`, `entity_labels`, `passage_index`, ...) of one document."""
+    settings = settings or PassageSettings()
+    ids, labels, spans = tokenize_with_mentions(text, mentions, tokenizer)
+    return window_passages(ids, labels, spans, settings, tokenizer.bos_token_id, tokenizer.eos_token_id)
+
+
+# --- the build ------------------------------------------------------------------------------------------------
+
+
+def _generate_parsed_pages(shards: list[tuple[str, int, int]], strict: bool) -> Iterator[dict]:
+    for path, shard_index, num_shards in shards:
+        for page in iter_pages(path, shard_index=shard_index, num_shards=num_shards):
+            try:
+                parsed = parse_page(page)
+            except MalformedPageError as err:
+                if strict:
+                    raise MalformedPageError(f"{path}: {err} (--strict stops at the first malformed page)") from None
+                logger.warning("skipping malformed page in %s: %s", path, err)
+                yield {"page_id": page.page_id, "title": page.title or "", "status": "malformed", "redirect": None,
+                       "text": "", "link_starts": [], "link_ends": [], "link_targets": []}  # fmt: skip
+                continue
+            yield {
+                "page_id": parsed.page_id,
+                "title": parsed.title,
+                "status": "redirect" if parsed.redirect else "article",
+                "redirect": parsed.redirect,
+                "text": parsed.text,
+                "link_starts": [link.start for link in parsed.links],
+                "link_ends": [link.end for link in parsed.links],
+                "link_targets": [link.target for link in parsed.links],
+            }
+
+
+def _make_passages(batch: dict, tokenizer, target_to_entity, entity_aliases, entity_by_title, settings, heuristics):
+    documents = []
+    for text, title, starts, ends, targets in zip(
+        batch["text"], batch["title"], batch["link_starts"], batch["link_ends"], batch["link_targets"]
+    ):
+        links = []
+        candidates: dict[int, Sequence[str]] = {}
+        for start, end, target in zip(starts, ends, targets):
+            entity_id = target_to_entity.get(target, NOT_AN_ARTICLE)
+            if entity_id == NOT_AN_ARTICLE:
+                continue  # red link: not marked
+            links.append((start, end, entity_id if entity_id >= 0 else IGNORE_INDEX))
+            if entity_id >= 0 and heuristics:
+                candidates[entity_id] = entity_aliases[entity_id]
+        own_id = entity_by_title.get(title)
+        if own_id is not None and heuristics:
+            candidates[own_id] = entity_aliases[own_id]
+        documents.append((text, label_mentions(text, links, candidates)))
+    output = {name: [] for name in PASSAGE_FEATURES}
+    tokenized = _tokenize_documents(documents, tokenizer)
+    for doc_id, (ids, labels, spans) in zip(batch["page_id"], tokenized):
+        for passage in window_passages(ids, labels, spans, settings, tokenizer.bos_token_id, tokenizer.eos_token_id):
+            passage["doc_id"] = doc_id
+            for name in output:
+                output[name].append(passage[name])
+    return output
+
+
+def _iter_column_batches(dataset: datasets.Dataset, columns: list[str], desc: str, batch_size: int = 2000):
+    subset = dataset.select_columns(columns)
+    with tqdm(total=len(subset), desc=desc, unit="pages", disable=None) as progress:
+        for batch in subset.iter(batch_size=batch_size):
+            yield batch
+            progress.update(len(batch[columns[0]]))
+
+
+def build_corpus(
+    dump: str | os.PathLike | Sequence[str | os.PathLike],
+    out_dir: str | os.PathLike,
+    num_entities: int = 1_000_000,
+    tokenizer: str | os.PathLike | PreTrainedTokenizerBase | None = None,
+    num_proc: int = 1,
+    strict: bool = False,
+    passage_length: int = 128,
+    passage_overlap: int = 10,
+    validation_fraction: float = 0.005,
+    seed: int = 42,
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+    heuristic_labels: bool = True,
+    max_aliases_per_entity: int = 10,
+    require_existing_pages: bool = False,
+) -> dict:
+    """Builds a pre-training corpus from one or more MediaWiki dump files into `out_dir`; returns the stats.
+
+    Writes `passages/` (DatasetDict train/validation), `entity_vocab.json`, `aliases.json`, `tokenizer/` and
+    `stats.json`. Without `tokenizer`, a byte-level BPE of `vocab_size` is trained on the corpus text.
+
+    Entities are link targets after redirect resolution. With `require_existing_pages`, only targets that are
+    articles of the dump count (drops red links; use it on complete dumps only: on an excerpt most targets
+    are missing).
+    """
+    started = time.perf_counter()
+    dump_paths = [os.fspath(dump)] if isinstance(dump, str | os.PathLike) else [os.fspath(p) for p in dump]
+    if not dump_paths:
+        raise ValueError("no dump file given")
+    for path in dump_paths:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"dump file {path} does not exist")
+    if not 0 <= validation_fraction < 1:
+        raise ValueError(f"validation_fraction must be in [0, 1), got {validation_fraction}")
+    if num_proc < 1:
+        raise ValueError(f"num_proc must be at least 1, got {num_proc}")
+    settings = PassageSettings(passage_length, passage_overlap)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work_dir = Path(tempfile.mkdtemp(prefix=".build-", dir=out_dir))
+    try:
+        return _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, strict, settings,
+                      validation_fraction, seed, vocab_size, heuristic_labels, max_aliases_per_entity,
+                      require_existing_pages, started)  # fmt: skip
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)
+
+
+def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, strict, settings, validation_fraction,
+           seed, vocab_size, heuristic_labels, max_aliases_per_entity, require_existing_pages,
+           started) -> dict:  # fmt: skip
+    # 1. parse (the only pass over the XML)
+    shards = [(path, k, num_proc) for path in dump_paths for k in range(num_proc)]
+    pages = datasets.Dataset.from_generator(
+        _generate_parsed_pages,
+        features=PAGE_FEATURES,
+        gen_kwargs={"shards": shards, "strict": strict},
+        num_proc=num_proc if len(shards) > 1 else None,
+        cache_dir=str(work_dir / "cache"),
+        split="train",
+    )
+    parse_seconds = time.perf_counter() - started
+
+    # 2. redirects, link counts, vocabulary, aliases
+    articles: set[str] = set()
+    redirects: dict[str, str] = {}
+    malformed = 0
+    for batch in _iter_column_batches(pages, ["title", "status", "redirect"], "titles"):
+        for title, status, redirect in zip(batch["title"], batch["status"], batch["redirect"]):
+            if status == "article":
+                articles.add(title)
+            elif status == "redirect":
+                redirects[title] = redirect
+            else:
+                malformed += 1
+
+    resolved: dict[str, str | None] = {}
+
+    def resolve(target: str) -> str | None:
+        if target not in resolved:
+            final = resolve_redirect(target, redirects)
+            resolved[target] = final if (final in articles or not require_existing_pages) else None
+        return resolved[target]
+
+    link_counts: Counter[str] = Counter()
+    num_links = num_links_to_entities = 0
+    for batch in _iter_column_batches(pages, ["link_targets"], "link counts"):
+        for targets in batch["link_targets"]:
+            num_links += len(targets)
+            for target in targets:
+                entity = resolve(target)
+                if entity is not None:
+                    link_counts[entity] += 1
+                    num_links_to_entities += 1
+    vocab = build_entity_vocab(link_counts, num_entities)
+    in_vocab = set(vocab.names)
+
+    aliases = AliasTable()
+    for batch in _iter_column_batches(pages, ["text", "link_starts", "link_ends", "link_targets"], "aliases"):
+        for text, starts, ends, targets in zip(batch["text"], batch["link_starts"], batch["link_ends"], batch["link_targets"]):  # fmt: skip
+            for start, end, target in zip(starts, ends, targets):
+                entity = resolve(target)
+                if entity in in_vocab:
+                    aliases.add(text[start:end], entity)
+    anchors_by_entity = aliases.by_entity()
+    vocab = EntityVocab(
+        vocab.names,
+        [[a for a, _ in anchors_by_entity.get(name, Counter()).most_common()] for name in vocab.names],
+        vocab.counts,
+    )
+    vocab.save(out_dir)
+    aliases.save(out_dir / ALIASES_NAME)
+    entity_ids = {name: i for i, name in enumerate(vocab.names)}
+    target_to_entity = {
+        target: (entity_ids.get(entity, OUT_OF_VOCAB) if entity is not None else NOT_AN_ARTICLE)
+        for target, entity in resolved.items()
+        if entity is not None
+    }
+    entity_aliases = [
+        heuristic_aliases(name, anchors_by_entity.get(name, Counter()), max_aliases_per_entity) for name in vocab.names
+    ]
+
+    # 3. tokenizer
+    if tokenizer is None:
+        logger.info("training a byte-level BPE tokenizer (vocab_size=%d) on the corpus text", vocab_size)
+
+        def texts() -> Iterator[str]:
+            for batch in _iter_column_batches(pages, ["text"], "tokenizer text"):
+                yield from (t for t in batch["text"] if t)
+
+        tokenizer = train_tokenizer(texts(), vocab_size=vocab_size)
+    else:
+        tokenizer = extend_tokenizer(tokenizer)
+    tokenizer.save_pretrained(out_dir / "tokenizer")
+
+    # 4. mentions and passages
+    article_pages = pages.filter(
+        lambda statuses: [s == "article" for s in statuses],
+        input_columns=["status"],
+        batched=True,
+        num_proc=num_proc if num_proc > 1 else None,
+        cache_file_name=str(work_dir / "articles.arrow"),
+        new_fingerprint=uuid.uuid4().hex,
+        desc="articles",
+    )
+    passages = article_pages.map(
+        _make_passages,
+        batched=True,
+        batch_size=64,
+        remove_columns=article_pages.column_names,
+        features=PASSAGE_FEATURES,
+        num_proc=num_proc if num_proc > 1 else None,
+        fn_kwargs={
+            "tokenizer": tokenizer,
+            "target_to_entity": target_to_entity,
+            "entity_aliases": entity_aliases,
+            "entity_by_title": entity_ids,
+            "settings": settings,
+            "heuristics": heuristic_labels,
+        },
+        cache_file_name=str(work_dir / "passages.arrow"),
+        new_fingerprint=uuid.uuid4().hex,  # fn_kwargs are large: do not hash them
+        desc="passages",
+    )
+
+    # 5. stats, split, save
+    stats = _passage_stats(passages, len(vocab))
+    passages = passages.remove_columns(_STATS_COLUMNS)
+    splits = _split(passages, validation_fraction, seed)
+    splits.save_to_disk(str(out_dir / "passages"), num_proc=None)
+    stats.update(
+        {
+            "dump_files": dump_paths,
+            "pages": len(pages),
+            "articles": len(articles),
+            "redirects": len(redirects),
+            "malformed_pages": malformed,
+            "links": num_links,
+            "links_to_entities": num_links_to_entities,
+            "links_to_vocab_entities": sum(link_counts[name] for name in vocab.names),
+            "entities_linked": len(link_counts),
+            "entity_vocab_size": len(vocab),
+            "aliases": len(aliases),
+            "train_passages": len(splits["train"]),
+            "validation_passages": len(splits["validation"]),
+            "tokenizer_size": len(tokenizer),
+            "passage_length": settings.passage_length,
+            "passage_overlap": settings.passage_overlap,
+            "num_proc": num_proc,
+            "parse_seconds": round(parse_seconds, 3),
+            "seconds": round(time.perf_counter() - started, 3),
+        }
+    )
+    stats["link_coverage_by_vocab"] = round(stats["links_to_vocab_entities"] / max(1, num_links_to_entities), 4)
+    stats["articles_per_second"] = round(stats["articles"] / max(stats["seconds"], 1e-9), 2)
+    with open(out_dir / STATS_NAME, "w", encoding="utf-8") as f:
+        json.dump(stats, f, indent=2, ensure_ascii=False)
+    return stats
+
+
+def _passage_stats(passages: datasets.Dataset, vocab_size: int) -> dict:
+    table = passages.data
+    num_passages = len(passages)
+    link_mentions = sum(passages["num_link_mentions"]) if num_passages else 0
+    heuristic_mentions = sum(passages["num_heuristic_mentions"]) if num_passages else 0
+    labeled = sum(passages["num_labeled_mentions"]) if num_passages else 0
+    seen: set[int] = set()
+    import pyarrow.compute as pc
+
+    for chunk in table.column("entity_labels").chunks:
+        unique = pc.unique(chunk.flatten()).to_pylist()
+        seen.update(u for u in unique if u is not None and u >= 0)
+    return {
+        "passages": num_passages,
+        "link_mentions": link_mentions,
+        "heuristic_mentions": heuristic_mentions,
+        "labeled_mentions": labeled,
+        "mentions_per_passage": round((link_mentions + heuristic_mentions) / max(1, num_passages), 3),
+        "labeled_mentions_per_passage": round(labeled / max(1, num_passages), 3),
+        "entities_in_passages": len(seen),
+        "entity_coverage": round(len(seen) / max(1, vocab_size), 4),
+    }
+
+
+def _split(passages: datasets.Dataset, validation_fraction: float, seed: int) -> datasets.DatasetDict:
+    num_validation = round(len(passages) * validation_fraction)
+    if validation_fraction > 0 and num_validation == 0 and len(passages) >= 2:
+        num_validation = 1
+    if num_validation == 0:
+        return datasets.DatasetDict({"train": passages, "validation": passages.select([])})
+    split = passages.train_test_split(test_size=num_validation, seed=seed, shuffle=True)
+    return datasets.DatasetDict({"train": split["train"], "validation": split["test"]})
+
+
+def format_stats(stats: dict) -> str:
+    keys = ["pages", "articles", "redirects", "malformed_pages", "links", "links_to_entities", "entity_vocab_size",
+            "link_coverage_by_vocab", "aliases", "train_passages", "validation_passages", "link_mentions",
+            "heuristic_mentions", "mentions_per_passage", "labeled_mentions_per_passage", "entity_coverage",
+            "seconds", "articles_per_second"]  # fmt: skip
+    return "\n".join(f"  {key:<30} {stats[key]}" for key in keys if key in stats)
+
+
+# --- command line ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class BuildCorpusArguments:
+    dump: list[str] = field(
+        default_factory=list,
+        metadata={"help": "MediaWiki pages-articles dump file(s), .xml or .xml.bz2 (required)."},
+    )
+    out: str = field(default="", metadata={"help": "Output directory (required)."})
+    num_entities: int = field(default=1_000_000, metadata={"help": "Entity vocabulary size: top-N most linked."})
+    tokenizer: str | None = field(
+        default=None, metadata={"help": "Local tokenizer directory (markers are added if missing). Default: train one."}
+    )
+    vocab_size: int = field(default=DEFAULT_VOCAB_SIZE, metadata={"help": "Vocabulary size when training one."})
+    num_proc: int = field(default=1, metadata={"help": "Processes for parsing and passaging."})
+    strict: bool = field(default=False, metadata={"help": "Stop at the first malformed page instead of skipping it."})
+    passage_length: int = field(default=128, metadata={"help": "Tokens per passage, with <s> and </s>."})
+    passage_overlap: int = field(
+        default=10, metadata={"aliases": ["--passage-stride"], "help": "Tokens shared by consecutive passages."}
+    )
+    validation_fraction: float = field(default=0.005, metadata={"help": "Fraction of passages held out."})
+    seed: int = field(default=42, metadata={"help": "Seed of the validation split."})
+    no_heuristic_labels: bool = field(default=False, metadata={"help": "Only label hyperlinks."})
+    max_aliases_per_entity: int = field(default=10, metadata={"help": "Anchors per entity used by the heuristics."})
+    require_existing_pages: bool = field(
+        default=False,
+        metadata={"help": "Count only link targets that are articles of the dump (complete dumps; drops red links)."},
+    )
+
+
+def cli_main(argv: list[str] | None = None) -> int:
+    """`edmem build-corpus`."""
+    parser = HfArgumentParser(BuildCorpusArguments, prog="edmem build-corpus")
+    (args,) = parser.parse_args_into_dataclasses(args=sys.argv[1:] if argv is None else argv)
+    if not args.dump or not args.out:
+        parser.error("--dump and --out are required")
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        stats = build_corpus(
+            args.dump,
+            args.out,
+            num_entities=args.num_entities,
+            tokenizer=args.tokenizer,
+            num_proc=args.num_proc,
+            strict=args.strict,
+            passage_length=args.passage_length,
+            passage_overlap=args.passage_overlap,
+            validation_fraction=args.validation_fraction,
+            seed=args.seed,
+            vocab_size=args.vocab_size,
+            heuristic_labels=not args.no_heuristic_labels,
+            max_aliases_per_entity=args.max_aliases_per_entity,
+            require_existing_pages=args.require_existing_pages,
+        )
+    except (ValueError, FileNotFoundError) as err:  # DumpFormatError and MalformedPageError are ValueErrors
+        print(f"edmem build-corpus: error: {err}", file=sys.stderr)
+        return 1
+    print(f"corpus written to {args.out}\n{format_stats(stats)}")
+    return 0
+
+
+__all__ = [
+    "AliasTable",
+    "Mention",
+    "PassageSettings",
+    "build_corpus",
+    "build_entity_vocab",
+    "build_passages",
+    "heuristic_aliases",
+    "label_mentions",
+    "resolve_redirect",
+    "tokenize_with_mentions",
+    "window_passages",
+]
