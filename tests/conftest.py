@@ -1,0 +1,35 @@
+"""Shared test helpers. Real data lives in ../shared/data beside the repository (never copied into it)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# Tests never download: set before anything imports huggingface_hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+SHARED_DATA_DIR = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
+
+
+def shared_data_path(relative: str) -> Path:
+    """Path of a file under ../shared/data; skips the test when it is absent, fails when
+    EDMEM_REQUIRE_SHARED_DATA=1 (CI must not silently skip the real-data tests)."""
+    path = SHARED_DATA_DIR / relative
+    if not path.exists():
+        message = f"shared data file {path} is absent"
+        if os.environ.get("EDMEM_REQUIRE_SHARED_DATA") == "1":
+            pytest.fail(f"{message} and EDMEM_REQUIRE_SHARED_DATA=1")
+        pytest.skip(message)
+    return path
+
+
+@pytest.fixture(scope="session")
+def wikipedia_sample_206() -> Path:
+    return shared_data_path("wikipedia/enwiki-pages-articles-sample-206.xml.bz2")
+
+
+@pytest.fixture(scope="session")
+def wikipedia_sample_small() -> Path:
+    return shared_data_path("wikipedia/enwiki-pages-articles-sample-small.xml.bz2")

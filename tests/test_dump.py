@@ -1,0 +1,131 @@
+import bz2
+
+import pytest
+
+from edmem_hf.dump import (
+    DumpFormatError,
+    Link,
+    MalformedPageError,
+    WikiPage,
+    iter_pages,
+    iter_parsed_pages,
+    normalize_title,
+    parse_page,
+    parse_wikitext,
+)
+
+
+def test_normalize_title():
+    assert normalize_title("  new_York  city#History") == "New York city"
+    assert normalize_title("iPod") == "IPod"
+    assert normalize_title("Paris") == "Paris"
+
+
+def _spans(text, links):
+    for link in links:
+        assert text[link.start : link.end] == link.anchor
+    return [(link.anchor, link.target) for link in links]
+
+
+def test_links_anchors_trails_and_sections():
+    text, links = parse_wikitext(
+        "The [[river]]s of [[Foo_bar#History|the Foo]] and [[Baz]]. [[#Local|here]] and [[ Qux (band) | Qux ]]!"
+    )
+    assert text == "The rivers of the Foo and Baz. here and Qux!"
+    assert _spans(text, links) == [("rivers", "River"), ("the Foo", "Foo bar"), ("Baz", "Baz"), ("Qux", "Qux (band)")]
+
+
+def test_dropped_markup():
+    wikitext = (
+        "{{Infobox|name=[[Nope]]}}'''Alpha''' is a [[beta]].<ref>{{cite|[[Nope]]}}</ref><ref name=x/> "
+        "[[File:A.jpg|thumb|Caption [[Nope]]]]It has [[wikt:gamma|gamma]] &amp; delta<!-- [[Nope]] -->.\n"
+        "{| class=wikitable\n| [[Nope]]\n|}\n"
+        "[[Category:Things]][[fr:Alpha]]\n== See also ==\n* [[Nope]]\n== References ==\n{{reflist}}"
+    )
+    text, links = parse_wikitext(wikitext)
+    assert text == "Alpha is a beta. It has gamma & delta."
+    assert _spans(text, links) == [("beta", "Beta")]
+
+
+def test_unbalanced_braces_fall_back_to_full_parse():
+    text, links = parse_wikitext("Open {{ brace and a [[Link]] here.")
+    assert [link.target for link in links] == ["Link"]
+    assert text[links[0].start : links[0].end] == "Link"
+
+
+def test_malformed_pages():
+    with pytest.raises(MalformedPageError, match="no text"):
+        parse_page(WikiPage(page_id=7, title="Empty", namespace=0, text=None))
+    with pytest.raises(MalformedPageError, match="page id 8: no title"):
+        parse_page(WikiPage(page_id=8, title=None, namespace=0, text="x"))
+    redirect = parse_page(WikiPage(page_id=9, title="A", namespace=0, text="#REDIRECT [[B]]", redirect="B"))
+    assert redirect.redirect == "B" and redirect.links == []
+
+
+def test_bad_xml_is_a_clear_error(tmp_path):
+    path = tmp_path / "broken.xml.bz2"
+    with bz2.open(path, "wt") as f:
+        f.write("<mediawiki><siteinfo><namespaces></namespaces></siteinfo><page><title>A</title>")
+    with pytest.raises(DumpFormatError, match="broken.xml.bz2"):
+        list(iter_pages(path))
+    with pytest.raises(FileNotFoundError):
+        list(iter_pages(tmp_path / "missing.xml"))
+
+
+def test_real_sample_small(wikipedia_sample_small):
+    pages = list(iter_parsed_pages(wikipedia_sample_small))
+    assert [(p.page_id, p.title, p.redirect) for p in pages] == [
+        (10, "AccessibleComputing", "Computer accessibility"),
+        (411964, "Computer accessibility", None),
+        (302109, "Accessibility", None),
+    ]
+    for page in pages:
+        _spans(page.text, page.links)
+    assert [len(p.links) for p in pages] == [0, 117, 111]
+
+
+@pytest.fixture(scope="module")
+def parsed_206(wikipedia_sample_206):
+    return list(iter_parsed_pages(wikipedia_sample_206))
+
+
+def test_real_sample_206_counts(wikipedia_sample_206, parsed_206):
+    pages = list(iter_pages(wikipedia_sample_206, namespaces=None))
+    assert len(pages) == 206
+    assert sum(p.namespace == 0 for p in pages) == 205
+    parsed = parsed_206
+    assert sum(p.redirect is not None for p in parsed) == 99
+    assert sum(len(p.links) for p in parsed) == 21839
+    # sharding splits the pages between processes without loss or overlap
+    shards = [{p.page_id for p in iter_pages(wikipedia_sample_206, shard_index=k, num_shards=3)} for k in range(3)]
+    assert sum(map(len, shards)) == 205 and len(set.union(*shards)) == 205
+
+
+def test_real_page_link_spans_checked_by_hand(parsed_206):
+    # "Algorithms (journal)", checked against its raw wikitext: the infobox, the <ref>, the "See also" and
+    # "References" sections and the categories are gone; "[[algorithm]]s" is a link with a trail.
+    page = next(p for p in parsed_206 if p.title == "Algorithms (journal)")
+    assert page.text.startswith("Algorithms is a peer-reviewed open access mathematics journal concerning design")
+    assert "Algorithmica" not in page.text and "Category" not in page.text and "cite web" not in page.text
+    expected = [
+        Link(16, 29, "peer-reviewed", "Peer review"),
+        Link(30, 41, "open access", "Open access"),
+        Link(42, 61, "mathematics journal", "Mathematics journal"),
+        Link(110, 120, "algorithms", "Algorithm"),
+        Link(150, 154, "MDPI", "MDPI"),
+        Link(220, 236, "Kyoto University", "Kyoto University"),
+    ]
+    for link in expected:
+        assert link in page.links
+        assert page.text[link.start : link.end] == link.anchor
+    assert len(page.links) == 14
+    assert page.links[-1] == Link(412, 429, "Zentralblatt MATH", "Zentralblatt MATH")
+
+
+def test_real_disambiguation_page_formatted_anchors(parsed_206):
+    page = next(p for p in parsed_206 if p.title == "Asia Minor (disambiguation)")
+    assert page.links == [
+        Link(38, 46, "Anatolia", "Anatolia"),
+        Link(157, 184, '"Asia Minor" (instrumental)', "Asia Minor (instrumental)"),
+        Link(266, 284, "Asia Minor (album)", "Asia Minor (album)"),  # anchor was ''Asia Minor'' (album)
+    ]
