@@ -29,11 +29,12 @@ from pathlib import Path
 
 import ahocorasick
 import datasets
+from datasets.exceptions import DatasetGenerationError
 from tqdm.auto import tqdm
 from transformers import HfArgumentParser, PreTrainedTokenizerBase
 
 from .configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN
-from .dump import MalformedPageError, iter_pages, parse_page
+from .dump import DumpFormatError, MalformedPageError, iter_pages, parse_page
 from .entity_vocab import EntityVocab
 from .tokenization import DEFAULT_VOCAB_SIZE, extend_tokenizer, train_tokenizer
 
@@ -506,14 +507,23 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
            started) -> dict:  # fmt: skip
     # 1. parse (the only pass over the XML)
     shards = [(path, k, num_proc) for path in dump_paths for k in range(num_proc)]
-    pages = datasets.Dataset.from_generator(
-        _generate_parsed_pages,
-        features=PAGE_FEATURES,
-        gen_kwargs={"shards": shards, "strict": strict},
-        num_proc=num_proc if len(shards) > 1 else None,
-        cache_dir=str(work_dir / "cache"),
-        split="train",
-    )
+    try:
+        pages = datasets.Dataset.from_generator(
+            _generate_parsed_pages,
+            features=PAGE_FEATURES,
+            gen_kwargs={"shards": shards, "strict": strict},
+            num_proc=num_proc if len(shards) > 1 else None,
+            cache_dir=str(work_dir / "cache"),
+            split="train",
+        )
+    except DatasetGenerationError as err:
+        # datasets wraps what the generator raised: surface our own error (which names the page or file)
+        cause = err.__cause__ or err.__context__
+        while cause is not None and not isinstance(cause, MalformedPageError | DumpFormatError):
+            cause = cause.__cause__ or cause.__context__
+        if cause is not None:
+            raise cause from None
+        raise
     parse_seconds = time.perf_counter() - started
 
     # 2. redirects, link counts, vocabulary, aliases

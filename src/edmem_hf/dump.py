@@ -34,6 +34,7 @@ from mwparserfromhell.nodes import (
     Text,
     Wikilink,
 )
+from mwxml.errors import MalformedXML
 
 logger = logging.getLogger(__name__)
 
@@ -174,7 +175,7 @@ def iter_pages(
                     redirect = match.group(1) if match else None
                 redirect = normalize_title(redirect) if redirect else None
                 yield WikiPage(page_id=int(page.id), title=title, namespace=page.namespace, text=text, redirect=redirect)
-        except (ElementTree.ParseError, EOFError, OSError) as err:
+        except (ElementTree.ParseError, MalformedXML, EOFError, OSError) as err:
             raise DumpFormatError(f"{path} is not a readable MediaWiki XML dump: {err}") from err
         except (KeyError, AttributeError, TypeError, ValueError) as err:
             if isinstance(err, DumpFormatError | MalformedPageError):

@@ -173,7 +173,7 @@ class _Renderer:
         if entity.type == "concept":
             members = [e.name for e in self.world.entities if _GENERIC_CONCEPTS.get(e.type) == entity.name]
             paragraphs.append(f"A '''{entity.name.lower()}''' is a kind of place or organisation in this world.")
-            paragraphs.append("Examples include " + ", ".join(link(m, linked) for m in members[:6]) + ".")
+            paragraphs.append("Examples include " + ", ".join(link(m, linked) for m in members) + ".")
             return "\n\n".join(paragraphs)
         if entity.type == "country":
             cities = [e for e in self.world.entities if e.type == "city" and e.attributes["country"] == entity.name]

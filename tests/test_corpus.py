@@ -1,0 +1,179 @@
+import json
+from collections import Counter
+
+import datasets
+import pytest
+
+from edmem_hf.corpus import (
+    AliasTable,
+    Mention,
+    PassageSettings,
+    build_corpus,
+    build_entity_vocab,
+    cli_main,
+    heuristic_aliases,
+    label_mentions,
+    resolve_redirect,
+    window_passages,
+)
+from edmem_hf.dump import MalformedPageError
+from edmem_hf.entity_vocab import EntityVocab
+from edmem_hf.tokenization import train_tokenizer
+from edmem_hf.toy_world import generate_toy_world, render_mediawiki_dump, write_mediawiki_dump
+
+BOS, EOS, E_S, E_E = 0, 2, 5, 6
+
+
+def test_resolve_redirect_follows_chains_and_stops_on_cycles():
+    redirects = {"A": "B", "B": "C", "X": "Y", "Y": "X"}
+    assert resolve_redirect("A", redirects) == "C"
+    assert resolve_redirect("C", redirects) == "C"
+    assert resolve_redirect("X", redirects) in ("X", "Y")
+
+
+def test_entity_vocab_top_n():
+    vocab = build_entity_vocab(Counter({"B": 5, "A": 5, "C": 9, "D": 1, "E": 0}), 3, {"C": Counter({"the C": 2, "C": 7})})
+    assert vocab.names == ["C", "A", "B"]  # by count, ties by name
+    assert vocab.counts == [9, 5, 5]
+    assert vocab.aliases[0] == ["C", "the C"]
+    assert build_entity_vocab(Counter({"A": 1, "E": 0}), 10).names == ["A"]  # never an entity without links
+    with pytest.raises(ValueError):
+        build_entity_vocab(Counter(), 0)
+
+
+def test_heuristic_aliases_filter_lowercase_words():
+    aliases = heuristic_aliases("Mercury (planet)", Counter({"Mercury": 5, "planet": 9, "here": 3, "X": 1}))
+    assert aliases == ["Mercury (planet)", "Mercury"]
+
+
+def test_label_mentions_longest_match_word_boundaries_no_overlap():
+    text = "New York City is in New York. Newark is not New York City. York."
+    links = [(0, 13, 7)]  # "New York City" linked to entity 7
+    candidates = {7: ["New York City", "New York"], 3: ["York"], 9: ["New York"]}
+    mentions = label_mentions(text, links, candidates)
+    found = [(text[m.start : m.end], m.entity_id, m.heuristic) for m in mentions]
+    assert found == [
+        ("New York City", 7, False),
+        ("New York", 7, True),  # shared alias: the lowest id among the candidates holding it (7 < 9)
+        ("New York City", 7, True),  # longest match wins over "New York"
+        ("York", 3, True),
+    ]
+    assert not any(text[m.start : m.end] == "York" and m.start == 24 for m in mentions)  # inside "New York"
+    # no match inside a word ("Newark" does not contain the alias "New")
+    assert label_mentions("Newark", [], {1: ["New"]}) == []
+    # only the given candidates are labelled
+    assert label_mentions("Paris and Rome", [], {1: ["Rome"]}) == [Mention(10, 14, 1, True)]
+
+
+def _doc(n, mentions=()):
+    """A synthetic token stream 10..10+n with the given (start, end) mentions already marked."""
+    ids = list(range(100, 100 + n))
+    labels = [-100] * n
+    spans = []
+    for s, e in mentions:
+        ids[s], ids[e] = E_S, E_E
+        labels[s] = 42
+        spans.append((s, e, False))
+    return ids, labels, spans
+
+
+def test_windows_length_overlap_and_top_up():
+    settings = PassageSettings(passage_length=12, passage_overlap=3)  # 10 content tokens, stride 7
+    ids, labels, spans = _doc(23)
+    passages = window_passages(ids, labels, spans, settings, BOS, EOS)
+    contents = [p["input_ids"][1:-1] for p in passages]
+    assert all(p["input_ids"][0] == BOS and p["input_ids"][-1] == EOS and len(p["input_ids"]) == 12 for p in passages)
+    assert contents[0] == ids[0:10] and contents[1] == ids[7:17]
+    assert contents[0][-3:] == contents[1][:3]  # overlap
+    assert contents[2] == ids[14:23] + ids[0:1]  # last one topped up from the start of the same document
+    assert [p["passage_index"] for p in passages] == [0, 1, 2]
+    short = window_passages(*_doc(4), settings, BOS, EOS)
+    assert [p["input_ids"] for p in short] == [[BOS] + ids[:4] + [EOS]]
+    assert window_passages([], [], [], settings, BOS, EOS) == []
+
+
+def test_mention_cut_by_boundary_is_unmarked():
+    settings = PassageSettings(passage_length=12, passage_overlap=3)
+    ids, labels, spans = _doc(17, mentions=[(2, 4), (8, 11)])  # second mention crosses the first boundary (10)
+    first, second = window_passages(ids, labels, spans, settings, BOS, EOS)
+    assert first["input_ids"].count(E_S) == 1 and first["input_ids"].count(E_E) == 1
+    assert first["entity_labels"].count(42) == 1 and first["num_link_mentions"] == 1
+    assert len(first["input_ids"]) == 11  # the cut mention's <E_s> is dropped, its words stay
+    assert 108 not in first["input_ids"] and 109 in first["input_ids"]
+    assert second["input_ids"][1:6] == [107, E_S, 109, 110, E_E]  # whole in the second window: marked there
+    assert second["input_ids"].count(E_S) == 1 and second["entity_labels"].count(42) == 1
+    for passage in (first, second):
+        assert len(passage["input_ids"]) == len(passage["entity_labels"])
+        for token, label in zip(passage["input_ids"], passage["entity_labels"]):
+            assert label == -100 or token == E_S
+
+
+@pytest.fixture(scope="module")
+def toy_dump(tmp_path_factory):
+    return write_mediawiki_dump(generate_toy_world(60, seed=0), tmp_path_factory.mktemp("toy") / "toy.xml.bz2")
+
+
+@pytest.fixture(scope="module")
+def toy_tokenizer(tmp_path_factory):
+    world = generate_toy_world(60, seed=0)
+    path = tmp_path_factory.mktemp("tok")
+    train_tokenizer(list(world.pages.values()), vocab_size=600, min_frequency=1).save_pretrained(path)
+    return path
+
+
+def test_build_corpus_end_to_end_via_cli(toy_dump, tmp_path):
+    datasets.disable_progress_bars()
+    out = tmp_path / "corpus"
+    code = cli_main(
+        ["--dump", str(toy_dump), "--out", str(out), "--num_entities", "30", "--vocab_size", "600",
+         "--passage_length", "32", "--passage_overlap", "4", "--validation_fraction", "0.1", "--num_proc", "2"]
+    )  # fmt: skip
+    assert code == 0
+    passages = datasets.load_from_disk(str(out / "passages"))
+    assert set(passages) == {"train", "validation"}
+    assert passages["train"].column_names == ["input_ids", "entity_labels", "doc_id", "passage_index"]
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["validation_passages"] == round(stats["passages"] * 0.1) > 0
+    assert stats["train_passages"] + stats["validation_passages"] == stats["passages"]
+    assert stats["malformed_pages"] == 0 and stats["redirects"] == 30 and stats["articles"] == 60
+    assert stats["heuristic_mentions"] > 0 and stats["link_mentions"] > 0
+    vocab = EntityVocab.load(out)
+    assert len(vocab) == 30 and vocab.counts == sorted(vocab.counts, reverse=True)
+    aliases = AliasTable.load(out)
+    assert any(alias.startswith("Republic of ") for alias in aliases.counts)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(out / "tokenizer", local_files_only=True)
+    for row in passages["train"]:
+        ids, labels = row["input_ids"], row["entity_labels"]
+        assert len(ids) == len(labels) <= 32 and ids[0] == 0 and ids[-1] == 2
+        assert ids.count(E_S) == ids.count(E_E)
+        for i, (token, label) in enumerate(zip(ids, labels)):
+            if label != -100:
+                assert token == E_S
+                name = tokenizer.decode(ids[i + 1 : ids.index(E_E, i)]).strip()
+                # hyperlink anchors or aliases of the labelled entity
+                assert name == vocab.names[label] or name in vocab.aliases[label] or name in vocab.names[label]
+
+
+def test_build_corpus_with_given_tokenizer_and_strict_malformed(toy_tokenizer, tmp_path):
+    datasets.disable_progress_bars()
+    xml = render_mediawiki_dump(generate_toy_world(30, seed=2))
+    broken_page = (
+        "  <page>\n    <title>Broken page</title>\n    <ns>0</ns>\n    <id>999</id>\n"
+        "    <revision>\n      <id>5</id>\n    </revision>\n  </page>\n"
+    )
+    dump = tmp_path / "malformed.xml"
+    dump.write_text(xml.replace("</mediawiki>", broken_page + "</mediawiki>"), encoding="utf-8")
+    stats = build_corpus(dump, tmp_path / "lenient", num_entities=10, tokenizer=toy_tokenizer, passage_length=64)
+    assert stats["malformed_pages"] == 1 and stats["articles"] == 30
+    with pytest.raises(MalformedPageError, match="Broken page"):
+        build_corpus(dump, tmp_path / "strict", num_entities=10, tokenizer=toy_tokenizer, strict=True)
+    assert cli_main(["--dump", str(dump), "--out", str(tmp_path / "strict2"), "--tokenizer", str(toy_tokenizer), "--strict"]) == 1
+
+
+def test_build_corpus_bad_xml_is_a_clear_error(toy_tokenizer, tmp_path):
+    dump = tmp_path / "bad.xml"
+    dump.write_text("<mediawiki><page><title>A</title><ns>0", encoding="utf-8")
+    with pytest.raises(ValueError, match="bad.xml"):
+        build_corpus(dump, tmp_path / "out", num_entities=10, tokenizer=toy_tokenizer)

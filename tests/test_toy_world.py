@@ -1,0 +1,44 @@
+from collections import Counter
+
+from edmem_hf.dump import iter_pages, iter_parsed_pages
+from edmem_hf.toy_world import generate_toy_world, render_mediawiki_dump, write_mediawiki_dump
+
+
+def test_deterministic():
+    assert render_mediawiki_dump(generate_toy_world(40, seed=3)) == render_mediawiki_dump(generate_toy_world(40, seed=3))
+    assert render_mediawiki_dump(generate_toy_world(40, seed=3)) != render_mediawiki_dump(generate_toy_world(40, seed=4))
+
+
+def test_dump_parses_back_with_expected_links(tmp_path):
+    world = generate_toy_world(60, seed=0)
+    path = write_mediawiki_dump(world, tmp_path / "toy.xml.bz2")
+    pages = list(iter_parsed_pages(path))
+    articles = {p.title: p for p in pages if p.redirect is None}
+    redirects = {p.title: p.redirect for p in pages if p.redirect is not None}
+    assert set(articles) == set(world.pages)
+    assert redirects == world.redirects
+    assert len(list(iter_pages(path, namespaces=None))) == len(world.pages) + len(world.redirects) + 1  # + template
+    inbound = Counter()
+    for page in articles.values():
+        assert "{{" not in page.text and "<ref" not in page.text and "[[" not in page.text
+        for link in page.links:
+            assert page.text[link.start : link.end] == link.anchor
+            inbound[link.target] += 1
+    for entity in world.entities:
+        if entity.type in ("city", "country"):
+            assert inbound[entity.name] + sum(inbound[r] for r in entity.redirects) >= 2, entity.name
+    # a piped alias, a link through a redirect and a link trail all occur
+    all_links = [link for page in articles.values() for link in page.links]
+    assert any(link.anchor.startswith("Republic of ") and link.target in world.pages for link in all_links)
+    assert any(link.target in world.redirects for link in all_links)
+    assert any(link.anchor == "rivers" and link.target == "River" for link in all_links)
+
+
+def test_qa_pairs_match_the_world():
+    world = generate_toy_world(60, seed=1)
+    assert world.qa_pairs
+    for pair in world.qa_pairs:
+        assert pair.answer in world.pages
+        assert pair.answer_with_markers == f"<E_s> {pair.answer} <E_e>"
+        if pair.relation == "born_in":
+            assert world.entity(pair.subject).attributes["birthplace"] == pair.answer
