@@ -95,18 +95,16 @@ def test_chunked_memory_read_and_loss_equal_dense_formula(with_mask):
         gold = mask.nonzero()[torch.randint(0, int(mask.sum()), (num_mentions,)), 0]
     upstream = torch.randn(num_mentions, dim, dtype=torch.float64)
 
-    def objective(read, log_partition):
-        gold_scores = (queries * table[gold]).sum(-1)
-        return (read * upstream).sum() + (log_partition - gold_scores).sum()
-
-    read, log_partition, _, _ = entity_attention(queries, table, entity_mask=mask, chunk_size=10)
-    objective(read, log_partition).backward()
+    read, log_partition, nll, _, _ = entity_attention(queries, table, labels=gold, entity_mask=mask, chunk_size=10)
+    ((read * upstream).sum() + nll.sum()).backward()
     grads = queries.grad.clone(), table.grad.clone()
     queries.grad = table.grad = None
     dense_read, dense_lp = dense_entity_attention(queries, table, mask)
-    objective(dense_read, dense_lp.double()).backward()
+    dense_nll = dense_lp.double() - (queries * table[gold]).sum(-1)
+    ((dense_read * upstream).sum() + dense_nll.sum()).backward()
     assert torch.allclose(read, dense_read, atol=1e-6)
     assert torch.allclose(log_partition.double(), dense_lp.double(), atol=1e-5)
+    assert torch.allclose(nll.double(), dense_nll.detach(), atol=1e-5)
     # float32 softmax inside: gradients agree to float32 precision.
     assert torch.allclose(grads[0], queries.grad, atol=1e-4)
     assert torch.allclose(grads[1], table.grad, atol=1e-4)
@@ -115,9 +113,10 @@ def test_chunked_memory_read_and_loss_equal_dense_formula(with_mask):
 def test_top_k_attention_equals_full_attention_when_k_is_the_vocabulary():
     torch.manual_seed(0)
     queries, table = torch.randn(5, 8), torch.randn(30, 8)
-    full, _, _, _ = entity_attention(queries, table, top_k=None, chunk_size=7)
-    top, _, ids, _ = entity_attention(queries, table, top_k=29, chunk_size=7, return_top_k=30)
-    all_k, _, _, _ = entity_attention(queries, table, top_k=30, chunk_size=7)
+    full = entity_attention(queries, table, top_k=None, chunk_size=7).read
+    top = entity_attention(queries, table, top_k=29, chunk_size=7).read
+    ids = entity_attention(queries, table, top_k=30, chunk_size=7, return_top_k=30).top_ids
+    all_k = entity_attention(queries, table, top_k=30, chunk_size=7).read
     assert torch.allclose(full, all_k, atol=1e-6)
     assert not torch.allclose(full, top, atol=1e-6)  # dropping one entity changes the read
     assert sorted(ids[0].tolist()) == list(range(30))
@@ -138,7 +137,7 @@ def test_masked_entities_get_zero_attention():
     queries, table = torch.randn(4, 8), torch.randn(20, 8)
     mask = torch.ones(20, dtype=torch.bool)
     mask[[0, 3, 7, 19]] = False
-    read, lp, ids, _ = entity_attention(queries, table, entity_mask=mask, chunk_size=6, return_top_k=16)
+    read, lp, _, ids, _ = entity_attention(queries, table, entity_mask=mask, chunk_size=6, return_top_k=16)
     visible = table[mask]
     weights = torch.softmax(queries @ visible.t(), dim=-1)
     assert torch.allclose(read, weights @ visible, atol=1e-6)
@@ -146,11 +145,13 @@ def test_masked_entities_get_zero_attention():
     assert not set(ids.flatten().tolist()) & {0, 3, 7, 19}
     # a masked table's gradient is zero on the hidden rows
     table.requires_grad_(True)
-    read, lp, _, _ = entity_attention(queries, table, entity_mask=mask, chunk_size=6)
-    (read.sum() + lp.sum()).backward()
+    labels = torch.tensor([1, 2, 3, -100])  # entity 3 is hidden: no loss for it
+    read, lp, nll, _, _ = entity_attention(queries, table, labels=labels, entity_mask=mask, chunk_size=6)
+    assert nll.shape == (2,)
+    (read.sum() + nll.sum()).backward()
     assert table.grad[~mask].abs().max() == 0 and table.grad[mask].abs().max() > 0
     # a fully masked memory reads nothing (the model falls back to its EncDec behaviour)
-    read, lp, _, _ = entity_attention(queries, table, entity_mask=torch.zeros(20, dtype=torch.bool))
+    read, lp, _, _, _ = entity_attention(queries, table, entity_mask=torch.zeros(20, dtype=torch.bool))
     assert torch.equal(read, torch.zeros_like(read)) and torch.isinf(lp).all()
 
 
@@ -170,8 +171,8 @@ def test_model_entity_mask_hides_entities_from_every_access():
 def test_memory_softmax_is_float32_under_bf16():
     torch.manual_seed(0)
     queries, table = torch.randn(6, 16), torch.randn(100, 16)
-    ref_read, ref_lp, _, _ = entity_attention(queries, table, chunk_size=32)
-    read, lp, _, _ = entity_attention(queries.bfloat16(), table.bfloat16(), chunk_size=32)
+    ref_read, ref_lp, _, _, _ = entity_attention(queries, table, chunk_size=32)
+    read, lp, _, _, _ = entity_attention(queries.bfloat16(), table.bfloat16(), chunk_size=32)
     assert read.dtype == torch.bfloat16 and lp.dtype == torch.float32
     assert torch.allclose(lp, ref_lp, atol=0.1)
     assert torch.allclose(read.float(), ref_read, atol=0.05)
@@ -221,7 +222,9 @@ def test_gradient_checkpointing_gives_the_same_gradients():
         model = tiny_model(seed=5)
         model.train()
         if checkpointing:
-            model.gradient_checkpointing_enable()
+            # renamed activation_checkpointing_enable in recent Transformers 5 releases
+            enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+            enable()
             assert model.model.encoder.gradient_checkpointing
         model(**batch).loss.backward()
         grads.append(model.model.encoder.layers[0].fc1.weight.grad.clone())

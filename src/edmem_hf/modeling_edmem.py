@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -58,14 +59,15 @@ def _chunk_scores(queries: torch.Tensor, table_chunk: torch.Tensor, mask_chunk: 
 class _ChunkedEntityAttention(torch.autograd.Function):
     """Softmax attention of M queries over all N entities, without an `(M, N)` matrix.
 
-    Forward returns the read `sum_i alpha_i e_i` `(M, d)` and the log-partition `logsumexp_i s_i` `(M,)`, computed
-    with a running log-sum-exp over chunks of the table. Backward recomputes each chunk's scores. Peak extra memory
-    is a few `(M, chunk)` float32 blocks instead of several `(M, N)` ones; the work is one extra `(M, N, d)` product.
-    Softmax arithmetic is float32 whatever the table's dtype.
+    Forward returns the read `sum_i alpha_i e_i` `(M, d)`, the log-partition `logsumexp_i s_i` `(M,)` and the
+    gold entity's score `s_gold` `(M,)`, computed with a running log-sum-exp over chunks of the table. Backward
+    recomputes each chunk's scores. Peak extra memory is a few `(M, chunk)` float32 blocks and one table-sized
+    gradient, instead of several `(M, N)` matrices; the price is one extra `(M, N, d)` product. Softmax arithmetic
+    is float32 whatever the table's dtype.
     """
 
     @staticmethod
-    def forward(ctx, queries, table, entity_mask, chunk_size, compute_read):
+    def forward(ctx, queries, table, gold, entity_mask, chunk_size, compute_read):
         num_queries, dim = queries.shape
         device = queries.device
         running_max = torch.full((num_queries,), float("-inf"), device=device)
@@ -78,10 +80,10 @@ class _ChunkedEntityAttention(torch.autograd.Function):
             new_max = torch.maximum(running_max, scores.amax(dim=1))
             safe_max = torch.where(torch.isfinite(new_max), new_max, torch.zeros_like(new_max))
             rescale = torch.exp(running_max - safe_max)
-            probs = torch.exp(scores - safe_max[:, None])
+            probs = scores.sub_(safe_max[:, None]).exp_()
             running_sum = running_sum * rescale + probs.sum(dim=1)
             if compute_read:
-                read = read * rescale[:, None] + probs @ chunk.float()
+                read = torch.addmm(read * rescale[:, None], probs, chunk.float())
             running_max = new_max
         empty = running_sum == 0  # every entity masked: nothing to read
         log_partition = torch.where(
@@ -89,107 +91,147 @@ class _ChunkedEntityAttention(torch.autograd.Function):
         )
         if compute_read:
             read = torch.where(empty[:, None], torch.zeros_like(read), read / running_sum.clamp_min(1e-30)[:, None])
-        ctx.save_for_backward(queries, table, log_partition, read if compute_read else log_partition, entity_mask)
+        has_gold = gold >= 0
+        gold_rows = table[gold.clamp_min(0)]
+        gold_scores = torch.where(has_gold, (queries.to(table.dtype) * gold_rows).sum(-1).float(), 0.0)
+        ctx.save_for_backward(
+            queries, table, gold, log_partition, read if compute_read else log_partition, entity_mask
+        )
         ctx.chunk_size = chunk_size
         ctx.compute_read = compute_read
         out_read = read.to(queries.dtype) if compute_read else queries.new_zeros(num_queries, dim)
-        return out_read, log_partition
+        return out_read, log_partition, gold_scores
 
     @staticmethod
-    def backward(ctx, grad_read, grad_log_partition):
-        queries, table, log_partition, read, entity_mask = ctx.saved_tensors
+    def backward(ctx, grad_read, grad_log_partition, grad_gold_scores):
+        queries, table, gold, log_partition, read, entity_mask = ctx.saved_tensors
         chunk_size = ctx.chunk_size
         use_read = ctx.compute_read and grad_read is not None
         queries_f = queries.float()
-        finite_lp = torch.where(torch.isfinite(log_partition), log_partition, torch.zeros_like(log_partition))
+        finite = torch.isfinite(log_partition)
+        finite_lp = torch.where(finite, log_partition, torch.zeros_like(log_partition))
         grad_queries = torch.zeros_like(queries_f)
         grad_table = torch.zeros(table.shape, dtype=torch.float32, device=table.device)
         if use_read:
             grad_read = grad_read.float()
             grad_dot_read = (grad_read * read).sum(dim=1)
+            # rows whose every entity is masked read a constant zero
+            grad_read = grad_read * finite[:, None]
         if grad_log_partition is not None:
-            grad_log_partition = torch.where(
-                torch.isfinite(log_partition), grad_log_partition.float(), torch.zeros_like(grad_log_partition)
-            )
+            grad_log_partition = torch.where(finite, grad_log_partition.float(), 0.0)
         for start in range(0, table.shape[0], chunk_size):
             chunk = table[start : start + chunk_size]
             chunk_f = chunk.float()
             mask_chunk = entity_mask[start : start + chunk_size] if entity_mask is not None else None
-            probs = torch.exp(_chunk_scores(queries, chunk, mask_chunk) - finite_lp[:, None])
-            grad_scores = torch.zeros_like(probs)
+            probs = _chunk_scores(queries, chunk, mask_chunk).sub_(finite_lp[:, None]).exp_()
             if use_read:
-                grad_scores = probs * (grad_read @ chunk_f.t() - grad_dot_read[:, None])
-            if grad_log_partition is not None:
-                grad_scores = grad_scores + grad_log_partition[:, None] * probs
-            grad_queries += grad_scores @ chunk_f
+                # d read / d s_j = p_j (e_j - read): grad_s = p * (g e_j - g . read)
+                grad_scores = (grad_read @ chunk_f.t()).sub_(grad_dot_read[:, None]).mul_(probs)
+                if grad_log_partition is not None:
+                    grad_scores.addcmul_(probs, grad_log_partition[:, None])
+            elif grad_log_partition is not None:
+                grad_scores = probs.mul_(grad_log_partition[:, None])
+            else:
+                continue
+            grad_queries.addmm_(grad_scores, chunk_f)
             grad_chunk = grad_scores.t() @ queries_f
             if use_read:
-                grad_chunk += probs.t() @ grad_read
+                grad_chunk.addmm_(probs.t(), grad_read)
             grad_table[start : start + chunk_size] = grad_chunk
-        return grad_queries.to(queries.dtype), grad_table.to(table.dtype), None, None, None
+        if grad_gold_scores is not None:
+            has_gold = gold >= 0
+            gold_ids = gold[has_gold]
+            grad_gold = grad_gold_scores.float()[has_gold][:, None]
+            grad_queries[has_gold] += grad_gold * table[gold_ids].float()
+            grad_table.index_add_(0, gold_ids, grad_gold * queries_f[has_gold])
+        return grad_queries.to(queries.dtype), grad_table.to(table.dtype), None, None, None, None
+
+
+class EntityAttentionResult(NamedTuple):
+    """What `entity_attention` returns; fields are None when not asked for."""
+
+    read: torch.Tensor | None
+    log_partition: torch.Tensor | None
+    nll: torch.Tensor | None
+    top_ids: torch.Tensor | None
+    top_scores: torch.Tensor | None
 
 
 def entity_attention(
     queries: torch.Tensor,
     table: torch.Tensor,
     *,
+    labels: torch.Tensor | None = None,
     entity_mask: torch.Tensor | None = None,
     top_k: int | None = None,
     chunk_size: int = 16384,
     compute_read: bool = True,
-    need_log_partition: bool = True,
     return_top_k: int | None = None,
-) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+) -> EntityAttentionResult:
     """Softmax attention of queries over the entity table (equations 1-2 of the paper, before `W_out`).
 
     Args:
         queries: `(M, d)` projected hidden states (`W_in h`), one per mention.
         table: `(N, d)` entity embeddings.
+        labels: optional `(M,)` gold entity ids (-100 for none): also return the entity-linking NLL
+            `logsumexp_i s_i - s_gold` over the whole table, whatever `top_k` is.
         entity_mask: optional `(N,)` bool, False hides an entity from the attention.
-        top_k: attend to the `top_k` best-scoring entities only (inference); `None` attends to all N.
-        chunk_size: entities scored at a time.
+        top_k: read the `top_k` best-scoring entities only (inference); `None` attends to all N.
+        chunk_size: entities scored at a time over the whole table.
         compute_read: whether to compute the read (the entity-linking head only needs scores).
-        need_log_partition: whether the full-table log-partition is needed (for a loss); with `top_k` it costs a
-            pass over the whole table, so generation skips it.
-        return_top_k: also return the ids and scores of the best `return_top_k` entities.
+        return_top_k: also return the ids and raw scores of the best `return_top_k` entities.
 
     Returns:
-        `read` `(M, d)` or None, `log_partition` `(M,)` or None (the log-sum-exp over the whole table, so that
-        `score - log_partition` is the full log-softmax, also with `top_k`), and `top_ids`,
-        `top_scores` `(M, return_top_k)` or None. Scores are raw dot products.
+        `EntityAttentionResult(read (M, d), log_partition (M,), nll (M_labelled,), top_ids, top_scores (M, k))`.
+        `nll` holds the labelled rows only, in order.
     """
     num_entities = table.shape[0]
     top_ids = top_scores = None
     k_needed = max(top_k or 0, return_top_k or 0)
     if k_needed:
-        k_needed = min(k_needed, num_entities)
         with torch.no_grad():
-            top_scores, top_ids = _chunked_top_k(queries, table, entity_mask, k_needed, chunk_size)
+            top_scores, top_ids = _chunked_top_k(queries, table, entity_mask, min(k_needed, num_entities), chunk_size)
 
-    read = log_partition = None
-    if compute_read and (top_k is None or top_k >= num_entities):
-        # One pass over the table gives the read and the log-partition together.
-        read, log_partition = _ChunkedEntityAttention.apply(queries, table, entity_mask, chunk_size, True)
-    else:
-        if compute_read:
-            ids = top_ids[:, :top_k]
-            candidates = table[ids]  # (M, k, d)
-            scores = torch.einsum("md,mkd->mk", queries.to(table.dtype), candidates).float()
-            if entity_mask is not None:
-                scores = scores.masked_fill(~entity_mask[ids], float("-inf"))
-            weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
-            read = torch.einsum("mk,mkd->md", weights, candidates.float()).to(queries.dtype)
-        if need_log_partition:
-            _, log_partition = _ChunkedEntityAttention.apply(queries, table, entity_mask, chunk_size, False)
+    gold = torch.full((queries.shape[0],), -1, dtype=torch.long, device=queries.device)
+    if labels is not None:
+        gold = torch.where(labels == IGNORE_INDEX, gold, labels)
+        if entity_mask is not None:  # a hidden entity cannot be predicted: no loss
+            gold = torch.where(entity_mask[gold.clamp_min(0)], gold, -1)
+    read = log_partition = nll = None
+    full_read = compute_read and (top_k is None or top_k >= num_entities)
+    if full_read or labels is not None:
+        # One pass over the table gives the read (when attending to all), the log-partition and the gold scores.
+        read, log_partition, gold_scores = _ChunkedEntityAttention.apply(
+            queries, table, gold, entity_mask, chunk_size, full_read
+        )
+        read = read if full_read else None
+        if labels is not None:
+            labelled = gold >= 0
+            nll = log_partition[labelled] - gold_scores[labelled]
+    if compute_read and not full_read:
+        ids = top_ids[:, :top_k]
+        candidates = table[ids]  # (M, k, d)
+        scores = torch.einsum("md,mkd->mk", queries.to(table.dtype), candidates).float()
+        if entity_mask is not None:
+            scores = scores.masked_fill(~entity_mask[ids], float("-inf"))
+        weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+        read = torch.einsum("mk,mkd->md", weights, candidates.float()).to(queries.dtype)
     if return_top_k:
         top_ids, top_scores = top_ids[:, :return_top_k], top_scores[:, :return_top_k]
     else:
         top_ids = top_scores = None
-    return read, log_partition, top_ids, top_scores
+    return EntityAttentionResult(read, log_partition, nll, top_ids, top_scores)
+
+
+_TOP_K_SCORE_BUDGET = 1 << 24  # scores held at once by the top-k search (64 MB of float32)
 
 
 def _chunked_top_k(queries, table, entity_mask, k, chunk_size):
-    """Top-k `(M, k)` scores and ids over the table, one chunk at a time."""
+    """Top-k `(M, k)` scores and ids over the table, one chunk at a time.
+
+    Few queries (generation) search the table in larger chunks: up to `_TOP_K_SCORE_BUDGET` scores at once.
+    """
+    chunk_size = max(chunk_size, _TOP_K_SCORE_BUDGET // max(queries.shape[0], 1))
     best_scores = best_ids = None
     for start in range(0, table.shape[0], chunk_size):
         scores = _chunk_scores(
@@ -365,18 +407,20 @@ class EntityLinkingHead(nn.Module):
         need_nll = entity_labels is not None
         if queries.shape[0] == 0 or not (need_nll or return_top_k):
             return _empty_access(positions, hidden_states, need_nll)
-        _, log_partition, top_ids, top_scores = entity_attention(
+        result = entity_attention(
             queries,
             entity_table,
+            labels=entity_labels[mention_mask] if need_nll else None,
             entity_mask=entity_mask,
             chunk_size=self.chunk_size,
             compute_read=False,
-            need_log_partition=need_nll,
             return_top_k=return_top_k,
         )
-        nll = _gold_nll(queries, entity_table, log_partition, entity_labels, mention_mask, entity_mask)
         return EntityMemoryAccess(
-            positions=positions, top_entity_ids=top_ids, top_entity_scores=top_scores, entity_nll=nll
+            positions=positions,
+            top_entity_ids=result.top_ids,
+            top_entity_scores=result.top_scores,
+            entity_nll=result.nll,
         )
 
 
@@ -423,22 +467,24 @@ class EntityMemory(nn.Module):
             return self.layer_norm(hidden_states), _empty_access(positions, hidden_states, need_nll)
         queries = self.query_proj(hidden_states[mention_mask])
         top_k = None if self.training else self.top_k
-        read, log_partition, top_ids, top_scores = entity_attention(
+        result = entity_attention(
             queries,
             entity_table,
+            labels=entity_labels[mention_mask] if need_nll else None,
             entity_mask=entity_mask,
             top_k=top_k,
             chunk_size=self.chunk_size,
             compute_read=True,
-            need_log_partition=need_nll,
             return_top_k=return_top_k,
         )
         update = torch.zeros_like(hidden_states)
-        update[mention_mask] = self.output_proj(read.to(hidden_states.dtype))
+        update[mention_mask] = self.output_proj(result.read.to(hidden_states.dtype))
         hidden_states = self.layer_norm(hidden_states + update)
-        nll = _gold_nll(queries, entity_table, log_partition, entity_labels, mention_mask, entity_mask)
         access = EntityMemoryAccess(
-            positions=positions, top_entity_ids=top_ids, top_entity_scores=top_scores, entity_nll=nll
+            positions=positions,
+            top_entity_ids=result.top_ids,
+            top_entity_scores=result.top_scores,
+            entity_nll=result.nll,
         )
         return hidden_states, access
 
@@ -447,18 +493,6 @@ def _empty_access(positions: torch.Tensor, like: torch.Tensor, need_nll: bool) -
     return EntityMemoryAccess(
         positions=positions, entity_nll=like.new_zeros(0, dtype=torch.float32) if need_nll else None
     )
-
-
-def _gold_nll(queries, table, log_partition, entity_labels, mention_mask, entity_mask):
-    """`log_partition - s_gold` `(num_labelled,)` for each labelled mention whose entity is visible."""
-    if entity_labels is None:
-        return None
-    gold = entity_labels[mention_mask]
-    keep = gold != IGNORE_INDEX
-    if entity_mask is not None:
-        keep = keep & entity_mask[gold.clamp_min(0)]  # a hidden entity cannot be predicted: no loss
-    gold_scores = (queries[keep].to(table.dtype) * table[gold[keep]]).sum(-1).float()
-    return log_partition[keep] - gold_scores
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -984,18 +1018,21 @@ class EDMemModel(_EntityVocabMixin, EDMemPreTrainedModel):
         )
 
 
-def _mean_entity_loss(accesses: list[EntityMemoryAccess | None], params: list[torch.Tensor]) -> torch.Tensor:
+def _mean_entity_loss(
+    accesses: list[EntityMemoryAccess | None], params: list[torch.Tensor], table: torch.Tensor
+) -> torch.Tensor:
     """Mean NLL per access, averaged over the accesses that have labelled mentions (0 when none has).
 
-    The `0 * sum(params)` term keeps every entity parameter in the graph, so that distributed training does not
-    stall on a batch without mentions.
+    The `0 * sum(params)` term keeps every memory parameter in the graph, so that distributed training does not
+    stall on a batch where an access has no mention. The table joins it only when nothing is labelled: otherwise
+    it is in the graph already, and a dense zero gradient for it would cost a table-sized buffer.
     """
     per_access = [
         a.entity_nll.mean() for a in accesses if a is not None and a.entity_nll is not None and a.entity_nll.numel()
     ]
     anchor = sum(p.sum() for p in params) * 0.0
     if not per_access:
-        return anchor.float()
+        return (anchor + table.sum() * 0.0).float()
     return torch.stack(per_access).mean() + anchor
 
 
@@ -1114,7 +1151,8 @@ class EDMemForConditionalGeneration(_EntityVocabMixin, EDMemPreTrainedModel, Gen
             if config.variant != "encdec":
                 entity_loss = _mean_entity_loss(
                     [outputs.encoder_attended_entities, outputs.decoder_attended_entities, linked],
-                    self._entity_parameters(),
+                    self._memory_parameters(),
+                    self.model.entity_embeddings.weight,
                 )
                 loss = lm_loss + config.entity_loss_weight * entity_loss
         return EDMemSeq2SeqLMOutput(
@@ -1134,13 +1172,11 @@ class EDMemForConditionalGeneration(_EntityVocabMixin, EDMemPreTrainedModel, Gen
             linked_entities=linked,
         )
 
-    def _entity_parameters(self) -> list[torch.Tensor]:
+    def _memory_parameters(self) -> list[torch.Tensor]:
         modules = [self.model.encoder.memory]
         if self.config.variant == "edmem":
             modules += [self.model.decoder.memory, self.entity_linking_head]
-        params = [p for m in modules for p in m.parameters() if p.requires_grad]
-        table = self.model.entity_embeddings.weight
-        return params + ([table] if table.requires_grad else [])
+        return [p for m in modules for p in m.parameters()]
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
@@ -1210,8 +1246,8 @@ class EDMemForEntityLinking(_EntityVocabMixin, EDMemPreTrainedModel):
         if labels is not None or entity_labels is not None:
             entity_loss = _mean_entity_loss(
                 [encoder_outputs.memory_access, linked],
-                [p for m in (self.model.encoder.memory, self.entity_linking_head) for p in m.parameters()]
-                + [self.model.entity_embeddings.weight],
+                [p for m in (self.model.encoder.memory, self.entity_linking_head) for p in m.parameters()],
+                self.model.entity_embeddings.weight,
             )
             loss = self.config.entity_loss_weight * entity_loss
             if labels is not None:
