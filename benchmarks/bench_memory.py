@@ -67,10 +67,8 @@ def _case(kind: str, num_entities: int, mentions: int, dim: int, chunk: int, rep
 
 def run_case(kind: str, num_entities: int, mentions: int, dim: int, chunk: int, repeats: int) -> dict:
     """Runs one case in a fresh interpreter so that peak RSS belongs to it alone."""
-    code = (
-        "import json, sys; sys.path.insert(0, %r); from bench_memory import _case; "
-        "print(json.dumps(_case(%r, %d, %d, %d, %d, %d)))"
-    ) % (sys.path[0], kind, num_entities, mentions, dim, chunk, repeats)
+    call = f"_case({kind!r}, {num_entities}, {mentions}, {dim}, {chunk}, {repeats})"
+    code = f"import json, sys; sys.path.insert(0, {sys.path[0]!r}); from bench_memory import _case; print(json.dumps({call}))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
