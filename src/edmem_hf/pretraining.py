@@ -1,0 +1,775 @@
+"""EDMem pre-training with Accelerate: one loop for one CPU, N GPUs and several nodes (`edmem pretrain`).
+
+The paper's recipe (Appendix A): AdamW (lr 1e-4, weight decay 0.01), 10% linear warm-up then linear decay,
+P_rtm = 0.3, P_ssm = 0.5, lambda_EL = 1, dropout 0.1, mixed precision. See docs/pretraining.md.
+
+Resumability is exact: an interrupted run resumed from its last checkpoint ends with the same weights as an
+uninterrupted one (same world size). What makes it so:
+- the data order of epoch `e` is a permutation seeded by `(seed, e)`, so it is a function of the epoch only;
+  on resume the batches already seen in the epoch are skipped by index (`accelerator.skip_first_batches`);
+- masking draws come from a generator seeded by `(masking seed, epoch, example index)` (see collator.py),
+  so they do not depend on which iterator, worker or process collated the example;
+- `accelerator.save_state` stores model, optimizer, scheduler, grad scaler and the Python/NumPy/torch RNG
+  states (dropout); our DataLoaders use their own generators, so creating an iterator on resume does not
+  consume the global torch RNG;
+- the step counter and the position in the epoch are in `trainer_state.json`, written last into the
+  checkpoint directory: a checkpoint without it is incomplete and is never resumed from.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import shutil
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from .collator import IGNORE_INDEX, EDMemMaskingCollator
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_DIR = "checkpoints"
+TRAINER_STATE_NAME = "trainer_state.json"
+LOG_NAME = "log.jsonl"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+@dataclass
+class PretrainingArguments:
+    """Options of `edmem pretrain` (also the argument of `pretrain`). Architecture options left unset take the
+    `EDMemConfig` defaults, which are the paper's edmem-large setting."""
+
+    output_dir: str = field(metadata={"help": "Where checkpoints, log.jsonl and the final model go."})
+    corpus_dir: str | None = field(
+        default=None,
+        metadata={"help": "Output of `edmem build-corpus`: passages/, entity_vocab.json, tokenizer/."},
+    )
+    model_name_or_path: str | None = field(
+        default=None, metadata={"help": "Start from this EDMem checkpoint directory instead of a new model."}
+    )
+    config_name: str | None = field(
+        default=None, metadata={"help": "An EDMemConfig JSON to build a new model from (overridden by the options)."}
+    )
+    tokenizer_name: str | None = field(
+        default=None, metadata={"help": "Tokenizer directory; default: CORPUS_DIR/tokenizer."}
+    )
+    # --- architecture of a new model (None: EDMemConfig default) ---
+    d_model: int | None = field(default=None, metadata={"help": "Hidden width (BART-large: 1024)."})
+    encoder_lower_layers: int | None = None
+    encoder_upper_layers: int | None = None
+    decoder_lower_layers: int | None = None
+    decoder_upper_layers: int | None = None
+    encoder_ffn_dim: int | None = None
+    decoder_ffn_dim: int | None = None
+    encoder_attention_heads: int | None = None
+    decoder_attention_heads: int | None = None
+    entity_embed_dim: int | None = field(default=None, metadata={"help": "Entity embedding width (paper: 256)."})
+    max_position_embeddings: int | None = None
+    dropout: float | None = field(default=None, metadata={"help": "Dropout (paper: 0.1)."})
+    entity_loss_weight: float | None = field(default=None, metadata={"help": "lambda_EL (paper: 1.0)."})
+    variant: str | None = field(default=None, metadata={"help": "edmem | encdec | encmem."})
+    # --- masking ---
+    random_mask_prob: float = field(default=0.3, metadata={"help": "P_rtm: per-token mask rate."})
+    mention_mask_prob: float = field(default=0.5, metadata={"help": "P_ssm: per-mention whole-span mask rate."})
+    # --- optimisation ---
+    per_device_train_batch_size: int = 8
+    per_device_eval_batch_size: int = 8
+    gradient_accumulation_steps: int = 1
+    learning_rate: float = 1e-4
+    weight_decay: float = 0.01
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-8
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping; <= 0 disables it."})
+    warmup_ratio: float = field(default=0.1, metadata={"help": "Share of max_steps spent warming up."})
+    max_steps: int = field(default=-1, metadata={"help": "Optimizer steps; <= 0: num_train_epochs epochs."})
+    num_train_epochs: float = 1.0
+    mixed_precision: str = field(default="no", metadata={"help": "no | fp16 | bf16."})
+    seed: int = field(default=42, metadata={"help": "Seed of the initialisation, data order and masking."})
+    # --- evaluation, logging, checkpoints ---
+    eval_steps: int = field(
+        default=1000, metadata={"help": "Evaluate every N optimizer steps; <= 0: only at the end."}
+    )
+    eval_seed: int = field(default=1234, metadata={"help": "Fixed masking seed of the validation split."})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "Evaluate on the first N passages."})
+    logging_steps: int = 10
+    save_steps: int = field(default=1000, metadata={"help": "Save a checkpoint every N optimizer steps."})
+    save_total_limit: int | None = field(default=3, metadata={"help": "Keep the last K checkpoints."})
+    resume: str = field(
+        default="auto",
+        metadata={"help": "auto: continue from the last checkpoint in OUTPUT_DIR/checkpoints if there is one; "
+                  "no: start afresh (refused if checkpoints exist, unless --overwrite_output_dir); or a path."},
+    )  # fmt: skip
+    overwrite_output_dir: bool = False
+    report_to: str = field(
+        default="auto",
+        metadata={"help": "auto (tensorboard if installed) | none | tensorboard | wandb | comma list."},
+    )
+    dataloader_num_workers: int = 0
+    max_steps_this_run: int | None = field(
+        default=None,
+        metadata={"help": "Stop (without saving) after this many optimizer steps in this run: simulates a kill."},
+    )
+    disable_tqdm: bool = False
+
+    def __post_init__(self) -> None:
+        if self.mixed_precision not in ("no", "fp16", "bf16"):
+            raise ValueError(f"mixed_precision must be no, fp16 or bf16, got {self.mixed_precision!r}")
+        for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 <= self.warmup_ratio <= 1.0:
+            raise ValueError(f"warmup_ratio must be in [0, 1], got {self.warmup_ratio}")
+        if self.logging_steps < 1 or self.save_steps < 1:
+            raise ValueError("logging_steps and save_steps must be >= 1")
+        if self.save_total_limit is not None and self.save_total_limit < 1:
+            raise ValueError(f"save_total_limit must be >= 1 or unset, got {self.save_total_limit}")
+
+
+# --- data ------------------------------------------------------------------------------------------------
+
+
+class _EpochShuffleSampler(Sampler):
+    """Yields `(epoch, index)`: a permutation seeded by `seed + epoch`, so the order is a function of the epoch.
+
+    The epoch travels with each index so that the masking seed (collator) sees it, even in worker processes.
+    """
+
+    def __init__(self, num_samples: int, seed: int, shuffle: bool = True):
+        self.num_samples = num_samples
+        self.seed = seed
+        self.shuffle = shuffle
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        if self.shuffle:
+            g = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = torch.randperm(self.num_samples, generator=g).tolist()
+        else:
+            order = range(self.num_samples)
+        for i in order:
+            yield (self.epoch, i)
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
+class _IndexedPassages(Dataset):
+    """A corpus split seen through `(epoch, index)` keys; adds `example_index` and `epoch` for the collator.
+
+    `fixed_epoch` pins the epoch (evaluation: accelerate bumps the sampler's epoch at every pass).
+    """
+
+    def __init__(self, data: Any, fixed_epoch: int | None = None):
+        missing = {"input_ids", "entity_labels"} - set(
+            getattr(data, "column_names", None) or ["input_ids", "entity_labels"]
+        )
+        if missing:
+            raise ValueError(f"the corpus split lacks the column(s) {sorted(missing)}")
+        self.data = data
+        self.fixed_epoch = fixed_epoch
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, key: tuple[int, int] | int) -> dict[str, Any]:
+        epoch, index = key if isinstance(key, tuple) else (0, key)
+        if self.fixed_epoch is not None:
+            epoch = self.fixed_epoch
+        row = self.data[int(index)]
+        return {
+            "input_ids": row["input_ids"],
+            "entity_labels": row.get("entity_labels"),
+            "example_index": int(index),
+            "epoch": epoch,
+        }
+
+
+def load_corpus(corpus_dir: str) -> tuple[Any, Any, Any]:
+    """Reads an `edmem build-corpus` directory: (DatasetDict of passages, EntityVocab, tokenizer)."""
+    from datasets import load_from_disk
+    from transformers import AutoTokenizer
+
+    from .entity_vocab import EntityVocab
+
+    passages_dir = os.path.join(corpus_dir, "passages")
+    if not os.path.isdir(passages_dir):
+        raise ValueError(f"{corpus_dir} is not an EDMem corpus: no passages/ directory (run `edmem build-corpus`)")
+    passages = load_from_disk(passages_dir)
+    if "train" not in passages:
+        raise ValueError(f"{passages_dir} has no 'train' split (splits: {list(passages)})")
+    vocab = EntityVocab.load(corpus_dir)
+    tokenizer = AutoTokenizer.from_pretrained(os.path.join(corpus_dir, "tokenizer"))
+    return passages, vocab, tokenizer
+
+
+# --- model -----------------------------------------------------------------------------------------------
+
+_ARCH_FIELDS = (
+    "d_model", "encoder_lower_layers", "encoder_upper_layers", "decoder_lower_layers", "decoder_upper_layers",
+    "encoder_ffn_dim", "decoder_ffn_dim", "encoder_attention_heads", "decoder_attention_heads",
+    "entity_embed_dim", "max_position_embeddings", "dropout", "entity_loss_weight", "variant",
+)  # fmt: skip
+
+
+def build_config(args: PretrainingArguments, tokenizer: Any, entity_vocab_size: int) -> Any:
+    """An EDMemConfig from the options: widths from `args`, N from the entity vocabulary, ids from the tokenizer."""
+    from .configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN, EDMemConfig
+
+    kwargs: dict[str, Any] = {}
+    if args.config_name:
+        with open(args.config_name, encoding="utf-8") as f:
+            kwargs.update(json.load(f))
+        for key in ("model_type", "transformers_version", "architectures", "encoder_layers", "decoder_layers"):
+            kwargs.pop(key, None)
+    kwargs.update({name: getattr(args, name) for name in _ARCH_FIELDS if getattr(args, name) is not None})
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in (ENTITY_START_TOKEN, ENTITY_END_TOKEN)}
+    if any(i is None or i == tokenizer.unk_token_id for i in ids.values()):
+        raise ValueError("the tokenizer has no <E_s>/<E_e> markers")
+    eos = tokenizer.eos_token_id
+    kwargs.update(
+        vocab_size=len(tokenizer),
+        entity_vocab_size=int(entity_vocab_size),
+        entity_start_token_id=ids[ENTITY_START_TOKEN],
+        entity_end_token_id=ids[ENTITY_END_TOKEN],
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=eos,
+        decoder_start_token_id=eos,
+        forced_eos_token_id=eos,
+    )
+    config = EDMemConfig(**kwargs)
+    if hasattr(config, "validate_architecture"):
+        config.validate_architecture()
+    return config
+
+
+def build_model(args: PretrainingArguments, tokenizer: Any, entity_vocab: Any) -> Any:
+    """A new EDMem from the options, or the checkpoint at `--model_name_or_path`."""
+    from .modeling_edmem import EDMemForConditionalGeneration
+
+    if args.model_name_or_path:
+        model = EDMemForConditionalGeneration.from_pretrained(args.model_name_or_path)
+        n = model.config.entity_vocab_size
+        if entity_vocab is not None and len(entity_vocab) != n:
+            raise ValueError(
+                f"{args.model_name_or_path} has {n} entities but the corpus vocabulary has {len(entity_vocab)}"
+            )
+        if model.config.vocab_size < len(tokenizer):
+            raise ValueError(
+                f"{args.model_name_or_path} has {model.config.vocab_size} tokens but the tokenizer has {len(tokenizer)}"
+            )
+    else:
+        model = EDMemForConditionalGeneration(build_config(args, tokenizer, len(entity_vocab)))
+    if entity_vocab is not None:
+        model.entity_vocab = entity_vocab
+    return model
+
+
+def _parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW groups: no weight decay on biases, LayerNorm weights (1-d parameters)."""
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        if param.ndim < 2 or name.endswith(".bias") or "layer_norm" in name.lower() or "layernorm" in name.lower():
+            no_decay.append(param)
+        else:
+            decay.append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+# --- checkpoints -----------------------------------------------------------------------------------------
+
+
+def list_checkpoints(output_dir: str) -> list[str]:
+    """Complete checkpoints (with trainer_state.json) under OUTPUT_DIR/checkpoints, oldest first."""
+    root = os.path.join(output_dir, CHECKPOINT_DIR)
+    if not os.path.isdir(root):
+        return []
+    found = []
+    for name in os.listdir(root):
+        match = _STEP_DIR.match(name)
+        path = os.path.join(root, name)
+        if match and os.path.isfile(os.path.join(path, TRAINER_STATE_NAME)):
+            found.append((int(match.group(1)), path))
+    return [path for _, path in sorted(found)]
+
+
+def _resolve_resume(args: PretrainingArguments) -> str | None:
+    checkpoints = list_checkpoints(args.output_dir)
+    mode = (args.resume or "auto").strip()
+    if mode.lower() in ("auto", "yes", "true", "latest"):
+        if mode.lower() != "auto" and not checkpoints:
+            raise ValueError(f"--resume {mode}: no checkpoint in {os.path.join(args.output_dir, CHECKPOINT_DIR)}")
+        return checkpoints[-1] if checkpoints else None
+    if mode.lower() in ("no", "none", "false", "never"):
+        if checkpoints and not args.overwrite_output_dir:
+            raise ValueError(
+                f"{args.output_dir} already has checkpoints; use --resume auto to continue, or "
+                "--overwrite_output_dir to start afresh"
+            )
+        return None
+    if not os.path.isfile(os.path.join(mode, TRAINER_STATE_NAME)):
+        raise ValueError(f"--resume {mode}: not a complete checkpoint (no {TRAINER_STATE_NAME})")
+    return mode
+
+
+def _rotate_checkpoints(output_dir: str, limit: int | None) -> None:
+    if not limit:
+        return
+    for path in list_checkpoints(output_dir)[:-limit]:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# --- evaluation ------------------------------------------------------------------------------------------
+
+
+def _access_hits(access: Any, gold_labels: torch.Tensor, chosen: torch.Tensor, shift: int) -> tuple[torch.Tensor, ...]:
+    """Per-example (correct, counted) top-1 hits of an `EntityMemoryAccess` on the chosen mentions.
+
+    `shift` maps an access position to the gold position: 1 for decoder accesses (their positions are on the
+    decoder input, i.e. labels shifted right), 0 for encoder accesses.
+    """
+    batch = gold_labels.shape[0]
+    correct = torch.zeros(batch, dtype=torch.float64, device=gold_labels.device)
+    counted = torch.zeros_like(correct)
+    ids = getattr(access, "top_entity_ids", None)
+    positions = getattr(access, "positions", None)
+    if ids is None or positions is None or ids.numel() == 0:
+        return correct, counted
+    rows = positions[:, 0].to(gold_labels.device)
+    cols = positions[:, 1].to(gold_labels.device) - shift
+    valid = cols >= 0
+    rows, cols, top1 = rows[valid], cols[valid], ids[valid, 0].to(gold_labels.device)
+    gold = gold_labels[rows, cols]
+    use = chosen[rows, cols] & (gold != IGNORE_INDEX)
+    correct.index_add_(0, rows, ((top1 == gold) & use).double())
+    counted.index_add_(0, rows, use.double())
+    return correct, counted
+
+
+@torch.no_grad()
+def evaluate(model: Any, dataloader: Any, accelerator: Any, max_batches: int | None = None) -> dict[str, float]:
+    """The paper's pre-training metrics on the validation split.
+
+    - `eval_ppl`: exp of the mean NLL over the masked target positions only (input token != original token);
+    - `eval_acc`: top-1 accuracy of the entity-linking head (decoder, at each target `<E_s>`) on linked
+      mentions whose tokens were salient-span-masked in the input;
+    - `eval_encoder_acc`: the same for the encoder's memory read at the masked input mention (EaE-style);
+    - `eval_loss`, `eval_lm_loss`, `eval_entity_loss`: the model's losses, averaged over batches.
+    """
+    was_training = model.training
+    model.eval()
+    # nll, masked tokens, EL-head hits, EL-head mentions, encoder-memory hits, encoder-memory mentions
+    totals = torch.zeros(6, dtype=torch.float64, device=accelerator.device)
+    loss_sums = torch.zeros(3, dtype=torch.float64, device=accelerator.device)
+    batches = 0
+    for batch in dataloader:
+        if max_batches is not None and batches >= max_batches:
+            break
+        span_mask = batch.pop("salient_span_mask")
+        batch.pop("example_index", None)
+        outputs = model(**batch)
+        labels, inputs = batch["labels"], batch["input_ids"]
+        logits = outputs.logits.float()
+        nll = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), labels.reshape(-1).clamp(min=0), reduction="none"
+        ).view_as(labels)
+        masked = (inputs != labels) & (labels != IGNORE_INDEX)
+        per_example = [
+            (nll * masked).sum(dim=1).double(),
+            masked.sum(dim=1).double(),
+        ]
+        # The entity-linking head reads each target <E_s> (decoder side); the encoder memory each input <E_s>.
+        per_example += _access_hits(
+            getattr(outputs, "linked_entities", None), batch["decoder_entity_labels"], span_mask, shift=1
+        )
+        per_example += _access_hits(
+            getattr(outputs, "encoder_attended_entities", None), batch["entity_labels"], span_mask, shift=0
+        )
+        stacked = torch.stack(per_example, dim=1)
+        totals += accelerator.gather_for_metrics(stacked).sum(dim=0)
+        losses = torch.stack(
+            [_scalar(outputs, "loss"), _scalar(outputs, "lm_loss"), _scalar(outputs, "entity_loss")]
+        ).to(accelerator.device)
+        loss_sums += accelerator.reduce(losses, reduction="mean")
+        batches += 1
+    if was_training:
+        model.train()
+    nll_sum, masked_n, correct_n, mention_n, enc_correct, enc_n = totals.tolist()
+    result = {
+        "eval_ppl": math.exp(nll_sum / masked_n) if masked_n else float("nan"),
+        "eval_acc": correct_n / mention_n if mention_n else float("nan"),
+        "eval_encoder_acc": enc_correct / enc_n if enc_n else float("nan"),
+        "eval_masked_tokens": int(masked_n),
+        "eval_masked_mentions": int(mention_n),
+    }
+    for name, value in zip(("eval_loss", "eval_lm_loss", "eval_entity_loss"), loss_sums.tolist()):
+        result[name] = value / batches if batches else float("nan")
+    return result
+
+
+def _scalar(outputs: Any, name: str) -> torch.Tensor:
+    value = getattr(outputs, name, None)
+    if value is None:
+        return torch.tensor(0.0, dtype=torch.float64)
+    return value.detach().double().reshape(())
+
+
+# --- the loop --------------------------------------------------------------------------------------------
+
+
+def _trackers(report_to: str) -> list[str]:
+    import importlib.util
+
+    wanted = [t.strip().lower() for t in (report_to or "none").split(",") if t.strip()]
+    if wanted == ["none"]:
+        return []
+    have = {
+        "tensorboard": any(importlib.util.find_spec(m) for m in ("tensorboard", "tensorboardX")),
+        "wandb": importlib.util.find_spec("wandb") is not None,
+    }
+    if wanted == ["auto"]:
+        return ["tensorboard"] if have["tensorboard"] else []
+    out = []
+    for name in wanted:
+        if name not in have:
+            raise ValueError(f"--report_to: unknown tracker {name!r} (tensorboard, wandb, none, auto)")
+        if not have[name]:
+            logger.warning("--report_to %s: not installed, logging to log.jsonl only", name)
+            continue
+        out.append(name)
+    return out
+
+
+class _JsonlLog:
+    def __init__(self, path: str, enabled: bool):
+        self.path = path
+        self.enabled = enabled
+
+    def write(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def pretrain(
+    args: PretrainingArguments,
+    model: Any = None,
+    tokenizer: Any = None,
+    datasets: Any = None,
+    entity_vocab: Any = None,
+) -> dict[str, Any]:
+    """Pre-trains EDMem; returns a summary (`global_step`, last train loss, last eval metrics, `output_dir`).
+
+    `model`, `tokenizer`, `datasets` (a DatasetDict with `train` and optionally `validation`) and
+    `entity_vocab` override what is read from `args.corpus_dir` / `args.model_name_or_path`.
+    """
+    from accelerate import Accelerator
+    from accelerate.utils import DataLoaderConfiguration, DistributedType, set_seed
+    from tqdm.auto import tqdm
+    from transformers import get_linear_schedule_with_warmup
+
+    if datasets is None or tokenizer is None or (entity_vocab is None and model is None):
+        if not args.corpus_dir:
+            raise ValueError("--corpus_dir is required (or pass datasets, tokenizer and entity_vocab)")
+        corpus, corpus_vocab, corpus_tokenizer = load_corpus(args.corpus_dir)
+        datasets = corpus if datasets is None else datasets
+        entity_vocab = corpus_vocab if entity_vocab is None else entity_vocab
+        tokenizer = corpus_tokenizer if tokenizer is None else tokenizer
+    if args.tokenizer_name:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name)
+
+    trackers = _trackers(args.report_to)
+    accelerator = Accelerator(
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        mixed_precision=args.mixed_precision,
+        log_with=trackers or None,
+        project_dir=args.output_dir,
+        step_scheduler_with_optimizer=False,
+        dataloader_config=DataLoaderConfiguration(even_batches=True),
+    )
+    resume_from = _resolve_resume(args)
+    if accelerator.is_main_process:
+        os.makedirs(args.output_dir, exist_ok=True)
+        if resume_from is None and args.overwrite_output_dir:
+            shutil.rmtree(os.path.join(args.output_dir, CHECKPOINT_DIR), ignore_errors=True)
+            if os.path.exists(os.path.join(args.output_dir, LOG_NAME)):
+                os.remove(os.path.join(args.output_dir, LOG_NAME))
+    accelerator.wait_for_everyone()
+    log = _JsonlLog(os.path.join(args.output_dir, LOG_NAME), accelerator.is_main_process)
+
+    set_seed(args.seed)
+    if model is None:
+        model = build_model(args, tokenizer, entity_vocab)
+    elif entity_vocab is not None and hasattr(model, "config") and hasattr(model.config, "entity_vocab_size"):
+        if len(entity_vocab) != model.config.entity_vocab_size:
+            raise ValueError(
+                f"the model has {model.config.entity_vocab_size} entities but the vocabulary has {len(entity_vocab)}"
+            )
+        model.entity_vocab = entity_vocab
+
+    # Data. Each process sees every batch index of the global order; accelerate shards the batches.
+    train_set = _IndexedPassages(datasets["train"])
+    if len(train_set) < args.per_device_train_batch_size * accelerator.num_processes:
+        raise ValueError(
+            f"the train split has {len(train_set)} passages, fewer than one global batch "
+            f"({args.per_device_train_batch_size} x {accelerator.num_processes} processes)"
+        )
+    # Masking seeds differ from the data-order seed; train and eval masks are independent.
+    train_collator = EDMemMaskingCollator(
+        tokenizer, args.random_mask_prob, args.mention_mask_prob, seed=args.seed + 1_000_003
+    )
+    sampler = _EpochShuffleSampler(len(train_set), seed=args.seed)
+    train_dl = DataLoader(
+        train_set,
+        batch_size=args.per_device_train_batch_size,
+        sampler=sampler,
+        collate_fn=train_collator,
+        drop_last=True,
+        num_workers=args.dataloader_num_workers,
+        generator=torch.Generator().manual_seed(args.seed),  # keeps iterator creation off the global RNG
+    )
+    eval_dl = None
+    eval_data = datasets["validation"] if "validation" in datasets else None
+    if eval_data is not None:
+        if args.max_eval_samples is not None:
+            eval_data = eval_data.select(range(min(args.max_eval_samples, len(eval_data))))
+        eval_collator = EDMemMaskingCollator(
+            tokenizer,
+            args.random_mask_prob,
+            args.mention_mask_prob,
+            seed=args.eval_seed,
+            return_salient_span_mask=True,
+        )
+        eval_dl = DataLoader(
+            _IndexedPassages(eval_data, fixed_epoch=0),  # the same masks at every evaluation
+            batch_size=args.per_device_eval_batch_size,
+            sampler=_EpochShuffleSampler(len(eval_data), seed=0, shuffle=False),
+            collate_fn=eval_collator,
+            num_workers=args.dataloader_num_workers,
+            generator=torch.Generator().manual_seed(0),
+        )
+
+    batches_per_epoch = len(train_dl) // accelerator.num_processes or 1
+    steps_per_epoch = max(math.ceil(batches_per_epoch / args.gradient_accumulation_steps), 1)
+    max_steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * steps_per_epoch)
+    optimizer = torch.optim.AdamW(
+        _parameter_groups(model, args.weight_decay),
+        lr=args.learning_rate,
+        betas=(args.adam_beta1, args.adam_beta2),
+        eps=args.adam_epsilon,
+    )
+    scheduler = get_linear_schedule_with_warmup(optimizer, int(args.warmup_ratio * max_steps), max_steps)
+    model, optimizer, train_dl, scheduler = accelerator.prepare(model, optimizer, train_dl, scheduler)
+    if eval_dl is not None:
+        eval_dl = accelerator.prepare(eval_dl)
+
+    # Resume.
+    global_step, epoch, batch_in_epoch = 0, 0, 0
+    if resume_from is not None:
+        accelerator.load_state(resume_from)
+        with open(os.path.join(resume_from, TRAINER_STATE_NAME), encoding="utf-8") as f:
+            state = json.load(f)
+        global_step, epoch, batch_in_epoch = state["global_step"], state["epoch"], state["batch_in_epoch"]
+        if state.get("num_processes") != accelerator.num_processes:
+            logger.warning(
+                "resuming a %s-process run on %s processes: the run continues, but not bit-exactly",
+                state.get("num_processes"),
+                accelerator.num_processes,
+            )
+            batch_in_epoch = batch_in_epoch * state.get("num_processes", 1) // accelerator.num_processes
+        accelerator.print(f"Resumed from {resume_from} at step {global_step}")
+
+    if trackers:
+        accelerator.init_trackers(
+            "edmem-pretraining",
+            config={k: v for k, v in asdict(args).items() if isinstance(v, (int, float, str, bool))},
+        )
+    log.write(
+        {
+            "type": "start",
+            "step": global_step,
+            "max_steps": max_steps,
+            "num_processes": accelerator.num_processes,
+            "distributed_type": str(accelerator.distributed_type),
+            "mixed_precision": accelerator.mixed_precision,
+            "resumed_from": resume_from,
+            "time": time.time(),
+        }
+    )
+
+    def save_checkpoint() -> None:
+        path = os.path.join(args.output_dir, CHECKPOINT_DIR, f"step-{global_step}")
+        accelerator.save_state(path)
+        if accelerator.is_main_process:
+            state = {
+                "global_step": global_step,
+                "epoch": epoch,
+                "batch_in_epoch": batch_in_epoch,
+                "num_processes": accelerator.num_processes,
+                "max_steps": max_steps,
+            }
+            tmp = os.path.join(path, TRAINER_STATE_NAME + ".tmp")
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(state, f)
+            os.replace(tmp, os.path.join(path, TRAINER_STATE_NAME))
+            _rotate_checkpoints(args.output_dir, args.save_total_limit)
+        accelerator.wait_for_everyone()
+
+    def run_eval() -> dict[str, float] | None:
+        if eval_dl is None:
+            return None
+        metrics = evaluate(model, eval_dl, accelerator)
+        log.write({"type": "eval", "step": global_step, **metrics})
+        if trackers:
+            accelerator.log(metrics, step=global_step)
+        return metrics
+
+    progress = tqdm(
+        total=max_steps,
+        initial=global_step,
+        desc="pretrain",
+        disable=args.disable_tqdm or not accelerator.is_local_main_process,
+    )
+    model.train()
+    steps_this_run = 0
+    window = torch.zeros(4, dtype=torch.float64, device=accelerator.device)  # loss, lm, entity, micro-batches
+    window_tokens = torch.zeros((), dtype=torch.float64, device=accelerator.device)
+    window_start = time.perf_counter()
+    last_train: dict[str, Any] = {}
+    last_eval: dict[str, float] | None = None
+    stopped_early = False
+
+    while global_step < max_steps and not stopped_early:
+        sampler.set_epoch(epoch)
+        train_dl.set_epoch(epoch)
+        epoch_dl = accelerator.skip_first_batches(train_dl, batch_in_epoch) if batch_in_epoch else train_dl
+        for batch in epoch_dl:
+            batch.pop("example_index", None)
+            with accelerator.accumulate(model):
+                outputs = model(**batch)
+                loss = outputs.loss
+                accelerator.backward(loss)
+                if accelerator.sync_gradients and args.max_grad_norm > 0:
+                    accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+                optimizer.step()
+                optimizer.zero_grad()
+            batch_in_epoch += 1
+            window += torch.stack([_scalar(outputs, "loss"), _scalar(outputs, "lm_loss"),
+                                   _scalar(outputs, "entity_loss"), torch.tensor(1.0, dtype=torch.float64)]).to(window.device)  # fmt: skip
+            window_tokens += batch["attention_mask"].sum().double()
+            if not accelerator.sync_gradients:
+                continue
+            scheduler.step()
+            global_step += 1
+            steps_this_run += 1
+            progress.update(1)
+
+            if global_step % args.logging_steps == 0 or global_step == max_steps:
+                sums = accelerator.reduce(window, reduction="sum")
+                tokens = accelerator.reduce(window_tokens, reduction="sum")
+                elapsed = max(time.perf_counter() - window_start, 1e-9)
+                n = max(float(sums[3]), 1.0)
+                last_train = {
+                    "type": "train",
+                    "step": global_step,
+                    "epoch": epoch,
+                    "loss": float(sums[0]) / n,
+                    "lm_loss": float(sums[1]) / n,
+                    "entity_loss": float(sums[2]) / n,
+                    "lr": scheduler.get_last_lr()[0],
+                    "tokens_per_s": float(tokens) / elapsed,
+                    "num_processes": accelerator.num_processes,
+                }
+                log.write(last_train)
+                if trackers:
+                    accelerator.log({k: v for k, v in last_train.items() if k != "type"}, step=global_step)
+                progress.set_postfix(loss=f"{last_train['loss']:.3f}", lr=f"{last_train['lr']:.2e}")
+                window.zero_()
+                window_tokens.zero_()
+                window_start = time.perf_counter()
+            if args.eval_steps > 0 and global_step % args.eval_steps == 0 and global_step < max_steps:
+                last_eval = run_eval()
+            if global_step % args.save_steps == 0 or global_step == max_steps:
+                save_checkpoint()
+            if global_step >= max_steps:
+                break
+            if args.max_steps_this_run is not None and steps_this_run >= args.max_steps_this_run:
+                stopped_early = True
+                break
+        else:
+            epoch += 1
+            batch_in_epoch = 0
+    progress.close()
+
+    if stopped_early:
+        log.write({"type": "stop", "step": global_step, "reason": "max_steps_this_run"})
+        accelerator.end_training()
+        return {"global_step": global_step, "train": last_train, "eval": last_eval, "output_dir": args.output_dir,
+                "completed": False}  # fmt: skip
+
+    last_eval = run_eval() or last_eval
+    accelerator.wait_for_everyone()
+    unwrapped = accelerator.unwrap_model(model)
+    if entity_vocab is not None and getattr(unwrapped, "entity_vocab", None) is None:
+        unwrapped.entity_vocab = entity_vocab
+    # Sharded engines (DeepSpeed ZeRO-3, FSDP) need the full state dict gathered; otherwise the model's own
+    # save_pretrained knows its tied weights (token embeddings, entity table) best.
+    sharded = accelerator.distributed_type in (DistributedType.DEEPSPEED, DistributedType.FSDP)
+    state_dict = accelerator.get_state_dict(model) if sharded else None
+    unwrapped.save_pretrained(
+        args.output_dir,
+        is_main_process=accelerator.is_main_process,
+        save_function=accelerator.save,
+        state_dict=state_dict,
+    )
+    if accelerator.is_main_process and tokenizer is not None:
+        tokenizer.save_pretrained(args.output_dir)
+    log.write({"type": "end", "step": global_step, "time": time.time()})
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return {"global_step": global_step, "train": last_train, "eval": last_eval, "output_dir": args.output_dir,
+            "completed": True}  # fmt: skip
+
+
+def cli_main(argv: Sequence[str] | None = None) -> int:
+    """`edmem pretrain [options]`: parse PretrainingArguments and run `pretrain`."""
+    from transformers import HfArgumentParser
+
+    parser = HfArgumentParser(PretrainingArguments)
+    parser.prog = "edmem pretrain"
+    try:
+        (args,) = parser.parse_args_into_dataclasses(args=list(argv) if argv is not None else None)
+        pretrain(args)
+    except ValueError as err:
+        print(f"edmem pretrain: error: {err}", flush=True)
+        return 2
+    return 0
+
+
+__all__ = [
+    "PretrainingArguments",
+    "pretrain",
+    "evaluate",
+    "build_config",
+    "build_model",
+    "load_corpus",
+    "list_checkpoints",
+    "cli_main",
+]

@@ -1,0 +1,183 @@
+"""The Accelerate pre-training loop: loss falls, exact resume after a kill, a real 2-process (gloo) run, CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from edmem_hf.pretraining import PretrainingArguments, cli_main, list_checkpoints, pretrain
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_collator import make_corpus  # noqa: E402
+
+TINY = dict(
+    d_model=64,
+    encoder_lower_layers=1,
+    encoder_upper_layers=1,
+    decoder_lower_layers=1,
+    decoder_upper_layers=1,
+    encoder_ffn_dim=128,
+    decoder_ffn_dim=128,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    entity_embed_dim=32,
+    max_position_embeddings=160,
+)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return make_corpus(tmp_path_factory.mktemp("corpus"), n_train=64, n_validation=16)
+
+
+def _args(corpus, out, **kw):
+    base = dict(
+        output_dir=str(out),
+        corpus_dir=corpus,
+        per_device_train_batch_size=8,
+        per_device_eval_batch_size=8,
+        learning_rate=1e-3,
+        logging_steps=1,
+        eval_steps=0,
+        save_steps=1000,
+        disable_tqdm=True,
+        report_to="none",
+        **TINY,
+    )
+    base.update(kw)
+    return PretrainingArguments(**base)
+
+
+def _log(out):
+    with open(os.path.join(out, "log.jsonl"), encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def _weights(out):
+    from safetensors.torch import load_file
+
+    return load_file(os.path.join(out, "model.safetensors"))
+
+
+def test_loss_falls_and_model_loads(corpus, tmp_path):
+    out = tmp_path / "run"
+    result = pretrain(_args(corpus, out, max_steps=24, eval_steps=12, max_eval_samples=16))
+    assert result["completed"] and result["global_step"] == 24
+    log = _log(out)
+    train = [r for r in log if r["type"] == "train"]
+    assert len(train) == 24
+    first = sum(r["loss"] for r in train[:4]) / 4
+    last = sum(r["loss"] for r in train[-4:]) / 4
+    assert last < first - 0.5, (first, last)
+    assert all(k in train[0] for k in ("loss", "lm_loss", "entity_loss", "lr", "tokens_per_s"))
+    # Warm-up (10%) then linear decay to 0.
+    lrs = [r["lr"] for r in train]
+    assert max(lrs) == pytest.approx(1e-3, rel=1e-6) and lrs[-1] == 0.0
+    evals = [r for r in log if r["type"] == "eval"]
+    assert [r["step"] for r in evals] == [12, 24]
+    # A fixed evaluation masking seed: the same masked tokens and mentions at every evaluation.
+    assert evals[0]["eval_masked_tokens"] == evals[1]["eval_masked_tokens"] > 0
+    assert evals[0]["eval_masked_mentions"] == evals[1]["eval_masked_mentions"] > 0
+    assert evals[1]["eval_ppl"] < evals[0]["eval_ppl"]
+    assert 0.0 <= evals[1]["eval_acc"] <= 1.0
+
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    import edmem_hf  # noqa: F401  (registers the auto classes)
+
+    model = AutoModelForSeq2SeqLM.from_pretrained(str(out))
+    assert type(model).__name__ == "EDMemForConditionalGeneration"
+    assert model.entity_vocab is not None and len(model.entity_vocab) == model.config.entity_vocab_size
+    tok = AutoTokenizer.from_pretrained(str(out))
+    assert tok.convert_tokens_to_ids("<E_s>") == model.config.entity_start_token_id
+    saved = _weights(out)
+    loaded = model.state_dict()
+    assert all(torch.equal(saved[k], loaded[k]) for k in saved)
+
+
+def test_kill_and_resume_is_exact(corpus, tmp_path):
+    # 64 passages / batch 8 = 8 batches per epoch; 2 accumulation steps: 4 optimizer steps per epoch, so the
+    # 10 steps cross two epoch boundaries. Dropout is on: its RNG must be restored too.
+    common = dict(max_steps=10, gradient_accumulation_steps=2, save_steps=3, save_total_limit=2, dropout=0.1)
+    full = tmp_path / "full"
+    pretrain(_args(corpus, full, **common))
+    killed = tmp_path / "killed"
+    first = pretrain(_args(corpus, killed, max_steps_this_run=7, **common))
+    assert not first["completed"] and first["global_step"] == 7
+    assert [os.path.basename(p) for p in list_checkpoints(str(killed))] == ["step-3", "step-6"]
+    assert not os.path.exists(killed / "model.safetensors")
+    second = pretrain(_args(corpus, killed, **common))  # --resume auto: continues from step-6
+    assert second["completed"] and second["global_step"] == 10
+    starts = [r for r in _log(killed) if r["type"] == "start"]
+    assert starts[-1]["resumed_from"].endswith("step-6") and starts[-1]["step"] == 6
+    a, b = _weights(full), _weights(killed)
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    # The same losses after the resume point as in the uninterrupted run.
+    full_losses = {r["step"]: r["loss"] for r in _log(full) if r["type"] == "train"}
+    resumed = [r for r in _log(killed) if r["type"] == "train"][-4:]
+    assert [r["step"] for r in resumed] == [7, 8, 9, 10]
+    assert all(r["loss"] == full_losses[r["step"]] for r in resumed)
+    # Keep the last K checkpoints.
+    assert [os.path.basename(p) for p in list_checkpoints(str(full))] == ["step-9", "step-10"]
+
+
+def test_resume_policy_errors(corpus, tmp_path):
+    out = tmp_path / "run"
+    pretrain(_args(corpus, out, max_steps=2, save_steps=1))
+    with pytest.raises(ValueError, match="already has checkpoints"):
+        pretrain(_args(corpus, out, max_steps=2, resume="no"))
+    with pytest.raises(ValueError, match="not a complete checkpoint"):
+        pretrain(_args(corpus, out, max_steps=2, resume=str(tmp_path / "nowhere")))
+    # Already finished: resuming does no more steps.
+    assert pretrain(_args(corpus, out, max_steps=2))["global_step"] == 2
+
+
+def test_cli(corpus, tmp_path, capsys):
+    out = tmp_path / "cli"
+    argv = ["--output_dir", str(out), "--corpus_dir", corpus, "--max_steps", "2", "--logging_steps", "1",
+            "--per_device_train_batch_size", "4", "--disable_tqdm", "--report_to", "none"]  # fmt: skip
+    for key, value in TINY.items():
+        argv += [f"--{key}", str(value)]
+    assert cli_main(argv) == 0
+    assert os.path.isfile(out / "model.safetensors") and os.path.isfile(out / "entity_vocab.json")
+    assert cli_main(argv + ["--mixed_precision", "fp8"]) == 2
+    assert "mixed_precision" in capsys.readouterr().out
+    assert cli_main(["--output_dir", str(tmp_path / "x")]) == 2  # no corpus
+
+
+def test_bad_corpus(tmp_path):
+    with pytest.raises(ValueError, match="not an EDMem corpus"):
+        pretrain(PretrainingArguments(output_dir=str(tmp_path / "o"), corpus_dir=str(tmp_path), report_to="none"))
+
+
+def test_two_processes_gloo(corpus, tmp_path):
+    """A real 2-process CPU run (torchrun, gloo): both ranks train, checkpoint, and the model is saved."""
+    out = tmp_path / "ddp"
+    argv = ["pretrain", "--output_dir", str(out), "--corpus_dir", corpus, "--max_steps", "4", "--save_steps", "2",
+            "--logging_steps", "1", "--eval_steps", "2", "--per_device_train_batch_size", "4", "--disable_tqdm",
+            "--report_to", "none"]  # fmt: skip
+    for key, value in TINY.items():
+        argv += [f"--{key}", str(value)]
+    env = dict(os.environ, ACCELERATE_USE_CPU="true", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+           "-m", "edmem_hf.cli", *argv]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    log = _log(out)
+    start = [r for r in log if r["type"] == "start"][0]
+    assert start["num_processes"] == 2 and "MULTI_CPU" in start["distributed_type"]
+    assert [r["step"] for r in log if r["type"] == "train"] == [1, 2, 3, 4]
+    assert [os.path.basename(p) for p in list_checkpoints(str(out))] == ["step-2", "step-4"]
+    # Each rank saved its own RNG state.
+    assert {f for f in os.listdir(out / "checkpoints" / "step-4") if f.startswith("random_states")} == {
+        "random_states_0.pkl",
+        "random_states_1.pkl",
+    }
+    assert os.path.isfile(out / "model.safetensors")
