@@ -524,7 +524,10 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
         if cause is not None:
             raise cause from None
         raise
-    parse_seconds = time.perf_counter() - started
+    stage_seconds = {"parse": time.perf_counter() - started}
+
+    def stage_done(name: str) -> None:
+        stage_seconds[name] = time.perf_counter() - started - sum(stage_seconds.values())
 
     # 2. redirects, link counts, vocabulary, aliases
     articles: set[str] = set()
@@ -585,6 +588,8 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
         heuristic_aliases(name, anchors_by_entity.get(name, Counter()), max_aliases_per_entity) for name in vocab.names
     ]
 
+    stage_done("vocab_and_aliases")
+
     # 3. tokenizer
     if tokenizer is None:
         logger.info("training a byte-level BPE tokenizer (vocab_size=%d) on the corpus text", vocab_size)
@@ -597,6 +602,7 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
     else:
         tokenizer = extend_tokenizer(tokenizer)
     tokenizer.save_pretrained(out_dir / "tokenizer")
+    stage_done("tokenizer")
 
     # 4. mentions and passages
     article_pages = pages.filter(
@@ -628,11 +634,14 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
         desc="passages",
     )
 
+    stage_done("passages")
+
     # 5. stats, split, save
     stats = _passage_stats(passages, len(vocab))
     passages = passages.remove_columns(_STATS_COLUMNS)
     splits = _split(passages, validation_fraction, seed)
     splits.save_to_disk(str(out_dir / "passages"), num_proc=None)
+    stage_done("split_and_save")
     stats.update(
         {
             "dump_files": dump_paths,
@@ -652,7 +661,7 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
             "passage_length": settings.passage_length,
             "passage_overlap": settings.passage_overlap,
             "num_proc": num_proc,
-            "parse_seconds": round(parse_seconds, 3),
+            "stage_seconds": {name: round(seconds, 3) for name, seconds in stage_seconds.items()},
             "seconds": round(time.perf_counter() - started, 3),
         }
     )

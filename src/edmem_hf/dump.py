@@ -85,6 +85,7 @@ _REFS_AND_COMMENTS = re.compile(
 )
 _BRACES = re.compile(r"\{\{|\}\}|\{\||\|\}")
 _CLEANUPS = [
+    (re.compile(r"'{2,}"), ""),  # bold/italic quotes: parsed with skip_style_tags (faster), removed here
     (re.compile(r"[ \t\u00a0\u2009\u200b]+"), " "),
     (re.compile(r"\((?: *[,;:] *)*\)"), ""),  # "( ; born 1950)" leftovers of dropped templates
     (re.compile(r"\((?: *[,;:])+ *"), "("),  # "(; 26 July 1894" after a dropped pronunciation template
@@ -247,7 +248,7 @@ def parse_wikitext(wikitext: str) -> tuple[str, list[Link]]:
     """
     wikitext = wikitext.replace(_OPEN, "").replace(_CLOSE, "")
     stripped = strip_references_and_templates(wikitext)
-    code = mwparserfromhell.parse(stripped if stripped is not None else wikitext)
+    code = mwparserfromhell.parse(stripped if stripped is not None else wikitext, skip_style_tags=True)
     out: list[str] = []
     targets: list[str] = []
     _render(code.nodes, out, targets, allow_links=True)
