@@ -30,6 +30,15 @@ TINY = dict(
 )
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # Tiny models: one intra-op thread is faster, and much faster on a shared 2-core machine.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     return make_corpus(tmp_path_factory.mktemp("corpus"), n_train=64, n_validation=16)
@@ -37,6 +46,7 @@ def corpus(tmp_path_factory):
 
 def _args(corpus, out, **kw):
     base = dict(
+        max_eval_samples=8,
         output_dir=str(out),
         corpus_dir=corpus,
         per_device_train_batch_size=8,
@@ -66,11 +76,11 @@ def _weights(out):
 
 def test_loss_falls_and_model_loads(corpus, tmp_path):
     out = tmp_path / "run"
-    result = pretrain(_args(corpus, out, max_steps=24, eval_steps=12, max_eval_samples=16))
-    assert result["completed"] and result["global_step"] == 24
+    result = pretrain(_args(corpus, out, max_steps=16, eval_steps=8))
+    assert result["completed"] and result["global_step"] == 16
     log = _log(out)
     train = [r for r in log if r["type"] == "train"]
-    assert len(train) == 24
+    assert len(train) == 16
     first = sum(r["loss"] for r in train[:4]) / 4
     last = sum(r["loss"] for r in train[-4:]) / 4
     assert last < first - 0.5, (first, last)
@@ -79,7 +89,7 @@ def test_loss_falls_and_model_loads(corpus, tmp_path):
     lrs = [r["lr"] for r in train]
     assert max(lrs) == pytest.approx(1e-3, rel=1e-6) and lrs[-1] == 0.0
     evals = [r for r in log if r["type"] == "eval"]
-    assert [r["step"] for r in evals] == [12, 24]
+    assert [r["step"] for r in evals] == [8, 16]
     # A fixed evaluation masking seed: the same masked tokens and mentions at every evaluation.
     assert evals[0]["eval_masked_tokens"] == evals[1]["eval_masked_tokens"] > 0
     assert evals[0]["eval_masked_mentions"] == evals[1]["eval_masked_mentions"] > 0
@@ -102,30 +112,30 @@ def test_loss_falls_and_model_loads(corpus, tmp_path):
 
 def test_kill_and_resume_is_exact(corpus, tmp_path):
     # 64 passages / batch 8 = 8 batches per epoch; 2 accumulation steps: 4 optimizer steps per epoch, so the
-    # 10 steps cross two epoch boundaries. Dropout is on: its RNG must be restored too.
-    common = dict(max_steps=10, gradient_accumulation_steps=2, save_steps=3, save_total_limit=2, dropout=0.1)
+    # 6 steps cross an epoch boundary. Dropout is on: its RNG must be restored too.
+    common = dict(max_steps=6, gradient_accumulation_steps=2, save_steps=2, save_total_limit=2, dropout=0.1)
     full = tmp_path / "full"
     pretrain(_args(corpus, full, **common))
     killed = tmp_path / "killed"
-    first = pretrain(_args(corpus, killed, max_steps_this_run=7, **common))
-    assert not first["completed"] and first["global_step"] == 7
-    assert [os.path.basename(p) for p in list_checkpoints(str(killed))] == ["step-3", "step-6"]
+    first = pretrain(_args(corpus, killed, max_steps_this_run=5, **common))
+    assert not first["completed"] and first["global_step"] == 5
+    assert [os.path.basename(p) for p in list_checkpoints(str(killed))] == ["step-2", "step-4"]
     assert not os.path.exists(killed / "model.safetensors")
-    second = pretrain(_args(corpus, killed, **common))  # --resume auto: continues from step-6
-    assert second["completed"] and second["global_step"] == 10
+    second = pretrain(_args(corpus, killed, **common))  # --resume auto: continues from step-4
+    assert second["completed"] and second["global_step"] == 6
     starts = [r for r in _log(killed) if r["type"] == "start"]
-    assert starts[-1]["resumed_from"].endswith("step-6") and starts[-1]["step"] == 6
+    assert starts[-1]["resumed_from"].endswith("step-4") and starts[-1]["step"] == 4
     a, b = _weights(full), _weights(killed)
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), key
     # The same losses after the resume point as in the uninterrupted run.
     full_losses = {r["step"]: r["loss"] for r in _log(full) if r["type"] == "train"}
-    resumed = [r for r in _log(killed) if r["type"] == "train"][-4:]
-    assert [r["step"] for r in resumed] == [7, 8, 9, 10]
+    resumed = [r for r in _log(killed) if r["type"] == "train"][-2:]
+    assert [r["step"] for r in resumed] == [5, 6]
     assert all(r["loss"] == full_losses[r["step"]] for r in resumed)
     # Keep the last K checkpoints.
-    assert [os.path.basename(p) for p in list_checkpoints(str(full))] == ["step-9", "step-10"]
+    assert [os.path.basename(p) for p in list_checkpoints(str(full))] == ["step-4", "step-6"]
 
 
 def test_resume_policy_errors(corpus, tmp_path):
@@ -150,6 +160,18 @@ def test_cli(corpus, tmp_path, capsys):
     assert cli_main(argv + ["--mixed_precision", "fp8"]) == 2
     assert "mixed_precision" in capsys.readouterr().out
     assert cli_main(["--output_dir", str(tmp_path / "x")]) == 2  # no corpus
+
+
+def test_bf16_mixed_precision(corpus, tmp_path):
+    out = tmp_path / "bf16"
+    try:
+        pretrain(_args(corpus, out, max_steps=2, mixed_precision="bf16"))
+    except RuntimeError as err:
+        if "dtypes match" in str(err):  # the memory's index-put under autocast: modeling_edmem.py
+            pytest.xfail(f"model not autocast-safe yet: {err}")
+        raise
+    assert _log(out)[0]["mixed_precision"] == "bf16"
+    assert os.path.isfile(out / "model.safetensors")
 
 
 def test_bad_corpus(tmp_path):

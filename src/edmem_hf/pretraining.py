@@ -478,6 +478,18 @@ def pretrain(
     `model`, `tokenizer`, `datasets` (a DatasetDict with `train` and optionally `validation`) and
     `entity_vocab` override what is read from `args.corpus_dir` / `args.model_name_or_path`.
     """
+    from accelerate.state import AcceleratorState, GradientState
+
+    try:
+        return _pretrain(args, model, tokenizer, datasets, entity_vocab)
+    finally:
+        # Leave no Accelerator settings behind (mixed precision, accumulation), so that the next call in the
+        # same process may choose others. The process group (PartialState) is kept.
+        AcceleratorState._reset_state(reset_partial_state=False)
+        GradientState._reset_state()
+
+
+def _pretrain(args, model, tokenizer, datasets, entity_vocab) -> dict[str, Any]:
     from accelerate import Accelerator
     from accelerate.utils import DataLoaderConfiguration, DistributedType, set_seed
     from tqdm.auto import tqdm
