@@ -93,9 +93,19 @@ def _tokenize(texts: list[str], tokenizer: Any, add_special_tokens: bool) -> tup
     if backend is None and hasattr(tokenizer, "encode_batch"):  # a bare `tokenizers.Tokenizer`
         backend = tokenizer
     if backend is not None:
-        encode = getattr(backend, "encode_batch_fast", None) or backend.encode_batch
-        encodings = encode(texts, add_special_tokens=add_special_tokens)
-        ids = [e.ids for e in encodings]
+        # The backend keeps the padding/truncation of the last `tokenizer(..., padding=True)` call: switch them
+        # off for the names (padding would append pad tokens to every name), then restore them.
+        padding, truncation = backend.padding, backend.truncation
+        backend.no_padding()
+        backend.no_truncation()
+        try:
+            encode = getattr(backend, "encode_batch_fast", None) or backend.encode_batch
+            ids = [e.ids for e in encode(texts, add_special_tokens=add_special_tokens)]
+        finally:
+            if padding is not None:
+                backend.enable_padding(**padding)
+            if truncation is not None:
+                backend.enable_truncation(**truncation)
     else:  # slow tokenizer: correct, not fast
         ids = tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]
     lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
@@ -108,7 +118,10 @@ def _tokenizer_fingerprint(tokenizer: Any) -> str:
     if backend is None and hasattr(tokenizer, "to_str"):
         backend = tokenizer
     if backend is not None:
-        text = backend.to_str()
+        data = json.loads(backend.to_str())
+        data.pop("padding", None)  # call-time state, not the tokenisation
+        data.pop("truncation", None)
+        text = json.dumps(data, sort_keys=True)
     else:
         text = json.dumps(sorted(tokenizer.get_vocab().items()))
     return hashlib.sha256(text.encode("utf-8")).hexdigest()

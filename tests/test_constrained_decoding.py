@@ -1,0 +1,377 @@
+"""EntityConstrainedLogitsProcessor with a tiny random BART: every generated span is an allowed name."""
+
+import random
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import (
+    BartConfig,
+    BartForConditionalGeneration,
+    LogitsProcessor,
+    LogitsProcessorList,
+    PreTrainedTokenizerFast,
+)
+
+from edmem_hf.entity_decoding import EntityConstrainedLogitsProcessor, EntityTrie, marker_token_ids
+
+SYLLABLES = ["ba", "ro", "ki", "ta", "lun", "mer", "vo", "sen", "dra", "pol", "is", "an", "gor", "eth", "ul", "zin"]
+
+
+def make_words(n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    out: set[str] = set()
+    while len(out) < n:
+        word = "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(1, 3)))
+        out.add(word.capitalize() if rng.random() < 0.5 else word)
+    return sorted(out)
+
+
+def make_tokenizer(markers: bool = True) -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"] + (["<E_s>", "<E_e>"] if markers else [])
+    trainer = trainers.BpeTrainer(
+        vocab_size=600,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    words = make_words(400)
+    tok.train_from_iterator([" ".join(words[i : i + 8]) for i in range(0, len(words), 8)], trainer)
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", 0), ("</s>", 2)]
+    )  # as BART's
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        mask_token="<mask>",
+        additional_special_tokens=["<E_s>", "<E_e>"] if markers else [],
+    )
+
+
+def make_bart(vocab_size: int, seed: int) -> BartForConditionalGeneration:
+    torch.manual_seed(seed)
+    config = BartConfig(
+        vocab_size=vocab_size,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+        decoder_start_token_id=2,
+        forced_eos_token_id=None,
+    )
+    return BartForConditionalGeneration(config).eval()
+
+
+class MarkerBias(LogitsProcessor):
+    """Pushes a random model to open mentions (runs before the constraint, like a trained model would)."""
+
+    def __init__(self, start_id: int, bias: float = 4.0):
+        self.start_id, self.bias = start_id, bias
+
+    def __call__(self, input_ids, scores):
+        scores = scores.clone()
+        scores[:, self.start_id] += self.bias
+        return scores
+
+
+class NoAllMinusInf(LogitsProcessor):
+    """Runs after the constraint: asserts that no row was left with every score at -inf."""
+
+    def __call__(self, input_ids, scores):
+        assert torch.isfinite(scores).any(-1).all(), "a row has every token at -inf"
+        return scores
+
+
+DECODING = [
+    dict(),
+    dict(num_beams=4),
+    dict(num_beams=4, num_return_sequences=2),
+    dict(num_beams=3, use_cache=False),
+    dict(do_sample=True, num_return_sequences=3),
+    dict(do_sample=True, top_k=4, temperature=2.0),
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return make_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def names():
+    rng = random.Random(5)
+    words = make_words(80, seed=7)
+    return sorted({" ".join(rng.sample(words, rng.randint(1, 2))) for _ in range(60)}) + ["Baro", "Barokita"]
+
+
+@pytest.fixture(scope="module")
+def inputs(tokenizer):
+    return tokenizer(["Baro ki tamer", "lun mer senta dra polis anul", "x"], return_tensors="pt", padding=True)
+
+
+def spans(sequence: list[int], start_id: int, end_id: int) -> list[tuple[list[int], bool]]:
+    """(tokens after each start marker up to the end marker, closed?)"""
+    out = []
+    for i, tok in enumerate(sequence):
+        if tok == start_id:
+            j = i + 1
+            while j < len(sequence) and sequence[j] not in (start_id, end_id):
+                j += 1
+            out.append((sequence[i + 1 : j], j < len(sequence) and sequence[j] == end_id))
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("kwargs", DECODING, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "greedy")
+def test_standalone_outputs_are_exactly_the_strings(tokenizer, names, inputs, seed, kwargs):
+    model = make_bart(len(tokenizer), seed)
+    processor = EntityConstrainedLogitsProcessor.from_strings(names, tokenizer, add_prefix_space=True)
+    allowed = {tuple(tokenizer(" " + n, add_special_tokens=False).input_ids) for n in names}
+    torch.manual_seed(seed)
+    out = model.generate(
+        **inputs, logits_processor=LogitsProcessorList([processor, NoAllMinusInf()]), max_new_tokens=20, **kwargs
+    )
+    for row in out.tolist():
+        assert row[0] == 2 and 2 in row[1:], row
+        body = row[1 : row.index(2, 1)]
+        assert tuple(body) in allowed, tokenizer.decode(body)
+        assert all(t == 1 for t in row[row.index(2, 1) + 1 :])  # only padding after </s>
+    # The decoded strings are the names.
+    decoded = tokenizer.batch_decode(out, skip_special_tokens=True)
+    assert all(d.strip() in names for d in decoded)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("kwargs", DECODING, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "greedy")
+def test_marker_mode_with_per_row_candidates(tokenizer, names, inputs, seed, kwargs):
+    start_id, end_id = marker_token_ids(tokenizer)
+    model = make_bart(len(tokenizer), seed)
+    trie = EntityTrie.build(names, tokenizer, end_token_id=end_id)
+    gen = torch.Generator().manual_seed(seed)
+    candidates = torch.stack([torch.randperm(len(names), generator=gen)[:4] for _ in range(3)])
+    candidates[1, 2:] = -1  # padding
+    candidates[2] = torch.tensor([len(names) - 1, len(names) - 2, -1, -1])  # "Barokita", "Baro": nested names
+    scores = torch.rand(candidates.shape, generator=gen)
+    group = kwargs.get("num_beams", 1) if kwargs.get("num_beams", 1) > 1 else kwargs.get("num_return_sequences", 1)
+    processor = EntityConstrainedLogitsProcessor(
+        trie, start_token_id=start_id, candidates=candidates, candidate_scores=scores, group_size=group
+    )
+    torch.manual_seed(seed)
+    prompt = torch.tensor([[2, 0, start_id]] * 3)
+    out = model.generate(
+        **inputs,
+        decoder_input_ids=prompt,
+        logits_processor=LogitsProcessorList([MarkerBias(start_id), processor, NoAllMinusInf()]),
+        max_new_tokens=24,
+        **kwargs,
+    )
+    per_example = out.shape[0] // 3
+    example_index = torch.arange(3).repeat_interleave(per_example)
+    names_of = {e: {tuple(trie.sequence(int(c))[:-1]) for c in candidates[e] if c >= 0} for e in range(3)}
+    n_closed = 0
+    for row, e, mentions in zip(out.tolist(), example_index.tolist(), processor.mentions(out, example_index)):
+        found = spans(row, start_id, end_id)
+        assert len(found) == len(mentions) >= 1
+        for (tokens, closed), mention in zip(found, mentions):
+            assert mention.token_ids == tokens
+            if closed:
+                n_closed += 1
+                assert tuple(tokens) in names_of[e], (e, tokenizer.decode(tokens))
+                assert mention.entity_id in candidates[e].tolist()
+                assert mention.candidate_ids == [c for c in candidates[e].tolist() if c >= 0]
+                assert mention.candidate_scores == pytest.approx(scores[e][candidates[e] >= 0].tolist())
+            else:  # cut by max_new_tokens: a prefix of a candidate name
+                assert any(n[: len(tokens)] == tuple(tokens) for n in names_of[e])
+        # No <E_e> outside a mention.
+        assert row.count(end_id) == sum(closed for _, closed in found)
+    assert n_closed > 0
+
+
+def test_all_entities_mode_in_marker_mode(tokenizer, names, inputs):
+    start_id, end_id = marker_token_ids(tokenizer)
+    processor = EntityConstrainedLogitsProcessor.for_edmem(names, tokenizer)
+    valid = {tuple(processor.trie.sequence(i)[:-1]) for i in range(len(names))}
+    for seed in range(3):
+        model = make_bart(len(tokenizer), seed)
+        out = model.generate(
+            **inputs,
+            decoder_input_ids=torch.tensor([[2, 0, start_id]] * 3),
+            logits_processor=LogitsProcessorList([MarkerBias(start_id, 6.0), processor, NoAllMinusInf()]),
+            max_new_tokens=24,
+            num_beams=3,
+        )
+        for row in out.tolist():
+            for tokens, closed in spans(row, start_id, end_id):
+                if closed:
+                    assert tuple(tokens) in valid
+
+
+def test_dynamic_candidates_follow_their_beam(tokenizer, names, inputs):
+    """Candidates set when a row generates <E_s> (as the EDMem model will) hold until the mention is closed."""
+    start_id, end_id = marker_token_ids(tokenizer)
+    trie = EntityTrie.build(names, tokenizer, end_token_id=end_id)
+    model = make_bart(len(tokenizer), 3)
+    processor = EntityConstrainedLogitsProcessor(trie, start_token_id=start_id, group_size=4)
+    gen = torch.Generator().manual_seed(0)
+
+    def candidates_fn(input_ids):
+        opened = input_ids[:, -1] == start_id
+        if not opened.any():
+            return None
+        # "Entity linking head": candidates depend on the prefix, so that the check below can recompute them.
+        ids = torch.stack(
+            [
+                torch.randperm(len(names), generator=torch.Generator().manual_seed(hash(tuple(r)) % 2**31))[:3]
+                for r in input_ids.tolist()
+            ]
+        )
+        current = processor.candidates
+        ids = torch.where(opened[:, None], ids, current[:, :3] if current is not None else -1)
+        return ids, torch.rand(ids.shape, generator=gen)
+
+    processor.candidates_fn = candidates_fn
+    out = model.generate(
+        **inputs,
+        decoder_input_ids=torch.tensor([[2, 0, start_id]] * 3),
+        logits_processor=LogitsProcessorList([MarkerBias(start_id, 5.0), processor, NoAllMinusInf()]),
+        max_new_tokens=24,
+        num_beams=4,
+        num_return_sequences=4,
+    )
+    example_index = torch.arange(3).repeat_interleave(4)
+    mentions = processor.mentions(out, example_index)
+    n_closed = 0
+    for row, row_mentions in zip(out.tolist(), mentions):
+        for m in row_mentions:
+            if m.start == len(row) - 1:  # opened by the very last token: the processor never saw it
+                assert m.candidate_ids == []
+                continue
+            expected = torch.randperm(
+                len(names), generator=torch.Generator().manual_seed(hash(tuple(row[: m.start + 1])) % 2**31)
+            )[:3].tolist()
+            assert m.candidate_ids == expected
+            if m.end < len(row) and row[m.end] == end_id:
+                n_closed += 1
+                assert m.entity_id in expected
+    assert n_closed > 0
+
+
+def test_fallback_empty_candidates_forces_end(tokenizer, names):
+    start_id, end_id = marker_token_ids(tokenizer)
+    trie = EntityTrie.build(names, tokenizer, end_token_id=end_id)
+    processor = EntityConstrainedLogitsProcessor(
+        trie, start_token_id=start_id, candidates=torch.tensor([[-1, -1], [0, -1]])
+    )
+    ids = torch.tensor([[2, 0, start_id], [2, 0, start_id]])
+    scores = processor(ids, torch.randn(2, len(tokenizer)))
+    assert torch.isfinite(scores).any(-1).all()
+    assert torch.isfinite(scores[0]).nonzero().flatten().tolist() == [end_id]  # empty set: close the mention
+    assert torch.isfinite(scores[1]).nonzero().flatten().tolist() == [trie.sequence(0)[0]]
+    # A prefix that left the trie (e.g. forced by another processor): only <E_e>.
+    processor.reset()
+    ids = torch.tensor([[2, 0, start_id, 4], [2, 0, 7, 8]])
+    scores = processor(ids, torch.randn(2, len(tokenizer)))
+    assert torch.isfinite(scores[0]).nonzero().flatten().tolist() == [end_id]
+    assert torch.isinf(scores[1, end_id]) and torch.isfinite(scores[1]).sum() == len(tokenizer) - 1  # outside
+    # Every allowed token already at -inf (another processor decided): the row is left as it came.
+    processor.reset()
+    incoming = torch.full((2, len(tokenizer)), float("-inf"))
+    incoming[:, 2] = 0.0
+    scores = processor(torch.tensor([[2, 0, start_id]] * 2), incoming)
+    assert torch.equal(scores, incoming)
+
+
+def test_processor_matches_on_hand_computed_masks(tokenizer, names):
+    start_id, end_id = marker_token_ids(tokenizer)
+    trie = EntityTrie.build(names, tokenizer, end_token_id=end_id)
+    processor = EntityConstrainedLogitsProcessor(trie, start_token_id=start_id, dense_threshold=5)  # dense root
+    seqs = [trie.sequence(i) for i in range(len(names))]
+    rng = random.Random(0)
+    for _ in range(20):
+        rows = []
+        for _ in range(6):
+            seq = rng.choice(seqs)
+            rows.append([2, 0, 7, start_id] + seq[: rng.randint(0, len(seq) - 1)])
+        width = max(map(len, rows))
+        # Same length for all rows: prepend filler tokens to shorter rows (outside any mention).
+        ids = torch.tensor([[9] * (width - len(r)) + r for r in rows])
+        processor.reset()
+        out = processor(ids, torch.zeros(len(rows), len(tokenizer)))
+        for r, row in enumerate(rows):
+            prefix = row[row.index(start_id) + 1 :]
+            expected = {s[len(prefix)] for s in seqs if s[: len(prefix)] == prefix}
+            assert set(torch.isfinite(out[r]).nonzero().flatten().tolist()) == expected
+
+
+def test_same_as_prefix_allowed_tokens_fn_with_dict_trie(tokenizer, names, inputs):
+    """GENRE's recipe (nested-dict trie + prefix_allowed_tokens_fn) and ours agree on greedy and beam search."""
+    sequences = [[0] + tokenizer(" " + n, add_special_tokens=False).input_ids + [2] for n in names]
+    trie_dict: dict = {}
+    for seq in sequences:
+        node = trie_dict
+        for tok in seq:
+            node = node.setdefault(tok, {})
+
+    def prefix_allowed_tokens_fn(batch_id, sent):
+        node = trie_dict
+        for tok in sent.tolist()[1:]:
+            node = node.get(tok, {})
+        return list(node.keys()) or [2]  # after </s> (finished rows): anything, say </s>
+
+    processor = EntityConstrainedLogitsProcessor.from_strings(
+        names, tokenizer, add_prefix_space=True, add_special_tokens=True
+    )
+    assert processor.trie.sequence(0) == sequences[0]
+    for seed in range(3):
+        model = make_bart(len(tokenizer), seed)
+        for kwargs in (dict(), dict(num_beams=4)):
+            theirs = model.generate(
+                **inputs, prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, max_new_tokens=20, **kwargs
+            )
+            ours = model.generate(
+                **inputs, logits_processor=LogitsProcessorList([processor]), max_new_tokens=20, **kwargs
+            )
+            assert torch.equal(ours, theirs), kwargs
+
+
+def test_bad_input(tokenizer, names):
+    start_id, end_id = marker_token_ids(tokenizer)
+    trie = EntityTrie.build(names, tokenizer, end_token_id=end_id)
+    with pytest.raises(ValueError, match="unknown entity id"):
+        EntityConstrainedLogitsProcessor(trie, start_token_id=start_id, candidates=torch.tensor([[0, len(names)]]))
+    processor = EntityConstrainedLogitsProcessor(trie, start_token_id=start_id)
+    with pytest.raises(ValueError, match="unknown entity id"):
+        processor.set_candidates(torch.tensor([[-5]]))
+    with pytest.raises(ValueError, match="empty"):
+        EntityConstrainedLogitsProcessor.from_strings([], tokenizer)
+    with pytest.raises(ValueError, match="no <E_s> token"):
+        EntityConstrainedLogitsProcessor.for_edmem(names, make_tokenizer(markers=False))
+    with pytest.raises(ValueError, match="must differ"):
+        EntityConstrainedLogitsProcessor(trie, start_token_id=end_id)
+    bad_rows = EntityConstrainedLogitsProcessor(trie, start_token_id=start_id, candidates=torch.tensor([[0], [1]]))
+    with pytest.raises(ValueError, match="do not divide"):
+        bad_rows(torch.tensor([[2, start_id]] * 3), torch.zeros(3, len(tokenizer)))
+
+
+def test_tokenizer_padding_state_does_not_leak_into_names(names):
+    tokenizer = make_tokenizer()
+    tokenizer.backend_tokenizer.enable_padding(pad_id=1, pad_token="<pad>", length=40)  # left by earlier calls
+    tokenizer.backend_tokenizer.enable_truncation(max_length=2)
+    trie = EntityTrie.build(names, tokenizer, end_token_id=2)
+    expected = make_tokenizer()(" " + names[0], add_special_tokens=False).input_ids + [2]
+    assert trie.sequence(0) == expected
+    assert tokenizer.backend_tokenizer.padding["length"] == 40  # restored
+    assert tokenizer.backend_tokenizer.truncation["max_length"] == 2
