@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
-from transformers.generation import GenerationMixin
+from transformers.generation import GenerationConfig, GenerationMixin, LogitsProcessorList
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_outputs import BaseModelOutput, ModelOutput
 from transformers.modeling_utils import PreTrainedModel
@@ -36,11 +36,15 @@ from transformers.utils import logging
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_edmem import EDMemConfig
+from .entity_decoding import EntityConstrainedLogitsProcessor, EntityMention, EntityTrie
 from .entity_vocab import ENTITY_VOCAB_NAME, EntityVocab
 
 logger = logging.get_logger(__name__)
 
 IGNORE_INDEX = -100
+ENTITY_DECODING_MODES = ("free", "static", "dynamic")
+# Batch fields that supervise training and mean nothing to generate() (Seq2SeqTrainer passes them through).
+TRAINING_ONLY_FIELDS = ("labels", "entity_labels", "decoder_entity_labels")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -355,6 +359,27 @@ class EDMemSeq2SeqLMOutput(ModelOutput):
     encoder_attended_entities: EntityMemoryAccess | None = None
     decoder_attended_entities: EntityMemoryAccess | None = None
     linked_entities: EntityMemoryAccess | None = None
+
+
+@dataclass
+class GeneratedMention:
+    """One `<E_s> ... <E_e>` span of a generated sequence, and the entities that were on offer for it.
+
+    Args:
+        start / end: positions of `<E_s>` and of `<E_e>` in the returned sequence (`end == len` if unclosed).
+        token_ids: the tokens between the markers.
+        entity_id / entity_name: the entity whose name the span spells (-1 / None if it spells none).
+        candidates: `(entity_id, name, score)` of the candidate entities when the span was opened, best first
+            (static and dynamic decoding: the entity-linking head's top-k and their scores; free decoding: the
+            decoder memory's attended entities at that `<E_s>`).
+    """
+
+    start: int
+    end: int
+    token_ids: list[int]
+    entity_id: int
+    entity_name: str | None
+    candidates: list[tuple[int, str | None, float]]
 
 
 @dataclass
@@ -1052,6 +1077,14 @@ class EDMemForConditionalGeneration(_EntityVocabMixin, EDMemPreTrainedModel, Gen
         if config.variant == "edmem":
             self.entity_linking_head = EntityLinkingHead(config)
         self.post_init()
+        # Entity decoding defaults live in the generation config (given to the constructor, so that they are saved).
+        if self.generation_config is not None and not hasattr(self.generation_config, "entity_decoding"):
+            settings = self.generation_config.to_dict()
+            for internal in ("transformers_version", "_from_model_config"):  # the latter makes it drop our keys
+                settings.pop(internal, None)
+            self.generation_config = GenerationConfig(**settings, entity_decoding="free", entity_candidates=5)
+        self._entity_tries: dict[str, EntityTrie] = {}
+        self._dynamic_linking: tuple[EntityConstrainedLogitsProcessor, int] | None = None
 
     def get_encoder(self):
         return self.model.encoder
@@ -1142,6 +1175,9 @@ class EDMemForConditionalGeneration(_EntityVocabMixin, EDMemPreTrainedModel, Gen
                     return_top_k=config.memory_top_k if want_top_k else None,
                 )
 
+        if self._dynamic_linking is not None:
+            self._link_last_mentions(outputs.last_hidden_state, decoder_input_ids)
+
         loss = lm_loss = entity_loss = None
         if labels is not None:
             lm_loss = nn.functional.cross_entropy(
@@ -1180,6 +1216,260 @@ class EDMemForConditionalGeneration(_EntityVocabMixin, EDMemPreTrainedModel, Gen
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+    # --- entity decoding -----------------------------------------------------------------------------------
+
+    def entity_trie(self, tokenizer=None, cache_dir: str | os.PathLike | None = None) -> EntityTrie:
+        """The prefix tree of `<E_s> name <E_e>` over `model.entity_vocab`, built once per tokenizer.
+
+        Built with `tokenizer` (names tokenised with a leading space, as mentions appear in running text) and kept
+        on the model; with `cache_dir` (default: `$HF_HOME/edmem_hf/tries`) its arrays are also cached on disk.
+        """
+        if self.entity_vocab is None:
+            raise ValueError("entity decoding needs model.entity_vocab: set it or load a checkpoint that has one")
+        if tokenizer is None:
+            if len(self._entity_tries) == 1:
+                return next(iter(self._entity_tries.values()))
+            raise ValueError(
+                "static and dynamic entity decoding spell entity names with the tokenizer: pass tokenizer=... to "
+                "generate() once (the prefix tree is then kept on the model), or call model.set_entity_trie(trie)"
+            )
+        key = f"{id(tokenizer)}:{len(tokenizer)}"
+        if key not in self._entity_tries:
+            start_id, end_id = tokenizer.convert_tokens_to_ids(["<E_s>", "<E_e>"])
+            if (start_id, end_id) != (self.config.entity_start_token_id, self.config.entity_end_token_id):
+                raise ValueError(
+                    f"tokenizer / model mismatch: the tokenizer's <E_s>, <E_e> are {start_id}, {end_id}, the model's "
+                    f"{self.config.entity_start_token_id}, {self.config.entity_end_token_id}"
+                )
+            if cache_dir is None:
+                from huggingface_hub.constants import HF_HOME
+
+                cache_dir = os.path.join(HF_HOME, "edmem_hf", "tries")
+            os.makedirs(cache_dir, exist_ok=True)
+            trie = EntityTrie.build(self.entity_vocab, tokenizer, end_token_id=end_id, cache_dir=cache_dir)
+            self.set_entity_trie(trie, key=key)
+        return self._entity_tries[key]
+
+    def set_entity_trie(self, trie: EntityTrie, key: str = "default") -> None:
+        """Uses a prebuilt `EntityTrie` for constrained entity decoding (one row per entity of the vocabulary)."""
+        if self.entity_vocab is not None and len(trie) != len(self.entity_vocab):
+            raise ValueError(f"the trie has {len(trie)} entities, the entity vocabulary {len(self.entity_vocab)}")
+        if key == "default":
+            self._entity_tries.clear()
+        self._entity_tries[key] = trie
+
+    @torch.no_grad()
+    def link_entities(
+        self,
+        input_ids: torch.LongTensor,
+        attention_mask: torch.Tensor | None = None,
+        top_k: int = 5,
+        encoder_outputs: EDMemEncoderOutput | None = None,
+    ) -> tuple[torch.LongTensor, torch.FloatTensor]:
+        """Static entity linking: the entity-linking head's top-k for each example.
+
+        The decoder reads the start token and `<E_s>`, and the head scores the entities at `<E_s>`, as in the
+        paper's static setting. Returns ids and raw scores, each `(batch, top_k)`, best first.
+        """
+        if self.config.variant != "edmem":
+            raise ValueError(f"entity linking needs the full EDMem (variant 'edmem'), not {self.config.variant!r}")
+        if encoder_outputs is None:
+            encoder_outputs = self.get_encoder()(
+                input_ids=input_ids, attention_mask=attention_mask, output_attended_entities=False
+            )
+        batch = encoder_outputs.last_hidden_state.shape[0]
+        device = encoder_outputs.last_hidden_state.device
+        decoder_input_ids = torch.tensor(
+            [[self.config.decoder_start_token_id, self.config.entity_start_token_id]], device=device
+        ).expand(batch, 2)
+        outputs = self.model(
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            encoder_outputs=encoder_outputs,
+            use_cache=False,
+            output_attended_entities=False,
+        )
+        mention_mask = torch.zeros_like(decoder_input_ids, dtype=torch.bool)
+        mention_mask[:, 1] = True
+        linked = self.entity_linking_head(
+            outputs.last_hidden_state,
+            mention_mask,
+            self.model.entity_embeddings.weight,
+            entity_mask=self._get_entity_mask(device),
+            return_top_k=min(top_k, self.config.entity_vocab_size),
+        )
+        return linked.top_entity_ids, linked.top_entity_scores
+
+    def _link_last_mentions(self, hidden_states: torch.Tensor, decoder_input_ids: torch.Tensor) -> None:
+        """Dynamic entity linking: gives the rows whose newest token is `<E_s>` the head's top-k as candidates."""
+        processor, top_k = self._dynamic_linking
+        opened = decoder_input_ids[:, -1] == self.config.entity_start_token_id
+        if not bool(opened.any()):
+            return
+        mention_mask = torch.zeros_like(decoder_input_ids, dtype=torch.bool)
+        mention_mask[:, -1] = opened
+        linked = self.entity_linking_head(
+            hidden_states,
+            mention_mask,
+            self.model.entity_embeddings.weight,
+            entity_mask=self._get_entity_mask(hidden_states.device),
+            return_top_k=min(top_k, self.config.entity_vocab_size),
+        )
+        processor.set_candidates(linked.top_entity_ids, linked.top_entity_scores, rows=opened)
+
+    def generate(
+        self,
+        inputs: torch.Tensor | None = None,
+        generation_config: GenerationConfig | None = None,
+        logits_processor: LogitsProcessorList | None = None,
+        entity_decoding: str | None = None,
+        entity_candidates: int | None = None,
+        tokenizer=None,
+        **kwargs,
+    ):
+        r"""
+        `GenerationMixin.generate` with EDMem's three decoding settings.
+
+        Args:
+            entity_decoding (`str`, *optional*): `"free"` (the LM head alone), `"static"` (link first: the
+                entity-linking head's top-k entities for the input become the only names a mention may spell) or
+                `"dynamic"` (at each generated `<E_s>`, the head's top-k at that position become the names the
+                mention may spell). Defaults to `generation_config.entity_decoding` (`"free"`).
+            entity_candidates (`int`, *optional*): k, the candidates per mention. Defaults to
+                `generation_config.entity_candidates` (5).
+            tokenizer: the model's tokenizer, needed once to spell entity names (the prefix tree is then kept).
+
+        Training-only batch fields (`labels`, `entity_labels`, `decoder_entity_labels`) are dropped, so that a
+        training batch can be passed as is (`Seq2SeqTrainer(predict_with_generate=True)` does). With
+        `return_dict_in_generate=True` the output has `entity_mentions`: for each returned sequence, a list of
+        `GeneratedMention` with the candidate entities (ids, names, scores) each mention could choose from.
+        """
+        for name in TRAINING_ONLY_FIELDS:
+            kwargs.pop(name, None)
+        config = generation_config if generation_config is not None else self.generation_config
+        mode = entity_decoding if entity_decoding is not None else getattr(config, "entity_decoding", "free")
+        top_k = entity_candidates if entity_candidates is not None else getattr(config, "entity_candidates", 5)
+        if mode not in ENTITY_DECODING_MODES:
+            raise ValueError(f"entity_decoding must be one of {ENTITY_DECODING_MODES}, got {mode!r}")
+        if mode != "free" and self.config.variant != "edmem":
+            raise ValueError(f"entity_decoding={mode!r} needs the full EDMem, not variant {self.config.variant!r}")
+        if not isinstance(top_k, int) or top_k < 1:
+            raise ValueError(f"entity_candidates must be a positive integer, got {top_k!r}")
+        kwargs.setdefault("output_attended_entities", False)  # the memory still reads its top-k; no reports
+        num_beams = kwargs.get("num_beams", getattr(config, "num_beams", 1)) or 1
+        num_return = kwargs.get("num_return_sequences", getattr(config, "num_return_sequences", 1)) or 1
+        rows_per_example = num_beams if num_beams > 1 else num_return
+        processors = LogitsProcessorList(logits_processor or [])
+        processor = None
+        if mode != "free":
+            trie = self.entity_trie(tokenizer)
+            input_ids = inputs if inputs is not None else kwargs.get("input_ids")
+            if mode == "static":
+                if kwargs.get("encoder_outputs") is None:
+                    if input_ids is None:
+                        raise ValueError("static entity decoding needs input_ids (or encoder_outputs)")
+                    kwargs["encoder_outputs"] = self.get_encoder()(
+                        input_ids=input_ids,
+                        attention_mask=kwargs.get("attention_mask"),
+                        output_attended_entities=False,
+                    )
+                ids, scores = self.link_entities(
+                    input_ids, kwargs.get("attention_mask"), top_k, encoder_outputs=kwargs["encoder_outputs"]
+                )
+                processor = EntityConstrainedLogitsProcessor(
+                    trie,
+                    start_token_id=self.config.entity_start_token_id,
+                    end_token_id=self.config.entity_end_token_id,
+                    candidates=ids,
+                    candidate_scores=scores,
+                    group_size=rows_per_example,
+                )
+            else:
+                processor = EntityConstrainedLogitsProcessor(
+                    trie,
+                    start_token_id=self.config.entity_start_token_id,
+                    end_token_id=self.config.entity_end_token_id,
+                    group_size=rows_per_example,
+                )
+                self._dynamic_linking = (processor, top_k)
+            processors.append(processor)
+        try:
+            output = super().generate(inputs, generation_config, processors, **kwargs)
+        finally:
+            self._dynamic_linking = None
+        if not isinstance(output, torch.Tensor):
+            encoder_inputs = {"input_ids": inputs if inputs is not None else kwargs.get("input_ids")}
+            encoder_inputs["attention_mask"] = kwargs.get("attention_mask")
+            if mode == "free" and tokenizer is not None and self.entity_vocab is not None:
+                self.entity_trie(tokenizer)  # to name the entities that free-form mentions spell
+            output["entity_mentions"] = self._describe_mentions(
+                output.sequences, processor, num_return, encoder_inputs
+            )
+        return output
+
+    def _describe_mentions(self, sequences, processor, num_return, encoder_inputs) -> list[list[GeneratedMention]]:
+        vocab = self.entity_vocab
+
+        def names(entity_id: int) -> str | None:
+            return vocab.names[entity_id] if vocab is not None and 0 <= entity_id < len(vocab) else None
+
+        if processor is not None:
+            examples = torch.arange(sequences.shape[0] // num_return).repeat_interleave(num_return)
+            parsed = processor.mentions(sequences, examples)
+        else:
+            parsed = self._free_mentions(sequences, encoder_inputs)
+        return [
+            [
+                GeneratedMention(
+                    m.start,
+                    m.end,
+                    m.token_ids,
+                    m.entity_id,
+                    names(m.entity_id),
+                    [(c, names(c), s) for c, s in zip(m.candidate_ids, m.candidate_scores)],
+                )
+                for m in mentions
+            ]
+            for mentions in parsed
+        ]
+
+    @torch.no_grad()
+    def _free_mentions(self, sequences, encoder_inputs) -> list[list[EntityMention]]:
+        """Mentions of freely generated sequences, with the entities the decoder memory attended to at each."""
+        config = self.config
+        start_id, end_id = config.entity_start_token_id, config.entity_end_token_id
+        attended = {}
+        if config.variant == "edmem" and bool((sequences == start_id).any()):
+            encoder_kwargs = {k: v for k, v in encoder_inputs.items() if v is not None}
+            repeat = sequences.shape[0] // next(iter(encoder_kwargs.values())).shape[0] if encoder_kwargs else 1
+            encoder_kwargs = {k: v.repeat_interleave(repeat, dim=0) for k, v in encoder_kwargs.items()}
+            if encoder_kwargs:
+                out = self(
+                    **encoder_kwargs, decoder_input_ids=sequences, use_cache=False, output_attended_entities=True
+                )
+                access = out.decoder_attended_entities
+                for (row, pos), ids, scores in zip(
+                    access.positions.tolist(), access.top_entity_ids.tolist(), access.top_entity_scores.tolist()
+                ):
+                    attended[(row, pos)] = (ids, scores)
+        result = []
+        for row, seq in enumerate(sequences.tolist()):
+            mentions = []
+            for start, tok in enumerate(seq):
+                if tok != start_id:
+                    continue
+                end = start + 1
+                while end < len(seq) and seq[end] not in (start_id, end_id):
+                    end += 1
+                span = seq[start + 1 : end]
+                entity = -1
+                if end < len(seq) and seq[end] == end_id and self._entity_tries:
+                    entity = next(iter(self._entity_tries.values())).lookup(span + [end_id])
+                ids, scores = attended.get((row, start), ([], []))
+                mentions.append(EntityMention(start, end, span, entity, ids, scores))
+            result.append(mentions)
+        return result
 
 
 class EDMemForEntityLinking(_EntityVocabMixin, EDMemPreTrainedModel):

@@ -1,0 +1,275 @@
+"""EDMem's generate(entity_decoding=...): free, static and dynamic entity linking."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import GenerationConfig
+
+from edmem_hf import EDMemConfig, EDMemForConditionalGeneration, EntityVocab
+from edmem_hf.tokenization import train_tokenizer
+
+NAMES = [
+    "Paris",
+    "Paris Hilton",
+    "France",
+    "Berlin",
+    "Bern",
+    "Germany",
+    "Rome",
+    "Romania",
+    "Italy",
+    "Ada Lovelace",
+    "Alan Turing",
+    "Marie Curie",
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    texts = [f"{a} and {b} met in {c}." for a in NAMES for b in NAMES[:4] for c in NAMES[4:8]]
+    return train_tokenizer(texts, vocab_size=320, min_frequency=1)
+
+
+def make_model(tokenizer, seed: int, variant: str = "edmem", **overrides) -> EDMemForConditionalGeneration:
+    torch.manual_seed(seed)
+    start, end = tokenizer.convert_tokens_to_ids(["<E_s>", "<E_e>"])
+    settings = dict(
+        vocab_size=len(tokenizer),
+        d_model=32,
+        encoder_lower_layers=1,
+        encoder_upper_layers=1,
+        decoder_lower_layers=1,
+        decoder_upper_layers=1,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        max_position_embeddings=64,
+        entity_vocab_size=len(NAMES),
+        entity_embed_dim=16,
+        memory_top_k=4,
+        entity_start_token_id=start,
+        entity_end_token_id=end,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.eos_token_id,
+        forced_eos_token_id=tokenizer.eos_token_id,
+        variant=variant,
+    )
+    settings.update(overrides)
+    model = EDMemForConditionalGeneration(EDMemConfig(**settings))
+    model.entity_vocab = EntityVocab(NAMES)
+    model.eval()
+    with torch.no_grad():  # a random model that opens many mentions
+        model.final_logits_bias[0, start] = 4.0
+        model.final_logits_bias[0, tokenizer.eos_token_id] = -4.0
+    return model
+
+
+def questions(tokenizer):
+    texts = ["Where is <E_s> Paris <E_e>?", "Who was <E_s> Alan Turing <E_e> and <E_s> Rome <E_e>", "Tell me more."]
+    return tokenizer(texts, return_tensors="pt", padding=True)
+
+
+def spans(sequence: list[int], start: int, end: int) -> list[tuple[int, list[int]]]:
+    """(position of <E_s>, tokens up to <E_e>) for every closed mention."""
+    found = []
+    for i, tok in enumerate(sequence):
+        if tok == start and end in sequence[i + 1 :]:
+            j = sequence.index(end, i + 1)
+            if start not in sequence[i + 1 : j]:
+                found.append((i, sequence[i + 1 : j]))
+    return found
+
+
+def name_tokens(tokenizer, entity_id: int) -> list[int]:
+    return tokenizer(" " + NAMES[entity_id], add_special_tokens=False).input_ids
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_static_mentions_spell_one_of_the_linked_candidates(tokenizer, seed, num_beams):
+    model = make_model(tokenizer, seed)
+    batch = questions(tokenizer)
+    k = 3
+    linked, _ = model.link_entities(batch.input_ids, batch.attention_mask, top_k=k)
+    out = model.generate(
+        **batch,
+        entity_decoding="static",
+        entity_candidates=k,
+        tokenizer=tokenizer,
+        max_new_tokens=20,
+        num_beams=num_beams,
+    )
+    start, end = model.config.entity_start_token_id, model.config.entity_end_token_id
+    seen = 0
+    for row, seq in enumerate(out.tolist()):
+        allowed = [name_tokens(tokenizer, e) for e in linked[row].tolist()]
+        for _, tokens in spans(seq, start, end):
+            assert tokens in allowed, (row, tokenizer.decode(tokens), [NAMES[e] for e in linked[row]])
+            seen += 1
+    assert seen > 0, "the random model must open mentions for the test to mean something"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_dynamic_mentions_spell_the_head_top_k_at_their_own_position(tokenizer, seed):
+    model = make_model(tokenizer, seed)
+    batch = questions(tokenizer)
+    k = 2
+    out = model.generate(
+        **batch,
+        entity_decoding="dynamic",
+        entity_candidates=k,
+        tokenizer=tokenizer,
+        max_new_tokens=24,
+        return_dict_in_generate=True,
+    )
+    sequences = out.sequences
+    # Recompute the head's top-k at every generated <E_s> by teacher forcing the returned sequences.
+    with torch.no_grad():
+        forced = model(**batch, decoder_input_ids=sequences, output_attended_entities=True, use_cache=False)
+    expected = {
+        tuple(pos): ids[:k]
+        for pos, ids in zip(forced.linked_entities.positions.tolist(), forced.linked_entities.top_entity_ids.tolist())
+    }
+    start, end = model.config.entity_start_token_id, model.config.entity_end_token_id
+    seen = 0
+    for row, seq in enumerate(sequences.tolist()):
+        reported = {m.start: m for m in out.entity_mentions[row]}
+        for pos, tokens in spans(seq, start, end):
+            allowed = [name_tokens(tokenizer, e) for e in expected[(row, pos)]]
+            assert tokens in allowed, (row, pos, tokenizer.decode(tokens))
+            mention = reported[pos]
+            assert [c[0] for c in mention.candidates] == expected[(row, pos)]
+            assert mention.entity_name == NAMES[mention.entity_id] and mention.entity_id in expected[(row, pos)]
+            assert all(isinstance(name, str) and isinstance(score, float) for _, name, score in mention.candidates)
+            seen += 1
+    assert seen > 0
+
+
+def test_dynamic_beam_search_with_cache_equals_without(tokenizer):
+    model = make_model(tokenizer, seed=1)
+    batch = questions(tokenizer)
+    kwargs = dict(entity_decoding="dynamic", entity_candidates=2, tokenizer=tokenizer, max_new_tokens=16, num_beams=3)
+    cached = model.generate(**batch, use_cache=True, **kwargs)
+    uncached = model.generate(**batch, use_cache=False, **kwargs)
+    assert torch.equal(cached, uncached)
+
+
+def test_sampling_and_num_return_sequences(tokenizer):
+    model = make_model(tokenizer, seed=2)
+    batch = questions(tokenizer)
+    torch.manual_seed(0)
+    out = model.generate(
+        **batch,
+        entity_decoding="static",
+        entity_candidates=2,
+        tokenizer=tokenizer,
+        do_sample=True,
+        num_return_sequences=3,
+        max_new_tokens=16,
+        return_dict_in_generate=True,
+    )
+    assert out.sequences.shape[0] == 9 and len(out.entity_mentions) == 9
+    linked, _ = model.link_entities(batch.input_ids, batch.attention_mask, top_k=2)
+    for i, mentions in enumerate(out.entity_mentions):
+        for mention in mentions:
+            if mention.end < out.sequences.shape[1]:
+                assert mention.entity_id in linked[i // 3].tolist()
+                assert [c[0] for c in mention.candidates] == linked[i // 3].tolist()
+
+
+def test_free_decoding_reports_attended_entities(tokenizer):
+    model = make_model(tokenizer, seed=3)
+    batch = questions(tokenizer)
+    free = model.generate(**batch, max_new_tokens=12)
+    out = model.generate(**batch, max_new_tokens=12, return_dict_in_generate=True, tokenizer=tokenizer)
+    assert torch.equal(free, out.sequences)
+    mentions = [m for row in out.entity_mentions for m in row]
+    assert mentions and all(len(m.candidates) == model.config.memory_top_k for m in mentions)
+
+
+def test_default_mode_comes_from_the_generation_config_and_is_saved(tokenizer, tmp_path):
+    model = make_model(tokenizer, seed=4)
+    assert model.generation_config.entity_decoding == "free"
+    model.generation_config = GenerationConfig(
+        **{k: v for k, v in model.generation_config.to_dict().items() if k != "transformers_version"}
+        | {"entity_decoding": "static", "entity_candidates": 1}
+    )
+    model.save_pretrained(tmp_path)
+    loaded = EDMemForConditionalGeneration.from_pretrained(tmp_path)
+    assert loaded.generation_config.entity_decoding == "static" and loaded.generation_config.entity_candidates == 1
+    batch = questions(tokenizer)
+    out = loaded.generate(**batch, tokenizer=tokenizer, max_new_tokens=12)
+    linked, _ = loaded.link_entities(batch.input_ids, batch.attention_mask, top_k=1)
+    start, end = loaded.config.entity_start_token_id, loaded.config.entity_end_token_id
+    for row, seq in enumerate(out.tolist()):
+        for _, tokens in spans(seq, start, end):
+            assert tokens == name_tokens(tokenizer, int(linked[row, 0]))
+
+
+def test_training_fields_are_dropped_before_generation(tokenizer):
+    model = make_model(tokenizer, seed=5)
+    batch = dict(questions(tokenizer))
+    labels = tokenizer(["<E_s> Paris <E_e>"] * 3, return_tensors="pt").input_ids
+    batch["labels"] = labels
+    batch["entity_labels"] = torch.full_like(batch["input_ids"], -100)
+    batch["decoder_entity_labels"] = torch.full_like(labels, -100)
+    out = model.generate(**batch, max_new_tokens=6)
+    assert out.shape[0] == 3
+
+
+def test_bad_entity_decoding_arguments(tokenizer):
+    model = make_model(tokenizer, seed=6)
+    batch = questions(tokenizer)
+    with pytest.raises(ValueError, match="entity_decoding must be one of"):
+        model.generate(**batch, entity_decoding="constrained", max_new_tokens=2)
+    with pytest.raises(ValueError, match="entity_candidates must be a positive integer"):
+        model.generate(**batch, entity_decoding="static", entity_candidates=0, tokenizer=tokenizer)
+    fresh = make_model(tokenizer, seed=6)
+    with pytest.raises(ValueError, match="pass tokenizer"):
+        fresh.generate(**batch, entity_decoding="dynamic", max_new_tokens=2)
+    encdec = make_model(tokenizer, seed=6, variant="encdec")
+    with pytest.raises(ValueError, match="needs the full EDMem"):
+        encdec.generate(**batch, entity_decoding="static", tokenizer=tokenizer, max_new_tokens=2)
+
+
+def test_seq2seq_trainer_predict_with_generate_in_dynamic_mode(tokenizer, tmp_path):
+    from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
+
+    model = make_model(tokenizer, seed=7)
+    model.generation_config.entity_decoding = "dynamic"  # also settable per call; read at generate() time
+    batch = questions(tokenizer)
+    labels = tokenizer(["<E_s> France <E_e>", "<E_s> Italy <E_e>", "no"], return_tensors="pt", padding=True).input_ids
+    labels = labels.masked_fill(labels == tokenizer.pad_token_id, -100)
+    start = model.config.entity_start_token_id
+    rows = [
+        {
+            "input_ids": batch.input_ids[i],
+            "attention_mask": batch.attention_mask[i],
+            "labels": labels[i],
+            "entity_labels": torch.where(batch.input_ids[i] == start, 0, -100),
+            "decoder_entity_labels": torch.where(labels[i] == start, 2, -100),
+        }
+        for i in range(3)
+    ]
+    args = Seq2SeqTrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_eval_batch_size=3,
+        predict_with_generate=True,
+        generation_max_length=12,
+        report_to=[],
+        use_cpu=True,
+    )
+    trainer = Seq2SeqTrainer(model=model, args=args, eval_dataset=rows, processing_class=tokenizer)
+    model._entity_tries.clear()
+    model.entity_trie(tokenizer)  # the trie is kept on the model: generate() needs no tokenizer argument
+    prediction = trainer.predict(rows)
+    assert prediction.predictions.shape[0] == 3
+    end = model.config.entity_end_token_id
+    for seq in prediction.predictions.tolist():
+        seq = [t for t in seq if t >= 0]
+        for _, tokens in spans(seq, start, end):
+            assert tokens in [name_tokens(tokenizer, e) for e in range(len(NAMES))]
