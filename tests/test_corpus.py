@@ -125,8 +125,8 @@ def test_build_corpus_end_to_end_via_cli(toy_dump, tmp_path):
     datasets.disable_progress_bars()
     out = tmp_path / "corpus"
     code = cli_main(
-        ["--dump", str(toy_dump), "--out", str(out), "--num_entities", "30", "--vocab_size", "600",
-         "--passage_length", "32", "--passage_overlap", "4", "--validation_fraction", "0.1", "--num_proc", "2"]
+        ["--dump", str(toy_dump), "--out", str(out), "--num-entities", "30", "--vocab_size", "600",
+         "--passage-length", "32", "--passage-stride", "4", "--validation_fraction", "0.1", "--num_proc", "2"]
     )  # fmt: skip
     assert code == 0
     passages = datasets.load_from_disk(str(out / "passages"))
