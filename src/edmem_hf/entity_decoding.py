@@ -228,14 +228,18 @@ class EntityTrie:
             any_diff = diff.any(axis=1)
             lcp[1:] = np.where(any_diff, diff.argmax(axis=1), max_len)
             del diff, any_diff
-        if n > 1 and (lcp[1:] >= np.minimum(sorted_lengths[1:], sorted_lengths[:-1])).any():
-            # A sequence equal to, or a proper prefix of, another: the shorter one would have no node of its own.
-            i = int(np.flatnonzero(lcp[1:] >= np.minimum(sorted_lengths[1:], sorted_lengths[:-1]))[0]) + 1
+        # A sequence that is a proper prefix of another would have no node of its own (equal sequences, e.g.
+        # two names a lossy tokenizer spells alike, share their last node: its range holds both).
+        shorter = np.minimum(sorted_lengths[1:], sorted_lengths[:-1])
+        nested = (lcp[1:] >= shorter) & (sorted_lengths[1:] != sorted_lengths[:-1])
+        if nested.any():
+            i = int(np.flatnonzero(nested)[0]) + 1
             a, b = int(order[i - 1]), int(order[i])
             raise ValueError(
-                f"EntityTrie: the token sequence of entity {a} is equal to or a prefix of that of entity {b}; "
-                "end every sequence with an end token (e.g. <E_e> or </s>) and keep names unique"
+                f"EntityTrie: the token sequence of entity {a} is a prefix of that of entity {b}; "
+                "end every sequence with an end token (e.g. <E_e> or </s>)"
             )
+        del shorter, nested
 
         # Nodes depth by depth; row i opens a node at every depth lcp[i] < d <= len[i].
         depth_lo = [np.zeros(1, dtype=np.int64)]
@@ -781,68 +785,82 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
         return self._mask(scores, node, in_span)
 
     def _mask(self, scores: torch.FloatTensor, node: torch.Tensor, in_span: torch.Tensor) -> torch.FloatTensor:
+        """
+        Allowed tokens of every row -> scores `(rows, V)` with the others at `-inf`. Two passes over `(rows, V)`:
+        a boolean `keep` mask (True for rows outside spans) that allowed tokens are scattered into, and one
+        `torch.where`; everything else works on `(rows,)` or `(rows, k)` tensors.
+        """
         t = self._t
         rows, vocab = scores.shape
-        arange = torch.arange(rows, device=scores.device)
-        neg_inf = torch.tensor(float("-inf"), dtype=scores.dtype, device=scores.device)
+        device = scores.device
         in_trie = node >= 0
         safe = node.clamp(min=0)
-        allowed = torch.zeros(rows, vocab + 1, dtype=torch.bool, device=scores.device)  # last column: dump
+        dense_rows = dense_slots = None
         if self._cands is not None:
             # Candidate subset: a candidate fits if its sorted position is in the node's range; its next token is
-            # its sequence's token at the node's depth.
+            # its sequence's token at the node's depth. Column k: the end token, when no candidate fits.
             cands = self._cands
-            valid = cands >= 0
             ranks = t["rank"][cands.clamp(min=0)].long()
             lo, hi = t["node_lo"][safe].long(), t["node_hi"][safe].long()
             depth = t["node_depth"][safe].long()
-            valid &= in_trie[:, None] & (ranks >= lo[:, None]) & (ranks < hi[:, None])
+            valid = (cands >= 0) & in_trie[:, None] & (ranks >= lo[:, None]) & (ranks < hi[:, None])
             valid &= t["seq_len"][ranks].long() > depth[:, None]
             pos = (t["seq_offsets"][ranks] + depth[:, None]).clamp(max=t["seq_tokens"].numel() - 1)
             tok = t["seq_tokens"][pos].long()
             fallback = in_span & ~valid.any(-1)
             tok = torch.cat([tok, torch.full_like(tok[:, :1], self.end_token_id)], dim=1)
-            valid = torch.cat([valid, fallback[:, None]], dim=1)
-            tok = torch.where(valid & (tok < vocab), tok, vocab)
-            allowed.scatter_(1, tok, True)
-            best = scores.gather(1, tok.clamp(max=vocab - 1)).masked_fill(~valid, float("-inf")).amax(-1)
+            valid = torch.cat([valid, fallback[:, None]], dim=1) & (tok < vocab)
+            row_idx = torch.arange(rows, device=device)[:, None].expand_as(tok)
+            vals = scores.gather(1, tok.clamp(max=vocab - 1)).masked_fill(~valid, float("-inf"))
+            best = vals.amax(-1)
         else:
-            # All entities: the children of each row's node (dense masks for nodes with many children).
+            # All entities: the children of each row's node; nodes with many children use a dense mask.
             first_child = t["first_child"]
             start = torch.where(in_trie, first_child[safe].long(), 0)
             count = torch.where(in_trie, first_child[safe + 1].long() - start, 0)
             dense_nodes = t["dense_nodes"]
+            best_dense = None
             if dense_nodes.numel():
                 slot = torch.searchsorted(dense_nodes, safe).clamp(max=dense_nodes.numel() - 1)
                 is_dense = in_trie & (dense_nodes[slot] == safe)
                 if bool(is_dense.any()):
                     count = torch.where(is_dense, 0, count)
-                    masks = t["dense_masks"][torch.where(is_dense, slot, dense_nodes.numel())]
-                    allowed[:, : masks.shape[1]] |= masks[:, :vocab]
+                    dense_rows = torch.nonzero(is_dense).flatten()
+                    dense_slots = slot[dense_rows]
+                    masks = t["dense_masks"][dense_slots, :vocab]
+                    sub = scores[dense_rows, : masks.shape[1]].masked_fill(~masks, float("-inf")).amax(-1)
+                    best_dense = torch.full((rows,), float("-inf"), dtype=scores.dtype, device=device)
+                    best_dense[dense_rows] = sub
             dead = in_span & ~in_trie
             count = torch.where(dead, 1, count)
             total = int(count.sum())
-            row_idx = torch.repeat_interleave(arange, count, output_size=total)
-            offset = torch.arange(total, device=scores.device) - torch.repeat_interleave(
+            row_idx = torch.repeat_interleave(torch.arange(rows, device=device), count, output_size=total)
+            offset = torch.arange(total, device=device) - torch.repeat_interleave(
                 torch.cumsum(count, 0) - count, count, output_size=total
             )
-            edge = (torch.repeat_interleave(start, count, output_size=total) + offset - 1).clamp(min=0)
-            tok = t["edge_key"][edge.clamp(max=max(t["edge_key"].numel() - 1, 0))] % self.trie.vocab_size
+            edge = torch.repeat_interleave(start, count, output_size=total) + offset - 1
+            edge = edge.clamp(0, max(t["edge_key"].numel() - 1, 0))
+            tok = t["edge_key"][edge] % self.trie.vocab_size
             tok = torch.where(dead[row_idx], self.end_token_id, tok)
-            tok = torch.where(tok < vocab, tok, vocab)
-            allowed[row_idx, tok] = True
-            best = torch.full((rows,), float("-inf"), dtype=scores.dtype, device=scores.device)
-            vals = scores[row_idx, tok.clamp(max=vocab - 1)].masked_fill(tok >= vocab, float("-inf"))
+            valid = tok < vocab
+            vals = scores[row_idx, tok.clamp(max=vocab - 1)].masked_fill(~valid, float("-inf"))
+            best = torch.full((rows,), float("-inf"), dtype=scores.dtype, device=device)
             best = best.scatter_reduce(0, row_idx, vals, reduce="amax")
-            if dense_nodes.numel() and bool(is_dense.any()):
-                dense_best = scores.masked_fill(~allowed[:, :vocab], float("-inf")).amax(-1)
-                best = torch.maximum(best, dense_best)
+            if best_dense is not None:
+                best = torch.maximum(best, best_dense)
         # Rows whose allowed tokens all came in at -inf keep their scores (another processor decided).
         constrain = in_span & (best > float("-inf"))
-        out = torch.where(constrain[:, None] & ~allowed[:, :vocab], neg_inf, scores)
+        keep = torch.empty(rows, vocab, dtype=torch.bool, device=device)
+        keep.copy_((~constrain)[:, None].expand(rows, vocab))
+        if dense_rows is not None:
+            v = min(vocab, t["dense_masks"].shape[1])
+            keep[dense_rows, :v] |= t["dense_masks"][dense_slots, :v]
+        flat_keep = keep.view(-1)
+        flat_idx = (row_idx * vocab + tok.clamp(max=vocab - 1))[valid]
+        flat_keep[flat_idx] = True
         if self.start_token_id is not None and self.end_token_id < vocab:
-            out[:, self.end_token_id] = torch.where(in_span, out[:, self.end_token_id], neg_inf)
-        return out
+            keep[:, self.end_token_id] &= in_span  # no <E_e> outside a mention
+        return torch.where(keep, scores, torch.tensor(float("-inf"), dtype=scores.dtype, device=device))
 
     # --- construction helpers ---------------------------------------------------------------------------
 
