@@ -187,12 +187,10 @@ def test_bad_corpus(tmp_path):
         pretrain(PretrainingArguments(output_dir=str(tmp_path / "o"), corpus_dir=str(tmp_path), report_to="none"))
 
 
-def test_two_processes_gloo(corpus, tmp_path):
-    """A real 2-process CPU run (torchrun, gloo): both ranks train, checkpoint, and the model is saved."""
-    out = tmp_path / "ddp"
+def _torchrun(out, corpus, *extra):
     argv = ["pretrain", "--output_dir", str(out), "--corpus_dir", corpus, "--max_steps", "4", "--save_steps", "2",
             "--logging_steps", "1", "--eval_steps", "2", "--per_device_train_batch_size", "4", "--disable_tqdm",
-            "--report_to", "none"]  # fmt: skip
+            "--report_to", "none", "--max_eval_samples", "8", "--dropout", "0.1", *extra]  # fmt: skip
     for key, value in TINY.items():
         argv += [f"--{key}", str(value)]
     env = dict(os.environ, ACCELERATE_USE_CPU="true", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
@@ -200,10 +198,18 @@ def test_two_processes_gloo(corpus, tmp_path):
            "-m", "edmem_hf.cli", *argv]  # fmt: skip
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def test_two_processes_gloo(corpus, tmp_path):
+    """A real 2-process CPU run (torchrun, gloo): both ranks train and checkpoint; a killed and resumed
+    2-process run ends with the same weights as the uninterrupted one."""
+    out = tmp_path / "ddp"
+    _torchrun(out, corpus)
     log = _log(out)
     start = [r for r in log if r["type"] == "start"][0]
     assert start["num_processes"] == 2 and "MULTI_CPU" in start["distributed_type"]
     assert [r["step"] for r in log if r["type"] == "train"] == [1, 2, 3, 4]
+    assert [r["step"] for r in log if r["type"] == "eval"] == [2, 4]
     assert [os.path.basename(p) for p in list_checkpoints(str(out))] == ["step-2", "step-4"]
     # Each rank saved its own RNG state.
     assert {f for f in os.listdir(out / "checkpoints" / "step-4") if f.startswith("random_states")} == {
@@ -211,3 +217,11 @@ def test_two_processes_gloo(corpus, tmp_path):
         "random_states_1.pkl",
     }
     assert os.path.isfile(out / "model.safetensors")
+
+    killed = tmp_path / "ddp_killed"
+    _torchrun(killed, corpus, "--max_steps_this_run", "3")
+    assert not os.path.exists(killed / "model.safetensors")
+    _torchrun(killed, corpus)
+    assert [r["resumed_from"] for r in _log(killed) if r["type"] == "start"][-1].endswith("step-2")
+    a, b = _weights(out), _weights(killed)
+    assert all(torch.equal(a[k], b[k]) for k in a)
