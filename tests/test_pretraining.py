@@ -225,3 +225,37 @@ def test_two_processes_gloo(corpus, tmp_path):
     assert [r["resumed_from"] for r in _log(killed) if r["type"] == "start"][-1].endswith("step-2")
     a, b = _weights(out), _weights(killed)
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_evaluate_counts_the_masked_tokens_and_mentions(corpus):
+    """PPL is over the masked target positions, ACC over linked, span-masked mentions (decoder side aligned)."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+    from torch.utils.data import DataLoader
+
+    from edmem_hf.collator import EDMemMaskingCollator
+    from edmem_hf.pretraining import _IndexedPassages, build_model, evaluate, load_corpus
+
+    passages, vocab, tok = load_corpus(corpus)
+    model = build_model(PretrainingArguments(output_dir="unused", **TINY), tok, vocab)
+    collator = EDMemMaskingCollator(tok, seed=7, return_salient_span_mask=True)
+    data = _IndexedPassages(passages["validation"], fixed_epoch=0)
+    expected_tokens = expected_mentions = 0
+    for start in range(0, len(data), 8):
+        batch = collator([data[i] for i in range(start, min(start + 8, len(data)))])
+        masked = (batch["input_ids"] != batch["labels"]) & (batch["labels"] != -100)
+        expected_tokens += int(masked.sum())
+        expected_mentions += int((batch["salient_span_mask"] & (batch["decoder_entity_labels"] != -100)).sum())
+    assert expected_mentions > 0
+    try:
+        accelerator = Accelerator(cpu=True)
+        loader = DataLoader(data, batch_size=8, collate_fn=collator)
+        metrics = evaluate(model, loader, accelerator)
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=False)
+        GradientState._reset_state()
+    assert metrics["eval_masked_tokens"] == expected_tokens
+    assert metrics["eval_masked_mentions"] == expected_mentions
+    assert 1.0 < metrics["eval_ppl"] < 10 * len(tok)
+    assert 0.0 <= metrics["eval_acc"] <= 1.0 and 0.0 <= metrics["eval_encoder_acc"] <= 1.0
+    assert model.training  # evaluate() restores the mode
