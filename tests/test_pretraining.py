@@ -259,3 +259,21 @@ def test_evaluate_counts_the_masked_tokens_and_mentions(corpus):
     assert 1.0 < metrics["eval_ppl"] < 10 * len(tok)
     assert 0.0 <= metrics["eval_acc"] <= 1.0 and 0.0 <= metrics["eval_encoder_acc"] <= 1.0
     assert model.training  # evaluate() restores the mode
+
+
+def test_start_from_checkpoint_or_config_json(corpus, tmp_path):
+    first = tmp_path / "first"
+    pretrain(_args(corpus, first, max_steps=1))
+    second = tmp_path / "second"
+    args = _args(corpus, second, max_steps=1)
+    args.model_name_or_path = str(first)
+    pretrain(args)
+    assert _log(second)[-1]["type"] == "end"
+    # A config JSON (e.g. the saved one) builds a new model; options override it.
+    args = PretrainingArguments(output_dir=str(tmp_path / "third"), corpus_dir=corpus, max_steps=1,
+                                config_name=str(first / "config.json"), dropout=0.2, report_to="none",
+                                disable_tqdm=True, per_device_train_batch_size=8, eval_steps=0, max_eval_samples=8)  # fmt: skip
+    pretrain(args)
+    with open(tmp_path / "third" / "config.json", encoding="utf-8") as f:
+        config = json.load(f)
+    assert config["d_model"] == TINY["d_model"] and config["dropout"] == 0.2
