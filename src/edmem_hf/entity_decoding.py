@@ -786,16 +786,15 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
 
     def _mask(self, scores: torch.FloatTensor, node: torch.Tensor, in_span: torch.Tensor) -> torch.FloatTensor:
         """
-        Allowed tokens of every row -> scores `(rows, V)` with the others at `-inf`. Two passes over `(rows, V)`:
-        a boolean `keep` mask (True for rows outside spans) that allowed tokens are scattered into, and one
-        `torch.where`; everything else works on `(rows,)` or `(rows, k)` tensors.
+        Allowed tokens of every row -> scores `(rows, V)` with the others at `-inf`. One write pass over
+        `(rows, V)`; everything else works on `(rows,)`, `(rows, k)` or `(allowed pairs,)` tensors.
         """
         t = self._t
         rows, vocab = scores.shape
         device = scores.device
         in_trie = node >= 0
         safe = node.clamp(min=0)
-        dense_rows = dense_slots = None
+        dense_rows = dense_scores = None
         if self._cands is not None:
             # Candidate subset: a candidate fits if its sorted position is in the node's range; its next token is
             # its sequence's token at the node's depth. Column k: the end token, when no candidate fits.
@@ -826,11 +825,10 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
                 if bool(is_dense.any()):
                     count = torch.where(is_dense, 0, count)
                     dense_rows = torch.nonzero(is_dense).flatten()
-                    dense_slots = slot[dense_rows]
-                    masks = t["dense_masks"][dense_slots, :vocab]
-                    sub = scores[dense_rows, : masks.shape[1]].masked_fill(~masks, float("-inf")).amax(-1)
+                    masks = t["dense_masks"][slot[dense_rows], :vocab]
+                    dense_scores = torch.where(masks, scores[dense_rows, : masks.shape[1]], float("-inf"))
                     best_dense = torch.full((rows,), float("-inf"), dtype=scores.dtype, device=device)
-                    best_dense[dense_rows] = sub
+                    best_dense[dense_rows] = dense_scores.amax(-1)
             dead = in_span & ~in_trie
             count = torch.where(dead, 1, count)
             total = int(count.sum())
@@ -850,17 +848,27 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
                 best = torch.maximum(best, best_dense)
         # Rows whose allowed tokens all came in at -inf keep their scores (another processor decided).
         constrain = in_span & (best > float("-inf"))
-        keep = torch.empty(rows, vocab, dtype=torch.bool, device=device)
-        keep.copy_((~constrain)[:, None].expand(rows, vocab))
-        if dense_rows is not None:
-            v = min(vocab, t["dense_masks"].shape[1])
-            keep[dense_rows, :v] |= t["dense_masks"][dense_slots, :v]
-        flat_keep = keep.view(-1)
-        flat_idx = (row_idx * vocab + tok.clamp(max=vocab - 1))[valid]
-        flat_keep[flat_idx] = True
+        neg_inf = float("-inf")
+        num_constrained = int(constrain.sum())
+        # Write each score once: constrained rows start at -inf, the others are copied (whichever is less work),
+        # then the allowed scores are put back. (A boolean mask + torch.where is several times slower on CPU.)
+        if 2 * num_constrained > rows:
+            out = torch.full_like(scores, neg_inf)
+            free_rows = torch.nonzero(~constrain).flatten()
+            out.index_copy_(0, free_rows, scores.index_select(0, free_rows))
+        else:
+            out = scores.clone()
+            out.index_fill_(0, torch.nonzero(constrain).flatten(), neg_inf)
+        if num_constrained:
+            put = (valid & constrain[row_idx]).flatten()
+            flat_idx = (row_idx * vocab + tok.clamp(max=vocab - 1)).flatten()[put]
+            out.view(-1)[flat_idx] = vals.flatten()[put]
+            if dense_rows is not None:
+                sel = constrain[dense_rows]
+                out[dense_rows[sel], : dense_scores.shape[1]] = dense_scores[sel]
         if self.start_token_id is not None and self.end_token_id < vocab:
-            keep[:, self.end_token_id] &= in_span  # no <E_e> outside a mention
-        return torch.where(keep, scores, torch.tensor(float("-inf"), dtype=scores.dtype, device=device))
+            out[:, self.end_token_id] = out[:, self.end_token_id].masked_fill(~in_span, neg_inf)  # <E_e> outside
+        return out
 
     # --- construction helpers ---------------------------------------------------------------------------
 
