@@ -177,3 +177,24 @@ def test_build_corpus_bad_xml_is_a_clear_error(toy_tokenizer, tmp_path):
     dump.write_text("<mediawiki><page><title>A</title><ns>0", encoding="utf-8")
     with pytest.raises(ValueError, match="bad.xml"):
         build_corpus(dump, tmp_path / "out", num_entities=10, tokenizer=toy_tokenizer)
+
+
+def test_piece_encoder_matches_encode_batch(wikipedia_sample_small, toy_tokenizer):
+    from transformers import AutoTokenizer
+
+    from edmem_hf.corpus import _PieceEncoder
+    from edmem_hf.dump import iter_parsed_pages
+
+    texts = [page.text for page in iter_parsed_pages(wikipedia_sample_small) if page.text]
+    tokenizer = train_tokenizer(texts, vocab_size=800, min_frequency=1)
+    pieces = [text[i : i + 301] for text in texts for i in range(0, len(text), 301)]
+    pieces += [
+        "", " ", "  ", "\t\t x", "a  \n\n b \n", "x  ", "don't 's 'S 'LL", "a <mask> b", "<s>x</s>", "x<E_s>y",
+        "\x1c\x1d a\u2028b\u00a0c\u3000d", "東京 مرحبا Ελληνικά 𝔘 😀 e\u0301 ١٢٣ ²³", "1,000.5 -- ... !!! ??",
+    ]  # fmt: skip
+    for tok in (tokenizer, AutoTokenizer.from_pretrained(toy_tokenizer, local_files_only=True)):
+        expected = [e.ids for e in tok.backend_tokenizer.encode_batch(pieces, add_special_tokens=False)]
+        encoder = _PieceEncoder(tok)
+        assert encoder.words is not None  # the fast path is in use for byte-level BPE
+        assert encoder.encode(pieces) == expected
+        assert encoder.encode(pieces) == expected  # from the word cache

@@ -129,3 +129,32 @@ def test_real_disambiguation_page_formatted_anchors(parsed_206):
         Link(157, 184, '"Asia Minor" (instrumental)', "Asia Minor (instrumental)"),
         Link(266, 284, "Asia Minor (album)", "Asia Minor (album)"),  # anchor was ''Asia Minor'' (album)
     ]
+
+
+TRICKY_WIKITEXT = [
+    "A [[b]]c, [[d|e]]f and [[g|h ]]i. [[:Category:X|cat]] [[Category:Y]] [[fr:Z]] [[wikt:w|w]] [[#s|s]]",
+    "[[A&amp;B]] [[A<!-- c -->B|x]] [[a|b|c]] [[ | x]] [[]] [[x|]] [[ :a ]]",
+    "&amp; &#65; &#x42; &nbsp; &bogus; &#99999999; <br/> <br> <hr /> <p>p</p>",
+    '<span style="color:red" class=x>red [[Link]]</span> <small>s</small> <div id="{{t}}">d</div>',
+    "<ref>r</ref> <ref name=a/> <math>x^2</math> <gallery>a.jpg</gallery> <nowiki>[[not]]</nowiki> <sup>2</sup>",
+    "[http://example.org Example [[inner]]] [http://bare] http://bare.example.org/x [[File:X.jpg|thumb|[[cap]]]]",
+    "== Head [[link]] ==\nx\n=== Sub ===\ny\n== See also ==\n* [[A]]\n=== Deeper ===\n[[B]]\n== Next ==\n[[C]]s",
+    "* a\n# b\n; c : d\n----\n:: e\n{| class=x\n| [[t]]\n|}",
+    "{{unbalanced [[X]] ''it'' '''b'''",
+    "{{{arg|[[Y]]}}} [[Z]]<!-- unterminated",
+    "<b>bold [[l]]</b>s <i>[[m]]</i>n [[o]]<!-- -->p [[q]]{{t}}r [[s]]&amp;t [[u]]''v''",
+    "<span [[x]]>y</span> <p class=\"a\" / > <unknown attr=1>k</unknown> </span>",
+]
+
+
+@pytest.mark.parametrize("wikitext", TRICKY_WIKITEXT)
+def test_fast_path_matches_node_tree(wikitext):
+    assert parse_wikitext(wikitext) == parse_wikitext(wikitext, fast=False)
+
+
+def test_fast_path_matches_node_tree_on_real_pages(wikipedia_sample_206):
+    # every page of the real sample (redirects and other namespaces too): identical text and link spans
+    pages = [page for page in iter_pages(wikipedia_sample_206, namespaces=None) if page.text]
+    assert len(pages) == 206
+    for page in pages:
+        assert parse_wikitext(page.text) == parse_wikitext(page.text, fast=False), page.title

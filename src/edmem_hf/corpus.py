@@ -13,29 +13,32 @@ The build streams (paper, Appendix A; format in docs/design.md and docs/corpus.m
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import multiprocessing
 import os
 import re
 import shutil
 import sys
 import tempfile
 import time
-import uuid
-from collections import Counter, defaultdict
+import weakref
+from bisect import bisect_left
+from collections import Counter, defaultdict, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 
 import ahocorasick
 import datasets
-from datasets.exceptions import DatasetGenerationError
-from tqdm.auto import tqdm
+import pyarrow as pa
 from transformers import HfArgumentParser, PreTrainedTokenizerBase
 
 from .configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN
-from .dump import DumpFormatError, MalformedPageError, iter_pages, parse_page
-from .entity_vocab import EntityVocab
+from .dump import MalformedPageError, WikiPage, iter_pages, parse_page
+from .entity_vocab import ENTITY_VOCAB_NAME, EntityVocab
 from .tokenization import DEFAULT_VOCAB_SIZE, extend_tokenizer, train_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -70,6 +73,8 @@ PASSAGE_FEATURES = datasets.Features(
         "num_labeled_mentions": datasets.Value("int32"),
     }
 )
+_PAGE_SCHEMA = PAGE_FEATURES.arrow_schema
+_PASSAGE_SCHEMA = PASSAGE_FEATURES.arrow_schema
 _STATS_COLUMNS = ["num_link_mentions", "num_heuristic_mentions", "num_labeled_mentions"]
 
 
@@ -138,7 +143,7 @@ class AliasTable:
             path = os.path.join(path, ALIASES_NAME)
         data = {alias: dict(entities.most_common()) for alias, entities in sorted(self.counts.items())}
         with open(path, "w", encoding="utf-8") as f:
-            json.dump(data, f, ensure_ascii=False)
+            f.write(json.dumps(data, ensure_ascii=False))  # json.dump would use the slow pure-Python encoder
         return path
 
     @classmethod
@@ -261,6 +266,90 @@ def tokenize_with_mentions(
     return _tokenize_documents([(text, mentions)], tokenizer)[0]
 
 
+# GPT-2's pre-tokenisation pattern, as the `tokenizers` ByteLevel pre-tokenizer applies it (use_regex=True).
+_BYTE_LEVEL_WORDS = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
+class _PieceEncoder:
+    """Token ids of text pieces, the same as `backend_tokenizer.encode_batch(pieces, add_special_tokens=False)`
+    but several times faster for byte-level BPE tokenizers.
+
+    The Rust ByteLevel pre-tokenizer (with its offset bookkeeping) is most of `encode_batch`'s time. A byte-level
+    BPE encodes each pre-tokenised word independently, so the words are split here with the same pattern
+    (`regex`) and each distinct word is encoded once (by the Rust tokenizer, in one batch) and cached. Pieces
+    holding the text of an added token (`<mask>`, `<s>`, ...) and tokenizers of any other kind go to
+    `encode_batch` unchanged.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, max_cache_words: int = 1_000_000):
+        self.backend = tokenizer.backend_tokenizer
+        self.max_cache_words = max_cache_words
+        self.cache: dict[str, list[int]] = {}
+        self.words = None
+        self.added = None
+        try:
+            import regex
+        except ImportError:  # a dependency of transformers; without it, every piece goes to encode_batch
+            return
+        state = json.loads(self.backend.to_str())
+        pre = state.get("pre_tokenizer") or {}
+        model = state.get("model") or {}
+        if (
+            state.get("normalizer") is not None
+            or pre.get("type") != "ByteLevel"
+            or pre.get("add_prefix_space")
+            or not pre.get("use_regex", True)
+            or model.get("type") != "BPE"
+            or model.get("dropout")
+        ):
+            return
+        self.words = regex.compile(_BYTE_LEVEL_WORDS)
+        contents = sorted({token["content"] for token in state.get("added_tokens", []) if token["content"]})
+        self.added = re.compile("|".join(map(re.escape, contents))) if contents else None
+
+    def encode(self, pieces: Sequence[str]) -> list[list[int]]:
+        if self.words is None:
+            return [encoding.ids for encoding in self.backend.encode_batch(list(pieces), add_special_tokens=False)]
+        if len(self.cache) > self.max_cache_words:
+            self.cache.clear()  # memory stays bounded on a whole dump
+        cache = self.cache
+        findall = self.words.findall
+        split: list[list[str] | None] = []
+        unseen: dict[str, None] = {}
+        fallback: list[int] = []
+        for index, piece in enumerate(pieces):
+            if self.added is not None and self.added.search(piece):
+                split.append(None)
+                fallback.append(index)
+                continue
+            words = findall(piece)
+            split.append(words)
+            for word in words:
+                if word not in cache:
+                    unseen[word] = None
+        if unseen:
+            new_words = list(unseen)
+            for word, encoding in zip(new_words, self.backend.encode_batch(new_words, add_special_tokens=False)):
+                cache[word] = encoding.ids
+        lookup = cache.__getitem__
+        results = [list(chain.from_iterable(map(lookup, words))) if words is not None else [] for words in split]
+        if fallback:
+            encodings = self.backend.encode_batch([pieces[i] for i in fallback], add_special_tokens=False)
+            for index, encoding in zip(fallback, encodings):
+                results[index] = encoding.ids
+        return results
+
+
+_ENCODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _piece_encoder(tokenizer: PreTrainedTokenizerBase) -> _PieceEncoder:
+    encoder = _ENCODERS.get(tokenizer)
+    if encoder is None:
+        encoder = _ENCODERS[tokenizer] = _PieceEncoder(tokenizer)
+    return encoder
+
+
 def _tokenize_documents(documents, tokenizer):
     pieces: list[str] = []
     layout: list[list[tuple[int, Mention | None]]] = []  # per document: (piece index, mention or None)
@@ -281,8 +370,7 @@ def _tokenize_documents(documents, tokenizer):
             doc_layout.append((len(pieces), None))
             pieces.append(text[position:])
         layout.append(doc_layout)
-    backend = tokenizer.backend_tokenizer
-    encodings = backend.encode_batch(pieces, add_special_tokens=False) if pieces else []
+    encodings = _piece_encoder(tokenizer).encode(pieces) if pieces else []
     start_id = tokenizer.convert_tokens_to_ids(ENTITY_START_TOKEN)
     end_id = tokenizer.convert_tokens_to_ids(ENTITY_END_TOKEN)
     results = []
@@ -291,7 +379,7 @@ def _tokenize_documents(documents, tokenizer):
         labels: list[int] = []
         spans: list[tuple[int, int, bool]] = []
         for piece_index, mention in doc_layout:
-            piece_ids = encodings[piece_index].ids
+            piece_ids = encodings[piece_index]
             if mention is None:
                 ids.extend(piece_ids)
                 labels.extend([IGNORE_INDEX] * len(piece_ids))
@@ -339,6 +427,11 @@ def window_passages(
                 break
             windows.append([(start, end)])
             start += stride
+    # Spans in order and not overlapping (as tokenize_with_mentions makes them): each window looks only at the
+    # spans it can touch (found by bisection) instead of all of the document's.
+    starts = [e_s for e_s, _, _ in spans]
+    ends = [e_e for _, e_e, _ in spans]
+    in_order = all(a <= b for a, b in zip(starts, starts[1:])) and all(a <= b for a, b in zip(ends, ends[1:]))
     passages = []
     for index, ranges in enumerate(windows):
         out_ids = [bos_token_id]
@@ -348,7 +441,11 @@ def window_passages(
             if range_end <= range_start:
                 continue
             drop = set()
-            for e_s, e_e, heuristic in spans:
+            if in_order:
+                touching = spans[bisect_left(ends, range_start) : bisect_left(starts, range_end)]
+            else:
+                touching = spans
+            for e_s, e_e, heuristic in touching:
                 if e_e < range_start or e_s >= range_end:
                     continue
                 if range_start <= e_s and e_e < range_end:
@@ -394,28 +491,130 @@ def build_passages(
 # --- the build ------------------------------------------------------------------------------------------------
 
 
-def _generate_parsed_pages(shards: list[tuple[str, int, int]], strict: bool) -> Iterator[dict]:
-    for path, shard_index, num_shards in shards:
-        for page in iter_pages(path, shard_index=shard_index, num_shards=num_shards):
-            try:
-                parsed = parse_page(page)
-            except MalformedPageError as err:
-                if strict:
-                    raise MalformedPageError(f"{path}: {err} (--strict stops at the first malformed page)") from None
-                logger.warning("skipping malformed page in %s: %s", path, err)
-                yield {"page_id": page.page_id, "title": page.title or "", "status": "malformed", "redirect": None,
-                       "text": "", "link_starts": [], "link_ends": [], "link_targets": []}  # fmt: skip
-                continue
-            yield {
-                "page_id": parsed.page_id,
-                "title": parsed.title,
-                "status": "redirect" if parsed.redirect else "article",
-                "redirect": parsed.redirect,
-                "text": parsed.text,
-                "link_starts": [link.start for link in parsed.links],
-                "link_ends": [link.end for link in parsed.links],
-                "link_targets": [link.target for link in parsed.links],
-            }
+# Pages go from the reader to the parsing processes in chunks of about this many characters of wikitext.
+_PARSE_CHUNK_CHARS = 256_000
+_PARSE_CHUNK_PAGES = 64
+_PASSAGE_BATCH_DOCS = 64
+_IN_FLIGHT_PER_PROCESS = 4  # chunks queued per process: enough to keep them busy, memory stays flat
+
+
+def _parsed_row(page: WikiPage, path: str, strict: bool) -> dict:
+    try:
+        parsed = parse_page(page)
+    except MalformedPageError as err:
+        if strict:
+            raise MalformedPageError(f"{path}: {err} (--strict stops at the first malformed page)") from None
+        logger.warning("skipping malformed page in %s: %s", path, err)
+        return {"page_id": page.page_id, "title": page.title or "", "status": "malformed", "redirect": None,
+                "text": "", "link_starts": [], "link_ends": [], "link_targets": []}  # fmt: skip
+    return {
+        "page_id": parsed.page_id,
+        "title": parsed.title,
+        "status": "redirect" if parsed.redirect else "article",
+        "redirect": parsed.redirect,
+        "text": parsed.text,
+        "link_starts": [link.start for link in parsed.links],
+        "link_ends": [link.end for link in parsed.links],
+        "link_targets": [link.target for link in parsed.links],
+    }
+
+
+def _parse_chunk(pages: list[WikiPage], path: str, strict: bool) -> pa.RecordBatch:
+    """Parsed pages (PAGE_FEATURES), in the order given."""
+    columns: dict[str, list] = {name: [] for name in PAGE_FEATURES}
+    for page in pages:
+        row = _parsed_row(page, path, strict)
+        for name, values in columns.items():
+            values.append(row[name])
+    return pa.RecordBatch.from_pydict(columns, schema=_PAGE_SCHEMA)
+
+
+@contextlib.contextmanager
+def _arrow_file(path: str, schema: pa.Schema):
+    """An Arrow stream file (what `datasets.Dataset.from_file` reads), written batch by batch. Batches are built
+    with pyarrow straight from Python lists (datasets' `ArrowWriter` casts them again, in Python: slower)."""
+    with pa.OSFile(path, "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+        yield writer
+
+
+def _page_chunks(path: str) -> Iterator[tuple[list[WikiPage], str]]:
+    chunk: list[WikiPage] = []
+    size = 0
+    for page in iter_pages(path):
+        chunk.append(page)
+        size += len(page.text or "")
+        if size >= _PARSE_CHUNK_CHARS or len(chunk) >= _PARSE_CHUNK_PAGES:
+            yield chunk, path
+            chunk, size = [], 0
+    if chunk:
+        yield chunk, path
+
+
+def _parse_file(path: str, strict: bool, cache_file: str) -> str:
+    """Parses a whole dump file into an Arrow file (one task when several dump files are given)."""
+    with _arrow_file(cache_file, _PAGE_SCHEMA) as writer:
+        for chunk, _ in _page_chunks(path):
+            writer.write_batch(_parse_chunk(chunk, path, strict))
+    return cache_file
+
+
+# State of the passage workers: set by the pool initializer (inherited without pickling when forked).
+_WORKER_STATE: dict = {}
+
+
+def _set_worker_state(state: dict) -> None:
+    _WORKER_STATE.clear()
+    _WORKER_STATE.update(state)
+
+
+def _passages_task(batch: dict) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict(_make_passages(batch, **_WORKER_STATE), schema=_PASSAGE_SCHEMA)
+
+
+@contextlib.contextmanager
+def _worker_pool(num_proc: int, state: dict | None = None):
+    """A process pool (forked where the platform allows: workers inherit the parent's imports and state), or
+    None for num_proc == 1 (everything runs in this process)."""
+    if num_proc <= 1:
+        previous = dict(_WORKER_STATE)
+        if state is not None:
+            _set_worker_state(state)
+        try:
+            yield None
+        finally:
+            _set_worker_state(previous)
+        return
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("fork" if "fork" in methods and sys.platform != "darwin" else None)
+    initializer, initargs = (_set_worker_state, (state,)) if state is not None else (None, ())
+    pool = context.Pool(num_proc, initializer=initializer, initargs=initargs)
+    try:
+        yield pool
+        pool.close()
+    finally:
+        pool.terminate()
+        pool.join()
+
+
+def _ordered_map(pool, func, tasks, max_in_flight: int) -> Iterator:
+    """`func(*task)` for each task, in order, at most `max_in_flight` tasks queued at a time (unlike `Pool.imap`,
+    which reads its whole input ahead: a dump would end up in memory)."""
+    if pool is None:
+        for task in tasks:
+            yield func(*task)
+        return
+    pending: deque = deque()
+    for task in tasks:
+        pending.append(pool.apply_async(func, task))
+        while len(pending) >= max_in_flight:
+            yield pending.popleft().get()
+    while pending:
+        yield pending.popleft().get()
+
+
+def _iter_arrow_batches(table, columns: list[str], batch_size: int = 2000) -> Iterator[dict[str, list]]:
+    for record_batch in table.select(columns).to_batches(max_chunksize=batch_size):
+        yield record_batch.to_pydict()
 
 
 def _make_passages(batch: dict, tokenizer, target_to_entity, entity_aliases, entity_by_title, settings, heuristics):
@@ -444,14 +643,6 @@ def _make_passages(batch: dict, tokenizer, target_to_entity, entity_aliases, ent
             for name in output:
                 output[name].append(passage[name])
     return output
-
-
-def _iter_column_batches(dataset: datasets.Dataset, columns: list[str], desc: str, batch_size: int = 2000):
-    subset = dataset.select_columns(columns)
-    with tqdm(total=len(subset), desc=desc, unit="pages", disable=None) as progress:
-        for batch in subset.iter(batch_size=batch_size):
-            yield batch
-            progress.update(len(batch[columns[0]]))
 
 
 def build_corpus(
@@ -505,25 +696,23 @@ def build_corpus(
 def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, strict, settings, validation_fraction,
            seed, vocab_size, heuristic_labels, max_aliases_per_entity, require_existing_pages,
            started) -> dict:  # fmt: skip
-    # 1. parse (the only pass over the XML)
-    shards = [(path, k, num_proc) for path in dump_paths for k in range(num_proc)]
-    try:
-        pages = datasets.Dataset.from_generator(
-            _generate_parsed_pages,
-            features=PAGE_FEATURES,
-            gen_kwargs={"shards": shards, "strict": strict},
-            num_proc=num_proc if len(shards) > 1 else None,
-            cache_dir=str(work_dir / "cache"),
-            split="train",
-        )
-    except DatasetGenerationError as err:
-        # datasets wraps what the generator raised: surface our own error (which names the page or file)
-        cause = err.__cause__ or err.__context__
-        while cause is not None and not isinstance(cause, MalformedPageError | DumpFormatError):
-            cause = cause.__cause__ or cause.__context__
-        if cause is not None:
-            raise cause from None
-        raise
+    # 1. parse (the only pass over the XML) into an Arrow cache, in dump order
+    cache_dir = work_dir / "cache"
+    cache_dir.mkdir()
+    with _worker_pool(num_proc) as pool:
+        if len(dump_paths) == 1 or num_proc == 1:
+            # One reader (this process: decompression and XML) hands chunks of pages to the parsing processes.
+            cache_files = [str(cache_dir / "pages.arrow")]
+            chunks = (chunk for path in dump_paths for chunk in _page_chunks(path))
+            with _arrow_file(cache_files[0], _PAGE_SCHEMA) as writer:
+                tasks = ((pages, path, strict) for pages, path in chunks)
+                for batch in _ordered_map(pool, _parse_chunk, tasks, _IN_FLIGHT_PER_PROCESS * num_proc):
+                    writer.write_batch(batch)
+        else:
+            # Several dump files (the split enwiki-...-articlesN files): each process reads and parses whole files.
+            tasks = [(path, strict, str(cache_dir / f"pages-{k:05d}.arrow")) for k, path in enumerate(dump_paths)]
+            cache_files = list(_ordered_map(pool, _parse_file, tasks, len(tasks)))
+    pages = datasets.concatenate_datasets([datasets.Dataset.from_file(f) for f in cache_files])
     stage_seconds = {"parse": time.perf_counter() - started}
 
     def stage_done(name: str) -> None:
@@ -533,7 +722,8 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
     articles: set[str] = set()
     redirects: dict[str, str] = {}
     malformed = 0
-    for batch in _iter_column_batches(pages, ["title", "status", "redirect"], "titles"):
+    table = pages.data.table
+    for batch in _iter_arrow_batches(table, ["title", "status", "redirect"]):
         for title, status, redirect in zip(batch["title"], batch["status"], batch["redirect"]):
             if status == "article":
                 articles.add(title)
@@ -552,7 +742,7 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
 
     link_counts: Counter[str] = Counter()
     num_links = num_links_to_entities = 0
-    for batch in _iter_column_batches(pages, ["link_targets"], "link counts"):
+    for batch in _iter_arrow_batches(table, ["link_targets"]):
         for targets in batch["link_targets"]:
             num_links += len(targets)
             for target in targets:
@@ -564,7 +754,7 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
     in_vocab = set(vocab.names)
 
     aliases = AliasTable()
-    for batch in _iter_column_batches(pages, ["text", "link_starts", "link_ends", "link_targets"], "aliases"):
+    for batch in _iter_arrow_batches(table, ["text", "link_starts", "link_ends", "link_targets"]):
         for text, starts, ends, targets in zip(batch["text"], batch["link_starts"], batch["link_ends"], batch["link_targets"]):  # fmt: skip
             for start, end, target in zip(starts, ends, targets):
                 entity = resolve(target)
@@ -576,7 +766,7 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
         [[a for a, _ in anchors_by_entity.get(name, Counter()).most_common()] for name in vocab.names],
         vocab.counts,
     )
-    vocab.save(out_dir)
+    _save_entity_vocab(vocab, out_dir)
     aliases.save(out_dir / ALIASES_NAME)
     entity_ids = {name: i for i, name in enumerate(vocab.names)}
     target_to_entity = {
@@ -595,7 +785,7 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
         logger.info("training a byte-level BPE tokenizer (vocab_size=%d) on the corpus text", vocab_size)
 
         def texts() -> Iterator[str]:
-            for batch in _iter_column_batches(pages, ["text"], "tokenizer text"):
+            for batch in _iter_arrow_batches(table, ["text"]):
                 yield from (t for t in batch["text"] if t)
 
         tokenizer = train_tokenizer(texts(), vocab_size=vocab_size)
@@ -604,35 +794,29 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
     tokenizer.save_pretrained(out_dir / "tokenizer")
     stage_done("tokenizer")
 
-    # 4. mentions and passages
-    article_pages = pages.filter(
-        lambda statuses: [s == "article" for s in statuses],
-        input_columns=["status"],
-        batched=True,
-        num_proc=num_proc if num_proc > 1 else None,
-        cache_file_name=str(work_dir / "articles.arrow"),
-        new_fingerprint=uuid.uuid4().hex,
-        desc="articles",
-    )
-    passages = article_pages.map(
-        _make_passages,
-        batched=True,
-        batch_size=64,
-        remove_columns=article_pages.column_names,
-        features=PASSAGE_FEATURES,
-        num_proc=num_proc if num_proc > 1 else None,
-        fn_kwargs={
-            "tokenizer": tokenizer,
-            "target_to_entity": target_to_entity,
-            "entity_aliases": entity_aliases,
-            "entity_by_title": entity_ids,
-            "settings": settings,
-            "heuristics": heuristic_labels,
-        },
-        cache_file_name=str(work_dir / "passages.arrow"),
-        new_fingerprint=uuid.uuid4().hex,  # fn_kwargs are large: do not hash them
-        desc="passages",
-    )
+    # 4. mentions and passages: batches of articles to the worker processes, passages back in order
+    state = {
+        "tokenizer": tokenizer,
+        "target_to_entity": target_to_entity,
+        "entity_aliases": entity_aliases,
+        "entity_by_title": entity_ids,
+        "settings": settings,
+        "heuristics": heuristic_labels,
+    }
+    passages_file = str(work_dir / "passages.arrow")
+    columns = ["page_id", "title", "text", "link_starts", "link_ends", "link_targets"]
+
+    def article_batches() -> Iterator[tuple[dict]]:
+        for batch in _iter_arrow_batches(table, ["status", *columns], _PASSAGE_BATCH_DOCS):
+            keep = [i for i, status in enumerate(batch["status"]) if status == "article"]
+            if keep:
+                yield ({name: [batch[name][i] for i in keep] for name in columns},)
+
+    with _worker_pool(num_proc, state) as pool, _arrow_file(passages_file, _PASSAGE_SCHEMA) as writer:
+        for batch in _ordered_map(pool, _passages_task, article_batches(), _IN_FLIGHT_PER_PROCESS * num_proc):
+            if batch.num_rows:
+                writer.write_batch(batch)
+    passages = datasets.Dataset.from_file(passages_file)
 
     stage_done("passages")
 
@@ -672,14 +856,25 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
     return stats
 
 
+def _save_entity_vocab(vocab: EntityVocab, out_dir: Path) -> None:
+    """`vocab.save(out_dir)`, the same file, written with the C JSON encoder (`json.dump` is several times slower
+    on a large vocabulary)."""
+    with open(out_dir / ENTITY_VOCAB_NAME, "w", encoding="utf-8") as f:
+        f.write(json.dumps(vocab.to_dict(), ensure_ascii=False))
+
+
 def _passage_stats(passages: datasets.Dataset, vocab_size: int) -> dict:
     table = passages.data
     num_passages = len(passages)
-    link_mentions = sum(passages["num_link_mentions"]) if num_passages else 0
-    heuristic_mentions = sum(passages["num_heuristic_mentions"]) if num_passages else 0
-    labeled = sum(passages["num_labeled_mentions"]) if num_passages else 0
-    seen: set[int] = set()
     import pyarrow.compute as pc
+
+    def column_sum(name: str) -> int:
+        return int(pc.sum(table.column(name)).as_py() or 0) if num_passages else 0
+
+    link_mentions = column_sum("num_link_mentions")
+    heuristic_mentions = column_sum("num_heuristic_mentions")
+    labeled = column_sum("num_labeled_mentions")
+    seen: set[int] = set()
 
     for chunk in table.column("entity_labels").chunks:
         unique = pc.unique(chunk.flatten()).to_pylist()

@@ -86,7 +86,8 @@ _REFS_AND_COMMENTS = re.compile(
 _BRACES = re.compile(r"\{\{|\}\}|\{\||\|\}")
 _CLEANUPS = [
     (re.compile(r"'{2,}"), ""),  # bold/italic quotes: parsed with skip_style_tags (faster), removed here
-    (re.compile(r"[ \t\u00a0\u2009\u200b]+"), " "),
+    # runs of spaces -> one space (a lone " " is left alone: same result, much less work)
+    (re.compile(r" [ \t\u00a0\u2009\u200b]+|[\t\u00a0\u2009\u200b][ \t\u00a0\u2009\u200b]*"), " "),
     (re.compile(r"\((?: *[,;:] *)*\)"), ""),  # "( ; born 1950)" leftovers of dropped templates
     (re.compile(r"\((?: *[,;:])+ *"), "("),  # "(; 26 July 1894" after a dropped pronunciation template
     (re.compile(r"\( +"), "("),
@@ -239,19 +240,39 @@ def strip_references_and_templates(wikitext: str) -> str | None:
     return "".join(pieces)
 
 
-def parse_wikitext(wikitext: str) -> tuple[str, list[Link]]:
+def parse_wikitext(wikitext: str, fast: bool = True) -> tuple[str, list[Link]]:
     """Plain text of an article and its entity links (anchor offsets into that text, normalised targets).
 
     Dropped: templates, tables, references, comments, files/images, categories, interlanguage links and the
     trailing reference/link sections. Kept: text, link anchors (with enwiki's link trail: `[[bus]]es` is one
     anchor "buses"), section headings as lines, the text of external links.
+
+    The wikitext is tokenised by mwparserfromhell's C tokenizer. With `fast` (the default), the token stream
+    is rendered directly (`_render_tokens`), without building mwparserfromhell's node tree (the Python
+    `Builder` is most of `mwparserfromhell.parse`'s time); a page whose tokens hold anything that path does
+    not render exactly like the node tree (see `_TokenFallback`) is rendered from the node tree instead.
+    `fast=False` always renders the node tree (the reference; both give identical results).
     """
     wikitext = wikitext.replace(_OPEN, "").replace(_CLOSE, "")
     stripped = strip_references_and_templates(wikitext)
-    code = mwparserfromhell.parse(stripped if stripped is not None else wikitext, skip_style_tags=True)
+    source = stripped if stripped is not None else wikitext
     out: list[str] = []
     targets: list[str] = []
-    _render(code.nodes, out, targets, allow_links=True)
+    rendered = False
+    if fast and _TOKENIZER is not None:
+        try:
+            token_list = _TOKENIZER().tokenize(source, 0, True)
+            token_list.reverse()
+            nodes = _token_nodes(token_list, ())
+            if token_list:
+                raise _TokenFallback("tokens left over")
+            _render_lite(nodes, out, targets, allow_links=True)
+            rendered = True
+        except (_TokenFallback, IndexError, KeyError):
+            out, targets = [], []
+    if not rendered:
+        code = mwparserfromhell.parse(source, skip_style_tags=True)
+        _render(code.nodes, out, targets, allow_links=True)
     marked = "".join(out)
     for pattern, replacement in _CLEANUPS:
         marked = pattern.sub(replacement, marked)
@@ -366,6 +387,254 @@ def _render_link(node: Wikilink, out: list[str], targets: list[str], allow_links
         anchor = _node_plain_text(node.text.nodes)
     else:
         anchor = raw_title
+    target = normalize_title(raw_title)
+    if kind is not None or not target or not allow_links:
+        out.append(anchor)
+        return False
+    leading = anchor[: len(anchor) - len(anchor.lstrip())]
+    trailing = anchor[len(anchor.rstrip()) :]
+    anchor = anchor.strip()
+    if not anchor:
+        out.append(leading + trailing)
+        return False
+    out.extend([leading, _OPEN, anchor, _CLOSE])
+    targets.append(target)
+    if trailing:
+        out.append(trailing)
+        return False
+    return True
+
+
+# --- the fast path: rendering mwparserfromhell's token stream without its node tree -------------------------
+#
+# `_token_nodes` mirrors `mwparserfromhell.parser.builder.Builder` (same recursion over the same tokens) but
+# builds light nodes holding only what `_render` reads; `_render_lite` mirrors `_render` on them. Light nodes:
+#   str                                   Text
+#   (_HEADING, level, title_nodes)        Heading
+#   (_LINK, title_str, text_nodes|None)   Wikilink (title made of text only, else fallback)
+#   (_TAG, name, wiki_markup, contents|None, self_closing)   Tag (name made of text only, else fallback)
+#   (_ENTITY, rendered_str)               HTMLEntity
+#   (_EXTERNAL, title_nodes|None)         ExternalLink
+#   _SKIPPED                              Template, Argument, Comment (rendered as nothing)
+
+try:
+    from mwparserfromhell.parser import tokens as _tokens
+    from mwparserfromhell.parser._tokenizer import CTokenizer as _CTokenizer
+
+    _TOKENIZER = _CTokenizer
+except ImportError:  # no C tokenizer (pure-Python mwparserfromhell): always the node tree
+    _TOKENIZER = None
+
+
+class _TokenFallback(Exception):
+    """The token stream holds something the fast path does not render exactly like the node tree."""
+
+
+_HEADING, _LINK, _TAG, _ENTITY, _EXTERNAL = range(5)
+_SKIPPED = ("skipped",)
+
+
+def _skip_until(token_list: list, open_type, close_type) -> None:
+    depth = 1
+    while True:
+        kind = type(token_list.pop())
+        if kind is open_type:
+            depth += 1
+        elif kind is close_type:
+            depth -= 1
+            if depth == 0:
+                return
+
+
+def _text_only(nodes: list) -> str:
+    if all(type(node) is str for node in nodes):
+        return "".join(nodes)
+    raise _TokenFallback("markup where plain text was expected")
+
+
+def _token_nodes(token_list: list, stop: tuple) -> list:
+    """Light nodes until a token of a type in `stop` (popped; the caller reads it from `_LAST_STOP`)."""
+    nodes: list = []
+    while token_list:
+        token = token_list.pop()
+        kind = type(token)
+        if kind is _T_TEXT:
+            nodes.append(token["text"])
+        elif kind in stop:
+            _LAST_STOP[0] = token
+            return nodes
+        elif kind is _T_LINK_OPEN:
+            title = _token_nodes(token_list, (_T_LINK_SEP, _T_LINK_CLOSE))
+            text = None
+            if type(_LAST_STOP[0]) is _T_LINK_SEP:
+                text = _token_nodes(token_list, (_T_LINK_CLOSE, _T_LINK_SEP))
+                if type(_LAST_STOP[0]) is _T_LINK_SEP:
+                    raise _TokenFallback("second link separator")
+            nodes.append((_LINK, _text_only(title), text))
+        elif kind is _tokens.TemplateOpen:
+            _skip_until(token_list, _tokens.TemplateOpen, _tokens.TemplateClose)
+            nodes.append(_SKIPPED)
+        elif kind is _tokens.CommentStart:
+            _skip_until(token_list, _tokens.CommentStart, _tokens.CommentEnd)
+            nodes.append(_SKIPPED)
+        elif kind is _tokens.ArgumentOpen:
+            _skip_until(token_list, _tokens.ArgumentOpen, _tokens.ArgumentClose)
+            nodes.append(_SKIPPED)
+        elif kind is _tokens.HeadingStart:
+            title = _token_nodes(token_list, (_tokens.HeadingEnd,))
+            nodes.append((_HEADING, token["level"], title))
+        elif kind is _tokens.TagOpenOpen:
+            nodes.append(_tag_node(token_list, token))
+        elif kind is _tokens.HTMLEntityStart:
+            nodes.append((_ENTITY, _entity_text(token_list)))
+        elif kind is _tokens.ExternalLinkOpen:
+            _token_nodes(token_list, (_tokens.ExternalLinkSeparator, _tokens.ExternalLinkClose))  # the URL
+            title = None
+            if type(_LAST_STOP[0]) is _tokens.ExternalLinkSeparator:
+                title = _token_nodes(token_list, (_tokens.ExternalLinkClose, _tokens.ExternalLinkSeparator))
+                if type(_LAST_STOP[0]) is not _tokens.ExternalLinkClose:
+                    raise _TokenFallback("second external link separator")
+            nodes.append((_EXTERNAL, title))
+        else:
+            raise _TokenFallback(f"unexpected {kind.__name__}")
+    if stop:
+        raise _TokenFallback("missing close token")
+    return nodes
+
+
+_LAST_STOP: list = [None]  # the stop token that ended the last `_token_nodes` call
+
+
+def _tag_node(token_list: list, open_token) -> tuple:
+    wiki_markup = open_token.get("wiki_markup")
+    stops = (_tokens.TagAttrStart, _tokens.TagCloseOpen, _tokens.TagCloseSelfclose, _tokens.TagOpenClose,
+             _tokens.TagCloseClose)  # fmt: skip
+    name = None
+    contents = None
+    current = _token_nodes(token_list, stops)
+    while True:
+        kind = type(_LAST_STOP[0])
+        if kind is _tokens.TagAttrStart:
+            if name is not None:
+                raise _TokenFallback("attribute after the tag name was closed")
+            name_nodes = current
+            # an attribute runs to the next attribute or the end of the opening tag; its value is not rendered
+            _token_nodes(token_list, (_tokens.TagAttrEquals, _tokens.TagAttrQuote, *stops))
+            while type(_LAST_STOP[0]) in (_tokens.TagAttrEquals, _tokens.TagAttrQuote):
+                _token_nodes(token_list, (_tokens.TagAttrEquals, _tokens.TagAttrQuote, *stops))
+            if type(_LAST_STOP[0]) in (_tokens.TagOpenClose, _tokens.TagCloseClose):
+                raise _TokenFallback("tag ended inside an attribute")
+            current = name_nodes  # attributes do not add to the name
+            continue
+        if kind is _tokens.TagCloseOpen:
+            if name is not None:
+                raise _TokenFallback("second tag close-open")
+            name = _text_only(current)
+            contents = _token_nodes(token_list, stops)
+            if type(_LAST_STOP[0]) is not _tokens.TagOpenClose:
+                raise _TokenFallback("tag contents not closed")
+            _token_nodes(token_list, (_tokens.TagCloseClose,))  # the closing tag's name
+            return (_TAG, name, wiki_markup, contents, False)
+        if kind is _tokens.TagCloseSelfclose:
+            if name is not None:
+                raise _TokenFallback("self-closing after close-open")
+            return (_TAG, _text_only(current), wiki_markup, None, True)
+        raise _TokenFallback(f"unexpected {kind.__name__} in a tag")
+
+
+def _entity_text(token_list: list) -> str:
+    token = token_list.pop()
+    try:
+        if type(token) is _tokens.HTMLEntityNumeric:
+            token = token_list.pop()
+            if type(token) is _tokens.HTMLEntityHex:
+                text = token_list.pop()
+                node = HTMLEntity(text["text"], named=False, hexadecimal=True, hex_char=token["char"])
+            else:
+                node = HTMLEntity(token["text"], named=False, hexadecimal=False)
+        else:
+            node = HTMLEntity(token["text"], named=True, hexadecimal=False)
+    except Exception as err:  # the node tree path meets it too: let it decide
+        raise _TokenFallback(repr(err)) from None
+    if type(token_list.pop()) is not _tokens.HTMLEntityEnd:
+        raise _TokenFallback("entity not ended")
+    try:
+        return node.normalize()
+    except ValueError:
+        return str(node)
+    except Exception as err:  # the node tree path raises it (the page is malformed)
+        raise _TokenFallback(repr(err)) from None
+
+
+if _TOKENIZER is not None:
+    _T_TEXT = _tokens.Text
+    _T_LINK_OPEN, _T_LINK_SEP, _T_LINK_CLOSE = _tokens.WikilinkOpen, _tokens.WikilinkSeparator, _tokens.WikilinkClose
+
+
+def _lite_plain_text(nodes: list) -> str:
+    out: list[str] = []
+    _render_lite(nodes, out, [], allow_links=False)
+    return "".join(out)
+
+
+def _render_lite(nodes: list, out: list[str], targets: list[str], allow_links: bool) -> None:
+    """`_render` on light nodes."""
+    skip_level = 0
+    pending_trail = False
+    for node in nodes:
+        if type(node) is str:
+            if skip_level:
+                continue
+            value = node
+            if pending_trail:
+                pending_trail = False
+                trail = _LINK_TRAIL.match(value)
+                if trail:
+                    out.insert(len(out) - 1, trail.group())
+                    value = value[trail.end() :]
+            out.append(value)
+            continue
+        kind = node[0] if node is not _SKIPPED else None
+        if kind == _HEADING:
+            if skip_level and node[1] > skip_level:
+                continue
+            title = _lite_plain_text(node[2]).strip()
+            skip_level = node[1] if title.lower() in SKIPPED_SECTIONS else 0
+            if not skip_level and title:
+                out.append(f"\n{title}\n")
+            continue
+        if skip_level:
+            continue
+        pending_trail = False
+        if kind == _LINK:
+            pending_trail = _render_lite_link(node, out, targets, allow_links)
+        elif kind == _TAG:
+            _, name, wiki_markup, contents, self_closing = node
+            tag = name.strip().lower()
+            if tag in DROPPED_TAGS:
+                continue
+            if tag in _NEWLINE_TAGS and not wiki_markup:
+                out.append("\n")
+            if contents is not None and not self_closing:
+                _render_lite(contents, out, targets, allow_links)
+        elif kind == _ENTITY:
+            out.append(node[1])
+        elif kind == _EXTERNAL:
+            if node[1] is not None:
+                _render_lite(node[1], out, targets, allow_links=False)
+
+
+def _render_lite_link(node: tuple, out: list[str], targets: list[str], allow_links: bool) -> bool:
+    """`_render_link` on a light node."""
+    _, title, text = node
+    raw_title = title.strip()
+    leading_colon = raw_title.startswith(":")
+    if leading_colon:
+        raw_title = raw_title[1:].strip()
+    kind = _link_namespace(raw_title)
+    if kind == "drop" and not leading_colon:
+        return False
+    anchor = _lite_plain_text(text) if text is not None else raw_title
     target = normalize_title(raw_title)
     if kind is not None or not target or not allow_links:
         out.append(anchor)
