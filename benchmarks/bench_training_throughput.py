@@ -138,7 +138,8 @@ def main() -> None:
     steps = {}
     for name, model in models.items():
         model.train()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+        # Fused AdamW, as `edmem pretrain` uses by default.
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
         steps[name] = [step_fn(model, optimizer, b, name != "bart") for b in batches]
         params = sum(p.numel() for p in model.parameters())
         print(f"{name}: {params / 1e6:.1f}M parameters")
