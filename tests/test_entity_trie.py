@@ -171,3 +171,19 @@ def test_from_sequences_matches_reference_on_random_data():
         assert trie.lookup(seq) == i
         for d in range(len(seq)):
             assert set(trie.allowed_next_tokens(seq[:d])) == reference_next_tokens(seqs, seq[:d])
+
+
+def test_many_names_batched_tokenisation_is_exact(tokenizer):
+    """Above 1024 names, names are encoded in newline-joined chunks: the result must equal name-by-name."""
+    rng = random.Random(3)
+    words = make_words(300, seed=4) + ["O'Neil's", "AT&T", "3.14", "Zürich", "C++", "don't"]
+    names = sorted({" ".join(rng.sample(words, rng.randint(1, 4))) for _ in range(3000)})
+    assert len(names) > 1024
+    trie = EntityTrie.build(names, tokenizer, end_token_id=2)
+    for i in range(0, len(names), 7):
+        assert trie.sequence(i) == tokenizer(" " + names[i], add_special_tokens=False).input_ids + [2]
+    # Names the joined encoding cannot split safely (trailing space, newline) fall back to name by name.
+    odd = names[:1500] + ["trailing space ", "two\nlines"]
+    trie = EntityTrie.build(odd, tokenizer, end_token_id=2)
+    assert trie.sequence(len(odd) - 1) == tokenizer(" two\nlines", add_special_tokens=False).input_ids + [2]
+    assert trie.sequence(len(odd) - 2) == tokenizer(" trailing space ", add_special_tokens=False).input_ids + [2]

@@ -92,25 +92,62 @@ def _tokenize(texts: list[str], tokenizer: Any, add_special_tokens: bool) -> tup
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None and hasattr(tokenizer, "encode_batch"):  # a bare `tokenizers.Tokenizer`
         backend = tokenizer
-    if backend is not None:
-        # The backend keeps the padding/truncation of the last `tokenizer(..., padding=True)` call: switch them
-        # off for the names (padding would append pad tokens to every name), then restore them.
-        padding, truncation = backend.padding, backend.truncation
-        backend.no_padding()
-        backend.no_truncation()
-        try:
-            encode = getattr(backend, "encode_batch_fast", None) or backend.encode_batch
-            ids = [e.ids for e in encode(texts, add_special_tokens=add_special_tokens)]
-        finally:
-            if padding is not None:
-                backend.enable_padding(**padding)
-            if truncation is not None:
-                backend.enable_truncation(**truncation)
-    else:  # slow tokenizer: correct, not fast
+    if backend is None:  # slow tokenizer: correct, not fast
         ids = tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]
+        return _flatten(ids)
+    # The backend keeps the padding/truncation of the last `tokenizer(..., padding=True)` call: switch them off
+    # for the names (padding would append pad tokens to every name), then restore them.
+    padding, truncation = backend.padding, backend.truncation
+    backend.no_padding()
+    backend.no_truncation()
+    try:
+        encode = getattr(backend, "encode_batch_fast", None) or backend.encode_batch
+        if not add_special_tokens and len(texts) > 1024:
+            joined = _tokenize_joined(texts, backend, encode)
+            if joined is not None:
+                return joined
+        return _flatten([e.ids for e in encode(texts, add_special_tokens=add_special_tokens)])
+    finally:
+        if padding is not None:
+            backend.enable_padding(**padding)
+        if truncation is not None:
+            backend.enable_truncation(**truncation)
+
+
+def _flatten(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
     flat = np.fromiter((t for seq in ids for t in seq), dtype=np.int32, count=int(lengths.sum()))
     return flat, lengths
+
+
+def _tokenize_joined(texts: list[str], backend: Any, encode: Callable) -> tuple[np.ndarray, np.ndarray] | None:
+    """
+    About 3x faster for many short names: encodes chunks of names joined by newlines (one Encoding per chunk
+    instead of per name) and splits at the newline token. With a byte-level BPE a newline is a pre-token of its
+    own, so this is exact; it is used only if every chunk splits into its names and a random sample of names
+    encodes identically on its own, else None (the caller encodes name by name).
+    """
+    sep = backend.encode("\n", add_special_tokens=False).ids
+    if len(sep) != 1 or any("\n" in t or t != t.rstrip() for t in texts):
+        return None
+    sep_id, chunk = sep[0], 512
+    chunks = ["\n".join(texts[i : i + chunk]) for i in range(0, len(texts), chunk)]
+    parts = []
+    for encoding in encode(chunks, add_special_tokens=False):
+        parts.append(np.asarray(encoding.ids, dtype=np.int32))
+        parts.append(np.array([sep_id], dtype=np.int32))
+    full = np.concatenate(parts[:-1])
+    seps = np.flatnonzero(full == sep_id)
+    if len(seps) != len(texts) - 1:
+        return None
+    lengths = np.diff(np.concatenate([[-1], seps, [len(full)]])) - 1
+    flat = full[full != sep_id]
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    sample = np.random.default_rng(0).choice(len(texts), size=min(256, len(texts)), replace=False)
+    for i, encoding in zip(sample, encode([texts[i] for i in sample], add_special_tokens=False)):
+        if flat[offsets[i] : offsets[i + 1]].tolist() != encoding.ids:
+            return None
+    return flat, lengths.astype(np.int64)
 
 
 def _tokenizer_fingerprint(tokenizer: Any) -> str:

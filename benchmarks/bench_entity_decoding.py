@@ -1,0 +1,375 @@
+"""Benchmark of entity-constrained decoding: our vectorised processor vs `prefix_allowed_tokens_fn` + dict trie.
+
+Standalone section (`bench_standalone`): a plain BART (4+4 layers, d_model 256, random weights) with a byte-level
+BPE trained here on the Wikipedia sample of `../shared/data`, batch 32, 16 new tokens, greedy and 5 beams. The
+decoder is prompted with `</s> <s> <E_s>` and the logit bias of `<E_s>` is raised, so that the model opens a new
+mention as soon as one is closed: constraints are active for most steps (the output states the fraction), and
+`min_new_tokens=16` makes every run generate the same number of steps. Entity names: the 10K most linked
+targets of the sample (real names) and 1M synthetic names (1-4 words of the sample's vocabulary).
+
+Times are the minimum over interleaved repeats after a warm-up. The script ends with one `RESULT key=value ...`
+line. An EDMem section (static/dynamic entity linking through `EDMemForConditionalGeneration.generate`) can be
+added as another `bench_*` function whose figures are merged into the RESULT line.
+
+    python benchmarks/bench_entity_decoding.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import bz2
+import collections
+import gc
+import os
+import random
+import re
+import resource
+import sys
+import tempfile
+import time
+import tracemalloc
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import (
+    BartConfig,
+    BartForConditionalGeneration,
+    LogitsProcessor,
+    LogitsProcessorList,
+    PrefixConstrainedLogitsProcessor,
+    PreTrainedTokenizerFast,
+)
+
+from edmem_hf.entity_decoding import EntityConstrainedLogitsProcessor, EntityTrie, marker_token_ids
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WIKI = os.path.join(ROOT, "..", "shared", "data", "wikipedia", "enwiki-pages-articles-sample-206.xml.bz2")
+
+
+# --- data ----------------------------------------------------------------------------------------------------
+
+
+def load_wiki(path: str = WIKI) -> tuple[str, list[str]]:
+    """Wikitext of the sample and its link targets, most linked first."""
+    text = bz2.open(path, "rt", encoding="utf-8").read()
+    links = collections.Counter(
+        m.strip() for m in re.findall(r"\[\[([^\]|#]+)", text) if ":" not in m and m.strip() and "\n" not in m
+    )
+    return text, [name for name, _ in links.most_common()]
+
+
+def train_tokenizer(text: str, vocab_size: int = 12000) -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>", "<E_s>", "<E_e>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    lines = [line for line in text.split("\n") if line.strip()]
+    tok.train_from_iterator(lines, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        mask_token="<mask>",
+        additional_special_tokens=["<E_s>", "<E_e>"],
+    )
+
+
+def synthetic_names(text: str, real: list[str], n: int, seed: int = 0) -> list[str]:
+    """`n` unique names: the real ones, then 1-4 capitalised words of the text (the real length distribution)."""
+    rng = random.Random(seed)
+    words = sorted({w for w in re.findall(r"[A-Z][a-z]{2,}", text)})
+    counts = [len(name.split()) for name in real] or [2]
+    names = dict.fromkeys(real[:n])
+    while len(names) < n:
+        for _ in range(n - len(names)):
+            names[" ".join(rng.choices(words, k=min(4, rng.choice(counts))))] = None
+    return list(names)[:n]
+
+
+# --- GENRE-style reference -----------------------------------------------------------------------------------
+
+
+class DictTrie:
+    """GENRE's nested-dict prefix tree (github.com/facebookresearch/GENRE, genre/trie.py), slimmed down."""
+
+    def __init__(self, sequences: list[list[int]]):
+        self.root: dict = {}
+        for seq in sequences:
+            node = self.root
+            for token in seq:
+                node = node.setdefault(token, {})
+
+    def get(self, prefix: list[int]) -> list[int] | None:
+        node = self.root
+        for token in prefix:
+            node = node.get(token)
+            if node is None:
+                return None
+        return list(node.keys())
+
+
+def genre_prefix_fn(trie: DictTrie, start_id: int, end_id: int, vocab_size: int):
+    """`prefix_allowed_tokens_fn` with the same rules as our marker mode (outside a mention: all but `<E_e>`)."""
+    outside = [i for i in range(vocab_size) if i != end_id]
+
+    def fn(batch_id: int, sent: torch.Tensor) -> list[int]:
+        tokens = sent.tolist()
+        try:
+            last = len(tokens) - 1 - tokens[::-1].index(start_id)
+        except ValueError:
+            return outside
+        prefix = tokens[last + 1 :]
+        if end_id in prefix:
+            return outside
+        allowed = trie.get(prefix)
+        return allowed if allowed else [end_id]
+
+    return fn
+
+
+# --- helpers -------------------------------------------------------------------------------------------------
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def build_trie_measured(names: list[str], tokenizer, end_id: int) -> tuple[EntityTrie, float, float, float]:
+    """Builds without cache; returns the trie, seconds, tracemalloc peak (MB) and RSS growth (MB)."""
+    gc.collect()
+    rss0 = rss_mb()
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    trie = EntityTrie.build(names, tokenizer, end_token_id=end_id)
+    seconds = time.perf_counter() - t0
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return trie, seconds, peak / 2**20, rss_mb() - rss0
+
+
+def make_model(vocab_size: int, start_id: int, seed: int = 0) -> BartForConditionalGeneration:
+    torch.manual_seed(seed)
+    config = BartConfig(
+        vocab_size=vocab_size,
+        d_model=256,
+        encoder_layers=4,
+        decoder_layers=4,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=1024,
+        decoder_ffn_dim=1024,
+        max_position_embeddings=128,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+        decoder_start_token_id=2,
+        forced_eos_token_id=None,
+    )
+    model = BartForConditionalGeneration(config).eval()
+    model.final_logits_bias[0, start_id] = 30.0  # open a mention whenever one may be opened
+    return model
+
+
+def check_spans(sequences: torch.Tensor, start_id: int, end_id: int, valid: set[tuple[int, ...]]) -> float:
+    """Fraction of closed spans that are names (must be 1.0 for our processor)."""
+    good = total = 0
+    for seq in sequences.tolist():
+        for i, tok in enumerate(seq):
+            if tok != start_id:
+                continue
+            j = i + 1
+            while j < len(seq) and seq[j] not in (start_id, end_id):
+                j += 1
+            if j < len(seq) and seq[j] == end_id:
+                total += 1
+                good += tuple(seq[i + 1 : j + 1]) in valid
+            elif j < len(seq):
+                total += 1  # interrupted by another <E_s>: not a name
+    return good / max(total, 1)
+
+
+CLOCK = time.perf_counter
+
+
+class Timed(LogitsProcessor):
+    """Wraps a processor and adds up the time spent in it."""
+
+    def __init__(self, inner: LogitsProcessor):
+        self.inner, self.seconds = inner, 0.0
+
+    def __call__(self, input_ids, scores):
+        t0 = CLOCK()
+        out = self.inner(input_ids, scores)
+        self.seconds += CLOCK() - t0
+        return out
+
+
+def time_generate(model, inputs, repeats: int, **kwargs) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = CLOCK()
+        with torch.inference_mode():
+            model.generate(**inputs, **kwargs)
+        best = min(best, CLOCK() - t0)
+    return best
+
+
+# --- sections ------------------------------------------------------------------------------------------------
+
+
+def bench_standalone(quick: bool = False, repeats: int = 3) -> dict[str, float]:
+    results: dict[str, float] = {}
+    text, real_names = load_wiki()
+    t0 = time.perf_counter()
+    tokenizer = train_tokenizer(text)
+    print(f"tokenizer: {len(tokenizer)} tokens, trained in {time.perf_counter() - t0:.1f}s")
+    start_id, end_id = marker_token_ids(tokenizer)
+    vocab = len(tokenizer)
+    model = make_model(vocab, start_id)
+    batch, new_tokens = 32, 16
+    sentences = [s for s in re.split(r"(?<=\.)\s", text[200000:400000]) if 40 < len(s) < 300][:batch]
+    inputs = tokenizer(sentences, return_tensors="pt", padding=True, truncation=True, max_length=48)
+    prompt = torch.tensor([[2, 0, start_id]] * batch)
+    sizes = {"10k": 10_000, "1m": 100_000 if quick else 1_000_000}
+
+    for size_key, n in sizes.items():
+        names = synthetic_names(text, real_names, n)
+        real = sum(1 for name in names[: len(real_names)] if name in set(real_names))
+        trie, build_s, peak_mb, rss_delta = build_trie_measured(names, tokenizer, end_id)
+        print(
+            f"\n[{size_key}] {n} names ({real} real link targets); trie: {trie}, built in {build_s:.2f}s "
+            f"(tokenisation included), tracemalloc peak {peak_mb:.0f} MB, RSS +{rss_delta:.0f} MB"
+        )
+        results[f"trie_build_s_{size_key}"] = build_s
+        results[f"trie_mb_{size_key}"] = trie.nbytes / 2**20
+        results[f"trie_build_peak_mb_{size_key}"] = peak_mb
+        with tempfile.TemporaryDirectory() as tmp:
+            t0 = time.perf_counter()
+            path = trie.save(os.path.join(tmp, "trie"))
+            save_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            EntityTrie.load(path)
+            print(
+                f"  save {save_s:.2f}s, load {time.perf_counter() - t0:.2f}s, {os.path.getsize(path) / 2**20:.0f} MB"
+            )
+
+        sequences = [trie.sequence(i) for i in range(len(names))]
+        valid = set(map(tuple, sequences))
+        t0 = time.perf_counter()
+        tracemalloc.start()
+        dict_trie = DictTrie(sequences)
+        dict_mb = tracemalloc.get_traced_memory()[0] / 2**20
+        tracemalloc.stop()
+        dict_s = time.perf_counter() - t0
+        print(f"  GENRE dict trie over the same sequences: {dict_s:.1f}s, {dict_mb:.0f} MB (excluding tokenisation)")
+        prefix_fn = genre_prefix_fn(dict_trie, start_id, end_id, vocab)
+        processor = EntityConstrainedLogitsProcessor(trie, start_token_id=start_id, end_token_id=end_id)
+        del sequences
+
+        for mode, kwargs in (("greedy", {"num_beams": 1}), ("beam5", {"num_beams": 5})):
+            common = dict(decoder_input_ids=prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kwargs)
+            ours_proc = Timed(processor)
+            theirs_proc = Timed(PrefixConstrainedLogitsProcessor(prefix_fn, kwargs["num_beams"]))
+            ours = dict(logits_processor=LogitsProcessorList([ours_proc]), **common)
+            theirs = dict(logits_processor=LogitsProcessorList([theirs_proc]), **common)
+            # Warm-up, correctness and constrained fraction.
+            with torch.inference_mode():
+                model.generate(**inputs, **common)
+                steps0, total0 = processor.constrained_steps, processor.total_steps
+                out = model.generate(**inputs, **ours)
+            frac = (processor.constrained_steps - steps0) / max(processor.total_steps - total0, 1)
+            ok = check_spans(out[:, prompt.shape[1] - 1 :], start_id, end_id, valid)
+            # The dict-trie baseline at 1M with beams is slow: one timed run only.
+            slow = size_key != "10k" and mode == "beam5"
+            free_t = ours_t = theirs_t = float("inf")
+            ours_in = theirs_in = float("inf")
+            for _ in range(repeats):  # interleaved
+                free_t = min(free_t, time_generate(model, inputs, 1, **common))
+                ours_proc.seconds = 0.0
+                ours_t = min(ours_t, time_generate(model, inputs, 1, **ours))
+                ours_in = min(ours_in, ours_proc.seconds)
+                if not slow or theirs_t == float("inf"):
+                    theirs_proc.seconds = 0.0
+                    theirs_t = min(theirs_t, time_generate(model, inputs, 1, **theirs))
+                    theirs_in = min(theirs_in, theirs_proc.seconds)
+            with torch.inference_mode():
+                out_theirs = model.generate(**inputs, **theirs) if mode == "greedy" else None
+            same = bool(torch.equal(out, out_theirs)) if out_theirs is not None else None
+            ours_ratio, theirs_ratio = ours_t / free_t, theirs_t / free_t
+            added_wall = (ours_t - free_t) / max(theirs_t - free_t, 1e-9)
+            print(
+                f"  {mode:6s} free {free_t * 1000:7.1f} ms | ours {ours_t * 1000:7.1f} ms ({ours_ratio:.3f}x, "
+                f"{ours_in * 1000:.1f} ms in the processor) | prefix_fn {theirs_t * 1000:8.1f} ms "
+                f"({theirs_ratio:.2f}x, {theirs_in * 1000:.0f} ms in the processor){' [1 run]' if slow else ''}\n"
+                f"         processor time ours/prefix_fn {ours_in / theirs_in:.4f}, wall-clock added time ours/prefix_fn "
+                f"{added_wall:.3f} | constrained rows x steps {frac:.0%} | valid spans {ok:.0%}"
+                + (f" | same output as prefix_fn: {same}" if same is not None else "")
+            )
+            results[f"ours_{mode}_{size_key}"] = ours_ratio
+            results[f"ours_proc_{mode}_{size_key}"] = 1 + ours_in / free_t
+            results[f"prefix_fn_{mode}_{size_key}"] = theirs_ratio
+            results[f"added_ratio_{mode}_{size_key}"] = ours_in / theirs_in
+            results[f"added_wall_ratio_{mode}_{size_key}"] = added_wall
+            results[f"constrained_frac_{mode}_{size_key}"] = frac
+            if ok < 1.0:
+                print("  ERROR: our processor produced a span that is not a name", file=sys.stderr)
+        del dict_trie, prefix_fn, processor, trie
+        gc.collect()
+    results["added_time_ratio_vs_prefix_fn"] = max(v for k, v in results.items() if k.startswith("added_ratio_"))
+    results["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="100K instead of 1M names")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: timings robust to other load)")
+    parser.add_argument(
+        "--clock",
+        choices=["cpu", "wall"],
+        default="cpu",
+        help="cpu: CPU time of this thread (with --threads 1, robust on a shared machine); wall: perf_counter",
+    )
+    args = parser.parse_args(argv)
+    global CLOCK
+    CLOCK = time.thread_time if args.clock == "cpu" else time.perf_counter
+    if args.clock == "cpu" and args.threads != 1:
+        parser.error("--clock cpu measures one thread: use --threads 1")
+    torch.set_num_threads(args.threads)
+    print(f"torch threads: {args.threads}, clock: {args.clock}; load average: {os.getloadavg()}")
+    results = bench_standalone(quick=args.quick, repeats=args.repeats)
+    keys = [
+        "ours_greedy_10k",
+        "ours_beam5_10k",
+        "ours_greedy_1m",
+        "ours_beam5_1m",
+        "prefix_fn_greedy_10k",
+        "prefix_fn_beam5_10k",
+        "prefix_fn_greedy_1m",
+        "prefix_fn_beam5_1m",
+        "added_time_ratio_vs_prefix_fn",
+        "ours_proc_greedy_1m",
+        "ours_proc_beam5_1m",
+        "trie_build_s_1m",
+        "trie_mb_1m",
+        "trie_build_peak_mb_1m",
+        "constrained_frac_greedy_1m",
+        "constrained_frac_beam5_1m",
+    ]
+    print("RESULT " + " ".join(f"{k}={results[k]:.3f}" for k in keys if k in results))
+    return 0
+
+
+if __name__ == "__main__":
+    np.seterr(all="ignore")
+    sys.exit(main())
