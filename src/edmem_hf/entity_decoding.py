@@ -659,25 +659,24 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
             lo, hi = int(t["first_child"][node]), int(t["first_child"][node + 1])
             masks[i, t["edge_key"][lo - 1 : hi - 1] % v] = True
         t["dense_nodes"], t["dense_masks"] = dense, masks
+        t["leaf"] = counts == 0
+        for name, value in (("outside", OUTSIDE), ("dead", DEAD), ("zero", 0), ("end", self.end_token_id)):
+            t[name] = torch.tensor(value, dtype=torch.long, device=device)  # 0-d: no scalar conversion per call
         self._t = t
 
     def _advance(self, node: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
         """One transition for every row: state `(rows,)` x token `(rows,)` -> state `(rows,)`."""
         t, v = self._t, self.trie.vocab_size
         edge_key = t["edge_key"]
-        in_trie = node >= 0
         key = node.clamp(min=0) * v + tok.clamp(0, v - 1)
-        pos = torch.searchsorted(edge_key, key).clamp(max=edge_key.numel() - 1)
-        found = in_trie & (edge_key[pos] == key) & (tok < v) & (tok >= 0)
+        pos = torch.searchsorted(edge_key, key).clamp_(max=edge_key.numel() - 1)
+        found = (edge_key.take(pos) == key) & (node >= 0) & (tok < v) & (tok >= 0)
         child = pos + 1
-        first_child = t["first_child"]
-        leaf = first_child[child + 1] == first_child[child]
-        is_end = tok == self.end_token_id
-        span_state = torch.where(is_end, OUTSIDE, DEAD)
-        new = torch.where(found, torch.where(leaf, OUTSIDE, child), span_state)
-        new = torch.where(node == OUTSIDE, OUTSIDE, new)
+        inside = torch.where(t["leaf"].take(child), t["outside"], child)  # a leaf: the sequence is complete
+        otherwise = torch.where((tok == self.end_token_id) | (node == OUTSIDE), t["outside"], t["dead"])
+        new = torch.where(found, inside, otherwise)
         if self.start_token_id is not None:
-            new = torch.where(tok == self.start_token_id, 0, new)
+            new = torch.where(tok == self.start_token_id, t["zero"], new)
         return new
 
     def _recompute(self, input_ids: torch.LongTensor) -> torch.Tensor:
@@ -795,9 +794,10 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
         elif parents is None:  # rows we cannot trace (should not happen in generate()): recompute their states
             self._node = self._recompute(input_ids)
         else:
-            self._node = self._advance(self._node[parents], input_ids[:, -1])
+            self._node = self._advance(self._node.index_select(0, parents), input_ids[:, -1])
             if self._cands is not None:
-                self._cands, self._scores = self._cands[parents], self._scores[parents]
+                self._cands = self._cands.index_select(0, parents)
+                self._scores = self._scores.index_select(0, parents)
         self._prev_ids = input_ids.clone()
 
         if self.candidates_fn is not None:
@@ -824,11 +824,14 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
     def _mask(self, scores: torch.FloatTensor, node: torch.Tensor, in_span: torch.Tensor) -> torch.FloatTensor:
         """
         Allowed tokens of every row -> scores `(rows, V)` with the others at `-inf`. One write pass over
-        `(rows, V)`; everything else works on `(rows,)`, `(rows, k)` or `(allowed pairs,)` tensors.
+        `(rows, V)`; everything else works on `(rows,)`, `(rows, k)` or `(allowed pairs,)` tensors (gathers with
+        `take`, writes with `put_`: much cheaper per call than advanced indexing).
         """
         t = self._t
         rows, vocab = scores.shape
         device = scores.device
+        neg_inf = float("-inf")
+        flat_scores = scores.reshape(-1)
         in_trie = node >= 0
         safe = node.clamp(min=0)
         dense_rows = dense_scores = None
@@ -836,75 +839,85 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
             # Candidate subset: a candidate fits if its sorted position is in the node's range; its next token is
             # its sequence's token at the node's depth. Column k: the end token, when no candidate fits.
             cands = self._cands
-            ranks = t["rank"][cands.clamp(min=0)].long()
-            lo, hi = t["node_lo"][safe].long(), t["node_hi"][safe].long()
-            depth = t["node_depth"][safe].long()
+            ranks = t["rank"].take(cands.clamp(min=0)).long()
+            lo, hi = t["node_lo"].take(safe).long(), t["node_hi"].take(safe).long()
+            depth = t["node_depth"].take(safe).long()
             valid = (cands >= 0) & in_trie[:, None] & (ranks >= lo[:, None]) & (ranks < hi[:, None])
-            valid &= t["seq_len"][ranks].long() > depth[:, None]
-            pos = (t["seq_offsets"][ranks] + depth[:, None]).clamp(max=t["seq_tokens"].numel() - 1)
-            tok = t["seq_tokens"][pos].long()
+            valid &= t["seq_len"].take(ranks).long() > depth[:, None]
+            pos = (t["seq_offsets"].take(ranks) + depth[:, None]).clamp_(max=t["seq_tokens"].numel() - 1)
+            tok = t["seq_tokens"].take(pos).long()
             fallback = in_span & ~valid.any(-1)
             tok = torch.cat([tok, torch.full_like(tok[:, :1], self.end_token_id)], dim=1)
             valid = torch.cat([valid, fallback[:, None]], dim=1) & (tok < vocab)
-            row_idx = torch.arange(rows, device=device)[:, None].expand_as(tok)
-            vals = scores.gather(1, tok.clamp(max=vocab - 1)).masked_fill(~valid, float("-inf"))
+            flat_idx = torch.arange(rows, device=device)[:, None] * vocab + tok.clamp(max=vocab - 1)
+            vals = flat_scores.take(flat_idx).masked_fill_(~valid, neg_inf)
             best = vals.amax(-1)
+            pair_row_constrained = None
         else:
             # All entities: the children of each row's node; nodes with many children use a dense mask.
             first_child = t["first_child"]
-            start = torch.where(in_trie, first_child[safe].long(), 0)
-            count = torch.where(in_trie, first_child[safe + 1].long() - start, 0)
+            start = torch.where(in_trie, first_child.take(safe).long(), t["zero"])
+            count = torch.where(in_trie, first_child.take(safe + 1).long() - start, t["zero"])
             dense_nodes = t["dense_nodes"]
             best_dense = None
             if dense_nodes.numel():
-                slot = torch.searchsorted(dense_nodes, safe).clamp(max=dense_nodes.numel() - 1)
-                is_dense = in_trie & (dense_nodes[slot] == safe)
+                slot = torch.searchsorted(dense_nodes, safe).clamp_(max=dense_nodes.numel() - 1)
+                is_dense = in_trie & (dense_nodes.take(slot) == safe)
                 if bool(is_dense.any()):
-                    count = torch.where(is_dense, 0, count)
+                    count = torch.where(is_dense, t["zero"], count)
                     dense_rows = torch.nonzero(is_dense).flatten()
-                    masks = t["dense_masks"][slot[dense_rows], :vocab]
-                    dense_scores = torch.where(masks, scores[dense_rows, : masks.shape[1]], float("-inf"))
-                    best_dense = torch.full((rows,), float("-inf"), dtype=scores.dtype, device=device)
-                    best_dense[dense_rows] = dense_scores.amax(-1)
+                    masks = t["dense_masks"].index_select(0, slot.index_select(0, dense_rows))[:, :vocab]
+                    dense_scores = torch.where(masks, scores.index_select(0, dense_rows)[:, : masks.shape[1]], neg_inf)
+                    best_dense = torch.full((rows,), neg_inf, dtype=scores.dtype, device=device)
+                    best_dense.index_copy_(0, dense_rows, dense_scores.amax(-1))
             dead = in_span & ~in_trie
-            count = torch.where(dead, 1, count)
+            count = count.masked_fill(dead, 1)
             total = int(count.sum())
             row_idx = torch.repeat_interleave(torch.arange(rows, device=device), count, output_size=total)
+            # Position of each pair within its row's children: a running index minus the row's first pair.
             offset = torch.arange(total, device=device) - torch.repeat_interleave(
                 torch.cumsum(count, 0) - count, count, output_size=total
             )
-            edge = torch.repeat_interleave(start, count, output_size=total) + offset - 1
-            edge = edge.clamp(0, max(t["edge_key"].numel() - 1, 0))
-            tok = t["edge_key"][edge] % self.trie.vocab_size
-            tok = torch.where(dead[row_idx], self.end_token_id, tok)
+            edge = (torch.repeat_interleave(start - 1, count, output_size=total) + offset).clamp_(min=0)
+            tok = t["edge_key"].take(edge) % self.trie.vocab_size
+            tok = torch.where(dead.take(row_idx), t["end"], tok)
             valid = tok < vocab
-            vals = scores[row_idx, tok.clamp(max=vocab - 1)].masked_fill(~valid, float("-inf"))
-            best = torch.full((rows,), float("-inf"), dtype=scores.dtype, device=device)
-            best = best.scatter_reduce(0, row_idx, vals, reduce="amax")
+            flat_idx = row_idx * vocab + tok.clamp(max=vocab - 1)
+            vals = flat_scores.take(flat_idx).masked_fill_(~valid, neg_inf)
+            best = torch.full((rows,), neg_inf, dtype=scores.dtype, device=device)
+            best = best.scatter_reduce_(0, row_idx, vals, reduce="amax")
             if best_dense is not None:
                 best = torch.maximum(best, best_dense)
+            pair_row_constrained = row_idx
         # Rows whose allowed tokens all came in at -inf keep their scores (another processor decided).
-        constrain = in_span & (best > float("-inf"))
-        neg_inf = float("-inf")
+        constrain = in_span & (best > neg_inf)
         num_constrained = int(constrain.sum())
         # Write each score once: constrained rows start at -inf, the others are copied (whichever is less work),
-        # then the allowed scores are put back. (A boolean mask + torch.where is several times slower on CPU.)
+        # then the allowed scores are put back. One spare element at the end takes the pairs not to write.
+        buffer = torch.empty(rows * vocab + 1, dtype=scores.dtype, device=device)
+        out = buffer[:-1].view(rows, vocab)
         if 2 * num_constrained > rows:
-            out = torch.full_like(scores, neg_inf)
+            buffer.fill_(neg_inf)
             free_rows = torch.nonzero(~constrain).flatten()
-            out.index_copy_(0, free_rows, scores.index_select(0, free_rows))
+            if free_rows.numel():
+                out.index_copy_(0, free_rows, scores.index_select(0, free_rows))
         else:
-            out = scores.clone()
-            out.index_fill_(0, torch.nonzero(constrain).flatten(), neg_inf)
+            out.copy_(scores)
+            if num_constrained:
+                out.index_fill_(0, torch.nonzero(constrain).flatten(), neg_inf)
         if num_constrained:
-            put = (valid & constrain[row_idx]).flatten()
-            flat_idx = (row_idx * vocab + tok.clamp(max=vocab - 1)).flatten()[put]
-            out.view(-1)[flat_idx] = vals.flatten()[put]
+            if pair_row_constrained is None:
+                put = valid & constrain[:, None]
+            else:
+                put = valid & constrain.take(pair_row_constrained)
+            buffer.put_(torch.where(put, flat_idx, rows * vocab), vals)
             if dense_rows is not None:
-                sel = constrain[dense_rows]
-                out[dense_rows[sel], : dense_scores.shape[1]] = dense_scores[sel]
+                sel = torch.nonzero(constrain.index_select(0, dense_rows)).flatten()
+                if sel.numel():
+                    rows_sel = dense_rows.index_select(0, sel)
+                    out[:, : dense_scores.shape[1]].index_copy_(0, rows_sel, dense_scores.index_select(0, sel))
         if self.start_token_id is not None and self.end_token_id < vocab:
-            out[:, self.end_token_id] = out[:, self.end_token_id].masked_fill(~in_span, neg_inf)  # <E_e> outside
+            out[:, self.end_token_id].masked_fill_(~in_span, neg_inf)  # no <E_e> outside a mention
         return out
 
     # --- construction helpers ---------------------------------------------------------------------------
