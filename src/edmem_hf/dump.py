@@ -13,9 +13,12 @@ mwparserfromhell whole.
 from __future__ import annotations
 
 import bz2
+import io
 import logging
 import os
+import queue
 import re
+import threading
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -135,13 +138,96 @@ class ParsedPage:
 
 
 def open_dump(path: str | os.PathLike):
-    """Opens a dump as a binary stream, decompressing `.bz2` on the fly."""
+    """Opens a dump as a binary stream, decompressing `.bz2` on the fly (in a background thread: libbz2 releases
+    the GIL, so decompression overlaps with the XML parsing that reads the stream)."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"dump file {path} does not exist")
     if path.endswith(".bz2"):
-        return bz2.open(path, "rb")
+        return io.BufferedReader(_ThreadedBZ2Reader(path), buffer_size=1 << 16)
     return open(path, "rb")
+
+
+class _ThreadedBZ2Reader(io.RawIOBase):
+    """A `.bz2` file (one or several concatenated streams, like `bz2.open`) decompressed by a background thread
+    a block at a time; at most `max_blocks` decompressed blocks wait in memory."""
+
+    def __init__(self, path: str, block_size: int = 1 << 20, max_blocks: int = 8):
+        super().__init__()
+        self._file = open(path, "rb")
+        self._blocks: queue.Queue = queue.Queue(maxsize=max_blocks)
+        self._pending = memoryview(b"")
+        self._done = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._decompress, args=(block_size,), daemon=True)
+        self._thread.start()
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._blocks.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _decompress(self, block_size: int) -> None:
+        try:
+            decompressor = bz2.BZ2Decompressor()
+            started = False  # bytes of the current stream seen
+            while True:
+                data = self._file.read(block_size)
+                if not data:
+                    if started and not decompressor.eof:
+                        raise EOFError("Compressed file ended before the end-of-stream marker was reached")
+                    break
+                while data:
+                    fresh = False
+                    if decompressor.eof:
+                        decompressor, fresh = bz2.BZ2Decompressor(), True
+                    started = True
+                    try:
+                        out = decompressor.decompress(data)
+                    except OSError:
+                        if fresh:  # trailing bytes after the last stream are ignored, as bz2.open does
+                            self._put(None)
+                            return
+                        raise
+                    data = decompressor.unused_data if decompressor.eof else b""
+                    if decompressor.eof:
+                        started = False
+                    if out and not self._put(out):
+                        return
+            self._put(None)
+        except BaseException as err:  # handed to the reading thread
+            self._put(err)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while not self._pending:
+            if self._done:
+                return 0
+            item = self._blocks.get()
+            if item is None:
+                self._done = True
+                return 0
+            if isinstance(item, BaseException):
+                self._done = True
+                raise item
+            self._pending = memoryview(item)
+        size = min(len(buffer), len(self._pending))
+        buffer[:size] = self._pending[:size]
+        self._pending = self._pending[size:]
+        return size
+
+    def close(self) -> None:
+        if not self.closed:
+            self._stop.set()
+            self._thread.join()
+            self._file.close()
+        super().close()
 
 
 def iter_pages(
