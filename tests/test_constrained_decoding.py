@@ -375,3 +375,27 @@ def test_tokenizer_padding_state_does_not_leak_into_names(names):
     assert trie.sequence(0) == expected
     assert tokenizer.backend_tokenizer.padding["length"] == 40  # restored
     assert tokenizer.backend_tokenizer.truncation["max_length"] == 2
+
+
+def test_set_candidates_for_some_rows(tokenizer, names):
+    """Dynamic entity linking: the model sets candidates for the rows that just generated <E_s>."""
+    start_id, end_id = marker_token_ids(tokenizer)
+    trie = EntityTrie.build(names, tokenizer, end_token_id=end_id)
+    processor = EntityConstrainedLogitsProcessor(trie, start_token_id=start_id)
+    vocab = len(tokenizer)
+    first = processor(torch.tensor([[2, 0, 7], [2, 0, 8]]), torch.zeros(2, vocab))
+    assert torch.isfinite(first).sum(-1).tolist() == [vocab - 1] * 2  # outside: all but <E_e>
+    # Step 2: row 1 generated <E_s>; "the model" links it to entities 3 and 4.
+    processor.set_candidates(torch.tensor([[3, 4]]), torch.tensor([[0.9, 0.1]]), rows=torch.tensor([False, True]))
+    out = processor(torch.tensor([[2, 0, 7, 9], [2, 0, 8, start_id]]), torch.zeros(2, vocab))
+    assert torch.isfinite(out[0]).sum() == vocab - 1
+    expected = {trie.sequence(3)[0], trie.sequence(4)[0]}
+    assert set(torch.isfinite(out[1]).nonzero().flatten().tolist()) == expected
+    # Step 3: the rows swap places (beam reordering): the candidates follow their row.
+    tok = trie.sequence(3)[0]
+    out = processor(torch.tensor([[2, 0, 8, start_id, tok], [2, 0, 7, 9, 9]]), torch.zeros(2, vocab))
+    prefix = [tok]
+    expected = {s[1] for s in (trie.sequence(3), trie.sequence(4)) if s[:1] == prefix}
+    assert set(torch.isfinite(out[0]).nonzero().flatten().tolist()) == expected
+    assert torch.isfinite(out[1]).sum() == vocab - 1
+    assert processor.candidates[0].tolist() == [3, 4] and processor.candidates[1].tolist() == [-1, -1]

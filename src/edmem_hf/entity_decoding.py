@@ -571,6 +571,7 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
             self._base_candidates, self._base_scores = self._check_candidates(candidates, candidate_scores)
             self._examples = self._base_candidates.shape[0]
         self._device: torch.device | None = None
+        self._tokens_fit = False
         self._t: dict[str, torch.Tensor] = {}
         self.reset()
 
@@ -585,8 +586,8 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
         self._pending: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = []
         self._span_start: int | None = None
         self._log: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
-        self.constrained_steps = 0  # rows x steps spent inside a span (for benchmarks/diagnostics)
-        self.total_steps = 0
+        self._constrained_steps = torch.zeros((), dtype=torch.long)
+        self.total_steps = 0  # rows x steps seen (for benchmarks/diagnostics)
 
     def _check_candidates(
         self, ids: torch.Tensor, scores: torch.Tensor | None
@@ -609,6 +610,11 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
             if scores.shape != ids.shape:
                 raise ValueError(f"candidate_scores {tuple(scores.shape)} must match candidates {tuple(ids.shape)}")
         return ids, scores
+
+    @property
+    def constrained_steps(self) -> int:
+        """Rows x steps spent inside a span since the processor was created or reset."""
+        return int(self._constrained_steps)
 
     @property
     def candidates(self) -> torch.Tensor | None:
@@ -660,6 +666,8 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
             masks[i, t["edge_key"][lo - 1 : hi - 1] % v] = True
         t["dense_nodes"], t["dense_masks"] = dense, masks
         t["leaf"] = counts == 0
+        t["is_dense"] = torch.zeros(len(counts), dtype=torch.bool, device=device)
+        t["is_dense"][dense] = True
         for name, value in (("outside", OUTSIDE), ("dead", DEAD), ("zero", 0), ("end", self.end_token_id)):
             t[name] = torch.tensor(value, dtype=torch.long, device=device)  # 0-d: no scalar conversion per call
         self._t = t
@@ -668,9 +676,14 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
         """One transition for every row: state `(rows,)` x token `(rows,)` -> state `(rows,)`."""
         t, v = self._t, self.trie.vocab_size
         edge_key = t["edge_key"]
-        key = node.clamp(min=0) * v + tok.clamp(0, v - 1)
-        pos = torch.searchsorted(edge_key, key).clamp_(max=edge_key.numel() - 1)
-        found = (edge_key.take(pos) == key) & (node >= 0) & (tok < v) & (tok >= 0)
+        if self._tokens_fit:  # every token id < v: no range checks
+            key = node.clamp(min=0) * v + tok
+            pos = torch.searchsorted(edge_key, key).clamp_(max=edge_key.numel() - 1)
+            found = (edge_key.take(pos) == key) & (node >= 0)
+        else:
+            key = node.clamp(min=0) * v + tok.clamp(0, v - 1)
+            pos = torch.searchsorted(edge_key, key).clamp_(max=edge_key.numel() - 1)
+            found = (edge_key.take(pos) == key) & (node >= 0) & (tok < v) & (tok >= 0)
         child = pos + 1
         inside = torch.where(t["leaf"].take(child), t["outside"], child)  # a leaf: the sequence is complete
         otherwise = torch.where((tok == self.end_token_id) | (node == OUTSIDE), t["outside"], t["dead"])
@@ -769,6 +782,7 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
         device = scores.device
         self._setup_device(device)
         rows = input_ids.shape[0]
+        self._tokens_fit = scores.shape[-1] <= self.trie.vocab_size
 
         prev = self._prev_ids
         new_generation = prev is None or prev.shape[0] != rows or prev.shape[1] != input_ids.shape[1] - 1
@@ -798,7 +812,7 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
             if self._cands is not None:
                 self._cands = self._cands.index_select(0, parents)
                 self._scores = self._scores.index_select(0, parents)
-        self._prev_ids = input_ids.clone()
+        self._prev_ids = input_ids  # generate() builds a new tensor every step; nobody writes into it
 
         if self.candidates_fn is not None:
             result = self.candidates_fn(input_ids)
@@ -813,12 +827,13 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
             opened = input_ids[:, -1] == self.start_token_id
             if bool(opened.any()):  # log for mentions(): (example, prefix, candidate ids, scores)
                 idx = torch.nonzero(opened).flatten()
-                example = idx // self._group_size(rows)
+                g = self._group_size(rows)
+                example = idx // g if g else torch.full_like(idx, -1)  # -1: example unknown
                 self._log.append((example, input_ids[idx].clone(), self._cands[idx], self._scores[idx]))
 
         in_span = node != OUTSIDE
         self.total_steps += rows
-        self.constrained_steps += int(in_span.sum())
+        self._constrained_steps = self._constrained_steps.to(device) + in_span.sum()  # no host sync
         return self._mask(scores, node, in_span)
 
     def _mask(self, scores: torch.FloatTensor, node: torch.Tensor, in_span: torch.Tensor) -> torch.FloatTensor:
@@ -861,12 +876,12 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
             dense_nodes = t["dense_nodes"]
             best_dense = None
             if dense_nodes.numel():
-                slot = torch.searchsorted(dense_nodes, safe).clamp_(max=dense_nodes.numel() - 1)
-                is_dense = in_trie & (dense_nodes.take(slot) == safe)
+                is_dense = t["is_dense"].take(safe) & in_trie
                 if bool(is_dense.any()):
                     count = torch.where(is_dense, t["zero"], count)
                     dense_rows = torch.nonzero(is_dense).flatten()
-                    masks = t["dense_masks"].index_select(0, slot.index_select(0, dense_rows))[:, :vocab]
+                    slot = torch.searchsorted(dense_nodes, safe.index_select(0, dense_rows))
+                    masks = t["dense_masks"].index_select(0, slot)[:, :vocab]
                     dense_scores = torch.where(masks, scores.index_select(0, dense_rows)[:, : masks.shape[1]], neg_inf)
                     best_dense = torch.full((rows,), neg_inf, dtype=scores.dtype, device=device)
                     best_dense.index_copy_(0, dense_rows, dense_scores.amax(-1))
@@ -1009,9 +1024,9 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
                 entity = self.trie.lookup(span + [self.end_token_id]) if closed else -1
                 cand_ids: list[int] = []
                 cand_scores: list[float] = []
-                if example_index is not None and self.start_token_id is not None:
-                    e = int(example_index[i])
-                    hit = log_index.get((e, tuple(seq[: s + 1])))
+                if self.start_token_id is not None:
+                    e = int(example_index[i]) if example_index is not None else -1
+                    hit = log_index.get((e, tuple(seq[: s + 1]))) or log_index.get((-1, tuple(seq[: s + 1])))
                     if hit is not None:
                         cand_ids = [c for c in hit[0] if c >= 0]
                         cand_scores = [sc for c, sc in zip(*hit) if c >= 0]
