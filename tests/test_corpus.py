@@ -198,3 +198,23 @@ def test_piece_encoder_matches_encode_batch(wikipedia_sample_small, toy_tokenize
         assert encoder.words is not None  # the fast path is in use for byte-level BPE
         assert encoder.encode(pieces) == expected
         assert encoder.encode(pieces) == expected  # from the word cache
+
+
+def test_whole_text_tokenisation_matches_piece_by_piece(wikipedia_sample_small, toy_tokenizer):
+    from transformers import AutoTokenizer
+
+    from edmem_hf.corpus import _tokenize_documents, _tokenize_pieces
+    from edmem_hf.dump import iter_parsed_pages
+
+    tokenizer = AutoTokenizer.from_pretrained(toy_tokenizer, local_files_only=True)
+    documents = []
+    for page in iter_parsed_pages(wikipedia_sample_small):
+        if page.text:
+            mentions = [Mention(link.start, link.end, k % 3 - 1, bool(k % 2)) for k, link in enumerate(page.links)]
+            documents.append((page.text, mentions))
+    text = "Born in Washington, D.C.. The U.S.' (film), a  Paris-based <mask> band; x\n Rome's 1,000 km."
+    spans = [(8, 24), (29, 35), (36, 42), (50, 55), (61, 67), (76, 80), (83, 88)]  # ends inside words too
+    documents.append((text, [Mention(s, e, 1) for s, e in spans]))
+    documents.append(("no mentions here", []))
+    start_id, end_id = tokenizer.convert_tokens_to_ids(["<E_s>", "<E_e>"])
+    assert _tokenize_documents(documents, tokenizer) == _tokenize_pieces(documents, tokenizer, start_id, end_id)

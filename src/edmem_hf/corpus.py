@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import json
 import logging
 import multiprocessing
@@ -325,6 +326,71 @@ class _PieceEncoder:
         contents = sorted({token["content"] for token in state.get("added_tokens", []) if token["content"]})
         self.added = re.compile("|".join(map(re.escape, contents))) if contents else None
 
+    def _add_words(self, word_lists) -> None:
+        cache = self.cache
+        unseen = set(chain.from_iterable(word_lists)).difference(cache)
+        unseen.discard(_START_WORD)
+        unseen.discard(_END_WORD)
+        if unseen:
+            # BPE straight on each new word's byte-level form (what the pre-tokenizer hands the model)
+            tokenize = self.backend.model.tokenize
+            for word in unseen:
+                cache[word] = [token.id for token in tokenize(word.encode().decode("latin-1").translate(_BYTE_TO_UNICODE))]
+
+    def encode_marked(self, documents, start_id: int, end_id: int) -> list[list[int] | None]:
+        r"""Per document `(text, mentions)`: the ids of the text with `start_id`/`end_id` around each mention,
+        the same as `_tokenize_pieces` makes them piece by piece (a mention's piece starts at the space before
+        it), or None where the text holds an added token's text (left to `_tokenize_pieces`).
+
+        The text is split into words once, whole. A piece whose two ends are word boundaries of the whole text
+        has exactly the whole text's words between them (the pattern matches from the same positions, and its
+        only lookahead, `\s+(?!\S)`, ends a word at a boundary either way); a piece with an end inside a word
+        (`[[U.S.]].`) is split on its own. The marker ids are spliced in between the pieces' words."""
+        if self.words is None:
+            return [None] * len(documents)
+        if len(self.cache) > self.max_cache_words:
+            self.cache.clear()
+        self.cache[_START_WORD], self.cache[_END_WORD] = [start_id], [end_id]
+        findall = self.words.findall
+        sequences: list[list | None] = []  # per document: its words with the marker keys spliced in, or None
+        for text, mentions in documents:
+            if self.added is not None and self.added.search(text):
+                sequences.append(None)
+                continue
+            words = findall(text)
+            if not mentions:
+                sequences.append(words)
+                continue
+            word_at = dict(zip(itertools.accumulate(map(len, words), initial=0), range(len(words) + 1)))
+
+            def piece_words(begin: int, end: int, words=words, word_at=word_at, text=text) -> list[str]:
+                first, last = word_at.get(begin), word_at.get(end)
+                if first is not None and last is not None:
+                    return words[first:last]
+                return findall(text[begin:end])  # a boundary inside a word: this piece on its own
+
+            sequence: list = []
+            position = 0
+            for mention in mentions:
+                start = mention.start
+                if start < position:
+                    sequence = None
+                    break
+                if start > position and text[start - 1] == " ":
+                    start -= 1
+                if start > position:
+                    sequence += piece_words(position, start)
+                sequence.append(_START_WORD)
+                sequence += piece_words(start, mention.end)
+                sequence.append(_END_WORD)
+                position = mention.end
+            if sequence is not None and position < len(text):
+                sequence += piece_words(position, len(text))
+            sequences.append(sequence)
+        self._add_words(sequence for sequence in sequences if sequence is not None)
+        lookup = self.cache.__getitem__
+        return [list(chain.from_iterable(map(lookup, seq))) if seq is not None else None for seq in sequences]
+
     def encode(self, pieces: Sequence[str]) -> list[list[int]]:
         if self.words is None:
             return [encoding.ids for encoding in self.backend.encode_batch(list(pieces), add_special_tokens=False)]
@@ -337,12 +403,7 @@ class _PieceEncoder:
             fallback = [i for i, piece in enumerate(pieces) if self.added.search(piece)]
             for index in fallback:
                 split[index] = []
-        unseen = set(chain.from_iterable(split)).difference(cache)
-        if unseen:
-            # BPE straight on each new word's byte-level form (what the pre-tokenizer hands the model)
-            tokenize = self.backend.model.tokenize
-            for word in unseen:
-                cache[word] = [token.id for token in tokenize(word.encode().decode("latin-1").translate(_BYTE_TO_UNICODE))]
+        self._add_words(split)
         lookup = cache.__getitem__
         results = [list(chain.from_iterable(map(lookup, words))) for words in split]
         if fallback:
@@ -352,6 +413,7 @@ class _PieceEncoder:
         return results
 
 
+_START_WORD, _END_WORD = 0, 1  # keys of the marker ids among the (string) words in `encode_marked`
 _ENCODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -363,6 +425,31 @@ def _piece_encoder(tokenizer: PreTrainedTokenizerBase) -> _PieceEncoder:
 
 
 def _tokenize_documents(documents, tokenizer):
+    start_id = tokenizer.convert_tokens_to_ids(ENTITY_START_TOKEN)
+    end_id = tokenizer.convert_tokens_to_ids(ENTITY_END_TOKEN)
+    marked = _piece_encoder(tokenizer).encode_marked(documents, start_id, end_id)
+    results: list = [None] * len(documents)
+    for index, ((_, mentions), ids) in enumerate(zip(documents, marked)):
+        if ids is None or ids.count(start_id) != len(mentions) or ids.count(end_id) != len(mentions):
+            continue  # piece by piece, below (also if the text itself makes marker ids)
+        labels = [IGNORE_INDEX] * len(ids)
+        spans = []
+        e_e = -1
+        for mention in mentions:
+            e_s = ids.index(start_id, e_e + 1)
+            e_e = ids.index(end_id, e_s)
+            if mention.entity_id >= 0:
+                labels[e_s] = mention.entity_id
+            spans.append((e_s, e_e, mention.heuristic))
+        results[index] = (ids, labels, spans)
+    left = [index for index, result in enumerate(results) if result is None]
+    if left:
+        for index, result in zip(left, _tokenize_pieces([documents[i] for i in left], tokenizer, start_id, end_id)):
+            results[index] = result
+    return results
+
+
+def _tokenize_pieces(documents, tokenizer, start_id, end_id):
     pieces: list[str] = []
     layout: list[list[tuple[int, Mention | None]]] = []  # per document: (piece index, mention or None)
     for text, mentions in documents:
@@ -383,8 +470,6 @@ def _tokenize_documents(documents, tokenizer):
             pieces.append(text[position:])
         layout.append(doc_layout)
     encodings = _piece_encoder(tokenizer).encode(pieces) if pieces else []
-    start_id = tokenizer.convert_tokens_to_ids(ENTITY_START_TOKEN)
-    end_id = tokenizer.convert_tokens_to_ids(ENTITY_END_TOKEN)
     results = []
     for doc_layout in layout:
         ids: list[int] = []
@@ -585,44 +670,55 @@ def _passages_task(batch: dict) -> pa.RecordBatch:
 
 
 @contextlib.contextmanager
-def _worker_pool(num_proc: int, state: dict | None = None):
-    """A process pool (forked where the platform allows: workers inherit the parent's imports and state), or
-    None for num_proc == 1 (everything runs in this process)."""
-    if num_proc <= 1:
-        previous = dict(_WORKER_STATE)
-        if state is not None:
-            _set_worker_state(state)
-        try:
-            yield None
-        finally:
-            _set_worker_state(previous)
-        return
-    methods = multiprocessing.get_all_start_methods()
-    context = multiprocessing.get_context("fork" if "fork" in methods and sys.platform != "darwin" else None)
-    initializer, initargs = (_set_worker_state, (state,)) if state is not None else (None, ())
-    pool = context.Pool(num_proc, initializer=initializer, initargs=initargs)
+def _worker_pool(num_workers: int, state: dict | None = None):
+    """A pool of `num_workers` processes (forked where the platform allows: they inherit the parent's imports,
+    state and warm caches without pickling), or None for no worker. `state` is the worker state of the pool's
+    processes and, meanwhile, of this one (which works too, see `_ordered_map`)."""
+    previous = dict(_WORKER_STATE)
+    if state is not None:
+        _set_worker_state(state)
+    pool = None
     try:
+        if num_workers >= 1:
+            methods = multiprocessing.get_all_start_methods()
+            context = multiprocessing.get_context("fork" if "fork" in methods and sys.platform != "darwin" else None)
+            initializer, initargs = (_set_worker_state, (state,)) if state is not None else (None, ())
+            pool = context.Pool(num_workers, initializer=initializer, initargs=initargs)
         yield pool
-        pool.close()
+        if pool is not None:
+            pool.close()
     finally:
-        pool.terminate()
-        pool.join()
+        if pool is not None:
+            pool.terminate()
+            pool.join()
+        _set_worker_state(previous)
 
 
-def _ordered_map(pool, func, tasks, max_in_flight: int) -> Iterator:
-    """`func(*task)` for each task, in order, at most `max_in_flight` tasks queued at a time (unlike `Pool.imap`,
-    which reads its whole input ahead: a dump would end up in memory)."""
+def _ordered_map(pool, func, tasks, num_workers: int, max_in_flight: int) -> Iterator:
+    """`func(*task)` for each task, results in task order.
+
+    Tasks go to the pool's `num_workers` processes; when all of them are busy, this process runs the task itself
+    (so `num_proc` processes work: the pool's and this one, which also reads the input). That also makes the
+    build degrade gracefully on a loaded machine, where extra processes only add hand-over costs. At most
+    `max_in_flight` tasks are queued at a time (unlike `Pool.imap`, which reads its whole input ahead: a dump
+    would end up in memory)."""
     if pool is None:
         for task in tasks:
             yield func(*task)
         return
-    pending: deque = deque()
+    pending: deque = deque()  # (AsyncResult, None) or (None, result computed here)
     for task in tasks:
-        pending.append(pool.apply_async(func, task))
-        while len(pending) >= max_in_flight:
-            yield pending.popleft().get()
+        busy = sum(1 for handle, _ in pending if handle is not None and not handle.ready())
+        if busy >= num_workers:
+            pending.append((None, func(*task)))
+        else:
+            pending.append((pool.apply_async(func, task), None))
+        while pending and (len(pending) >= max_in_flight or pending[0][0] is None or pending[0][0].ready()):
+            handle, result = pending.popleft()
+            yield result if handle is None else handle.get()
     while pending:
-        yield pending.popleft().get()
+        handle, result = pending.popleft()
+        yield result if handle is None else handle.get()
 
 
 def _iter_arrow_batches(table, columns: list[str], batch_size: int = 2000) -> Iterator[dict[str, list]]:
@@ -731,19 +827,21 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
     # 1. parse (the only pass over the XML) into an Arrow cache, in dump order
     cache_dir = work_dir / "cache"
     cache_dir.mkdir()
-    with _worker_pool(num_proc) as pool:
+    workers = num_proc - 1  # and this process
+    max_in_flight = _IN_FLIGHT_PER_PROCESS * num_proc
+    with _worker_pool(workers) as pool:
         if len(dump_paths) == 1 or num_proc == 1:
             # One reader (this process: decompression and XML) hands chunks of pages to the parsing processes.
             cache_files = [str(cache_dir / "pages.arrow")]
             chunks = (chunk for path in dump_paths for chunk in _page_chunks(path))
             with _arrow_file(cache_files[0], _PAGE_SCHEMA) as writer:
                 tasks = ((pages, path, strict) for pages, path in chunks)
-                for batch in _ordered_map(pool, _parse_chunk, tasks, _IN_FLIGHT_PER_PROCESS * num_proc):
+                for batch in _ordered_map(pool, _parse_chunk, tasks, workers, max_in_flight):
                     writer.write_batch(batch)
         else:
             # Several dump files (the split enwiki-...-articlesN files): each process reads and parses whole files.
             tasks = [(path, strict, str(cache_dir / f"pages-{k:05d}.arrow")) for k, path in enumerate(dump_paths)]
-            cache_files = list(_ordered_map(pool, _parse_file, tasks, len(tasks)))
+            cache_files = list(_ordered_map(pool, _parse_file, tasks, workers, len(tasks) + 1))
     pages = datasets.concatenate_datasets([datasets.Dataset.from_file(f) for f in cache_files])
     stage_seconds = {"parse": time.perf_counter() - started}
 
@@ -845,10 +943,16 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
             if keep:
                 yield ({name: [batch[name][i] for i in keep] for name in columns},)
 
-    with _worker_pool(num_proc, state) as pool, _arrow_file(passages_file, _PASSAGE_SCHEMA) as writer:
-        for batch in _ordered_map(pool, _passages_task, article_batches(), _IN_FLIGHT_PER_PROCESS * num_proc):
-            if batch.num_rows:
-                writer.write_batch(batch)
+    with _arrow_file(passages_file, _PASSAGE_SCHEMA) as writer:
+        batches = article_batches()
+        with _worker_pool(0, state):
+            # The first batch here, before forking: the workers then start with its words in their token cache.
+            for task in itertools.islice(batches, 1):
+                writer.write_batch(_passages_task(*task))
+        with _worker_pool(workers, state) as pool:
+            for batch in _ordered_map(pool, _passages_task, batches, workers, max_in_flight):
+                if batch.num_rows:
+                    writer.write_batch(batch)
     passages = datasets.Dataset.from_file(passages_file)
 
     stage_done("passages")

@@ -152,7 +152,7 @@ class _ThreadedBZ2Reader(io.RawIOBase):
     """A `.bz2` file (one or several concatenated streams, like `bz2.open`) decompressed by a background thread
     a block at a time; at most `max_blocks` decompressed blocks wait in memory."""
 
-    def __init__(self, path: str, block_size: int = 1 << 20, max_blocks: int = 8):
+    def __init__(self, path: str, block_size: int = 1 << 16, max_blocks: int = 128):
         super().__init__()
         self._file = open(path, "rb")
         self._blocks: queue.Queue = queue.Queue(maxsize=max_blocks)
