@@ -744,7 +744,7 @@ def _pretrain(args, model, tokenizer, datasets, entity_vocab) -> dict[str, Any]:
 
     if stopped_early:
         log.write({"type": "stop", "step": global_step, "reason": "max_steps_this_run"})
-        accelerator.end_training()
+        _finish(accelerator)
         return {"global_step": global_step, "train": last_train, "eval": last_eval, "output_dir": args.output_dir,
                 "completed": False}  # fmt: skip
 
@@ -766,14 +766,22 @@ def _pretrain(args, model, tokenizer, datasets, entity_vocab) -> dict[str, Any]:
     if accelerator.is_main_process and tokenizer is not None:
         tokenizer.save_pretrained(args.output_dir)
     log.write({"type": "end", "step": global_step, "time": time.time()})
-    accelerator.wait_for_everyone()
-    accelerator.end_training()
+    _finish(accelerator)
     return {"global_step": global_step, "train": last_train, "eval": last_eval, "output_dir": args.output_dir,
             "completed": True}  # fmt: skip
 
 
+def _finish(accelerator: Any) -> None:
+    """Closes the trackers once every process is done. Unlike `end_training`, keeps the process group, so that
+    `pretrain` may be called again in the same (distributed) process; `cli_main` tears it down at exit."""
+    accelerator.wait_for_everyone()
+    for tracker in accelerator.trackers:
+        tracker.finish()
+
+
 def cli_main(argv: Sequence[str] | None = None) -> int:
     """`edmem pretrain [options]`: parse PretrainingArguments and run `pretrain`."""
+    from accelerate.state import PartialState
     from transformers import HfArgumentParser
 
     parser = HfArgumentParser(PretrainingArguments)
@@ -784,6 +792,10 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
     except ValueError as err:
         print(f"edmem pretrain: error: {err}", flush=True)
         return 2
+    state = PartialState()
+    if state.use_distributed:
+        state.wait_for_everyone()
+        state.destroy_process_group()
     return 0
 
 
