@@ -898,8 +898,13 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
                     count = torch.where(is_dense, t["zero"], count)
                     dense_rows = torch.nonzero(is_dense).flatten()
                     slot = torch.searchsorted(dense_nodes, safe.index_select(0, dense_rows))
-                    penalty = t["dense_penalty"].index_select(0, slot)[:, :vocab].to(scores.dtype)
-                    dense_scores = scores.index_select(0, dense_rows)[:, : penalty.shape[1]] + penalty
+                    dense_scores = scores.index_select(0, dense_rows)[:, : t["dense_penalty"].shape[1]]
+                    if bool((slot == slot[0]).all()):  # e.g. every row at the root: broadcast one row
+                        dense_scores = dense_scores + t["dense_penalty"][slot[0], :vocab].to(scores.dtype)
+                    else:
+                        dense_scores = dense_scores + t["dense_penalty"].index_select(0, slot)[:, :vocab].to(
+                            scores.dtype
+                        )
                     best_dense = torch.full((rows,), neg_inf, dtype=scores.dtype, device=device)
                     best_dense.index_copy_(0, dense_rows, dense_scores.amax(-1))
             dead = in_span & ~in_trie
@@ -923,31 +928,39 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
             pair_row_constrained = row_idx
         # Rows whose allowed tokens all came in at -inf keep their scores (another processor decided).
         constrain = in_span & (best > neg_inf)
-        num_constrained = int(constrain.sum())
-        # Write each score once: constrained rows start at -inf, the others are copied (whichever is less work),
-        # then the allowed scores are put back. One spare element at the end takes the pairs not to write.
+        # Write each row once: free rows are copied, constrained rows start at -inf (their allowed scores are put
+        # back after), constrained rows at a dense node get their masked scores. One spare element at the end of
+        # the buffer takes the pairs not to write.
         buffer = torch.empty(rows * vocab + 1, dtype=scores.dtype, device=device)
         out = buffer[:-1].view(rows, vocab)
-        if 2 * num_constrained > rows:
-            buffer.fill_(neg_inf)
-            free_rows = torch.nonzero(~constrain).flatten()
-            if free_rows.numel():
-                out.index_copy_(0, free_rows, scores.index_select(0, free_rows))
+        dense_sel = None
+        if dense_rows is not None:
+            dense_sel = torch.nonzero(constrain.index_select(0, dense_rows)).flatten()
+            sparse = constrain.index_fill(0, dense_rows.index_select(0, dense_sel), False)
         else:
+            sparse = constrain
+        free = ~constrain
+        num_free = int(free.sum())
+        if 2 * num_free > rows:
             out.copy_(scores)
-            if num_constrained:
-                out.index_fill_(0, torch.nonzero(constrain).flatten(), neg_inf)
-        if num_constrained:
-            if pair_row_constrained is None:
-                put = valid & constrain[:, None]
-            else:
-                put = valid & constrain.take(pair_row_constrained)
-            buffer.put_(torch.where(put, flat_idx, rows * vocab), vals)
-            if dense_rows is not None:
-                sel = torch.nonzero(constrain.index_select(0, dense_rows)).flatten()
-                if sel.numel():
-                    rows_sel = dense_rows.index_select(0, sel)
-                    out[:, : dense_scores.shape[1]].index_copy_(0, rows_sel, dense_scores.index_select(0, sel))
+        elif num_free:
+            free_rows = torch.nonzero(free).flatten()
+            out.index_copy_(0, free_rows, scores.index_select(0, free_rows))
+        if num_free < rows:
+            sparse_rows = torch.nonzero(sparse).flatten()
+            if sparse_rows.numel():
+                out.index_fill_(0, sparse_rows, neg_inf)
+                if pair_row_constrained is None:
+                    put = valid & sparse[:, None]
+                else:
+                    put = valid & sparse.take(pair_row_constrained)
+                buffer.put_(torch.where(put, flat_idx, rows * vocab), vals)
+            if dense_sel is not None and dense_sel.numel():
+                width = dense_scores.shape[1]
+                target = out if width == vocab else out[:, :width]
+                if width < vocab:
+                    out.index_fill_(0, dense_rows.index_select(0, dense_sel), neg_inf)
+                target.index_copy_(0, dense_rows.index_select(0, dense_sel), dense_scores.index_select(0, dense_sel))
         if self.start_token_id is not None and self.end_token_id < vocab:
             out[:, self.end_token_id].masked_fill_(~in_span, neg_inf)  # no <E_e> outside a mention
         return out
