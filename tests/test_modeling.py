@@ -440,3 +440,22 @@ def test_vocabulary_and_checkpoint_mismatch_raise(tmp_path):
 def test_padding_token_is_not_a_marker():
     model = tiny_model()
     assert PAD not in (model.config.entity_start_token_id, model.config.entity_end_token_id)
+
+
+def test_bf16_autocast_and_bf16_weights_train_and_generate():
+    batch = tiny_batch()
+    model = tiny_model(seed=9)
+    model.train()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(**batch)
+    out.loss.backward()
+    assert torch.isfinite(out.loss) and out.entity_loss.dtype == torch.float32
+    assert model.model.entity_embeddings.weight.grad is not None
+    model = tiny_model(seed=9).to(torch.bfloat16)
+    model.train()
+    out = model(**batch)
+    out.loss.backward()
+    assert torch.isfinite(out.loss) and model.model.entity_embeddings.weight.grad.dtype == torch.bfloat16
+    model.eval()
+    generated = model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=4)
+    assert generated.shape[0] == 2

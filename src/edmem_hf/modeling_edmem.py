@@ -503,7 +503,7 @@ class EntityMemory(nn.Module):
             return_top_k=return_top_k,
         )
         update = torch.zeros_like(hidden_states)
-        update[mention_mask] = self.output_proj(result.read.to(hidden_states.dtype))
+        update[mention_mask] = self.output_proj(result.read.to(hidden_states.dtype)).to(update.dtype)  # autocast
         hidden_states = self.layer_norm(hidden_states + update)
         access = EntityMemoryAccess(
             positions=positions,
