@@ -70,6 +70,7 @@ _TRIE_FORMAT_VERSION = 1
 # Node states of a row, besides a trie node id (>= 0).
 OUTSIDE = -1  # not inside a constrained span
 DEAD = -2  # inside a span whose prefix is not in the trie: only the end token is allowed
+_SAME_ROWS = torch.empty(0)  # `_parents` result: every row continues the row of the same index
 
 
 def marker_token_ids(tokenizer: Any) -> tuple[int, int]:
@@ -736,7 +737,7 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
             self._t["hash_weights"] = w = w.to(device)
         return w[:length]
 
-    def _parents(self, input_ids: torch.LongTensor) -> torch.Tensor | None:
+    def _parents(self, input_ids: torch.LongTensor) -> torch.Tensor | None:  # `_SAME_ROWS` if unchanged
         """
         Row of the previous call that each current row `(rows,)` continues (beams get reordered), matched by a
         hash of the prefix (and of the example, when known) and verified exactly; None if some row matches none.
@@ -744,9 +745,9 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
         prev = self._prev_ids
         rows, length = input_ids.shape
         cur = input_ids[:, :-1]
-        arange = torch.arange(rows, device=input_ids.device)
         if torch.equal(cur, prev):  # greedy search, sampling, or beams that kept their order
-            return arange
+            return _SAME_ROWS
+        arange = torch.arange(rows, device=input_ids.device)
         weights = self._hash_weights(length - 1, input_ids.device)
         g = self._group_size(rows)
         group = (arange // g) * 0x9E3779B97F4A7C1 if g and rows % g == 0 else torch.zeros_like(arange)
@@ -824,6 +825,8 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
                 )
         elif parents is None:  # rows we cannot trace (should not happen in generate()): recompute their states
             self._node = self._recompute(input_ids)
+        elif parents is _SAME_ROWS:
+            self._node = self._advance(self._node, input_ids[:, -1])
         else:
             self._node = self._advance(self._node.index_select(0, parents), input_ids[:, -1])
             if self._cands is not None:
@@ -850,7 +853,9 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
 
         in_span = node != OUTSIDE
         self.total_steps += rows
-        self._constrained_steps = self._constrained_steps.to(device) + in_span.sum()  # no host sync
+        if self._constrained_steps.device != device:
+            self._constrained_steps = self._constrained_steps.to(device)
+        self._constrained_steps += in_span.sum()  # no host sync
         return self._mask(scores, node, in_span)
 
     def _mask(self, scores: torch.FloatTensor, node: torch.Tensor, in_span: torch.Tensor) -> torch.FloatTensor:
@@ -911,16 +916,21 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
             count = count.masked_fill(dead, 1)
             total = int(count.sum())
             row_idx = torch.repeat_interleave(torch.arange(rows, device=device), count, output_size=total)
-            # Position of each pair within its row's children: a running index minus the row's first pair.
-            offset = torch.arange(total, device=device) - torch.repeat_interleave(
-                torch.cumsum(count, 0) - count, count, output_size=total
-            )
-            edge = (torch.repeat_interleave(start - 1, count, output_size=total) + offset).clamp_(min=0)
+            # Edge of each pair: a running index shifted per row (row r's pairs start at its first child's edge).
+            shift = start - 1 - (torch.cumsum(count, 0) - count)
+            edge = torch.repeat_interleave(shift, count, output_size=total)
+            edge += torch.arange(total, device=device)
+            edge.clamp_(min=0)
             tok = t["edge_key"].take(edge) % self.trie.vocab_size
             tok = torch.where(dead.take(row_idx), t["end"], tok)
-            valid = tok < vocab
-            flat_idx = row_idx * vocab + tok.clamp(max=vocab - 1)
-            vals = flat_scores.take(flat_idx).masked_fill_(~valid, neg_inf)
+            if self.trie.vocab_size <= vocab and self.end_token_id < vocab:  # every token is a column of scores
+                valid = None  # all valid
+                flat_idx = row_idx * vocab + tok
+                vals = flat_scores.take(flat_idx)
+            else:
+                valid = tok < vocab
+                flat_idx = row_idx * vocab + tok.clamp(max=vocab - 1)
+                vals = flat_scores.take(flat_idx).masked_fill_(~valid, neg_inf)
             best = torch.full((rows,), neg_inf, dtype=scores.dtype, device=device)
             best = best.scatter_reduce_(0, row_idx, vals, reduce="amax")
             if best_dense is not None:
@@ -953,7 +963,9 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
                 if pair_row_constrained is None:
                     put = valid & sparse[:, None]
                 else:
-                    put = valid & sparse.take(pair_row_constrained)
+                    put = sparse.take(pair_row_constrained)
+                    if valid is not None:
+                        put &= valid
                 buffer.put_(torch.where(put, flat_idx, rows * vocab), vals)
             if dense_sel is not None and dense_sel.numel():
                 width = dense_scores.shape[1]
