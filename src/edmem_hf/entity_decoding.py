@@ -28,7 +28,10 @@ candidate set is empty or holds no entity below the current prefix) only the end
 span; and if every allowed token already had a score of `-inf` when the processor was called (another processor
 forced something else), the row's scores are returned unchanged.
 
-Interface for the EDMem integration (`EDMemForConditionalGeneration.generate(entity_decoding=...)`):
+Interface for the EDMem integration (`EDMemForConditionalGeneration.generate(entity_decoding=...)`). Build the
+processor once per model with `EntityConstrainedLogitsProcessor.for_edmem(entity_vocab_or_trie, tokenizer,
+cache_dir=...)` (marker mode with the tokenizer's `<E_s>`/`<E_e>`; names tokenised as `" " + name`, the way a
+mention follows `<E_s>` in running text), then per `generate` call:
 
 - `"free"`: no processor.
 - `"static"`: `EntityConstrainedLogitsProcessor(trie, start_token_id=<E_s>, candidates=ids, candidate_scores=
@@ -43,6 +46,8 @@ Interface for the EDMem integration (`EDMemForConditionalGeneration.generate(ent
 - `group_size` must be the number of rows per example (`num_beams` for beam search, `num_return_sequences`
   for sampling) when candidates differ between the beams of one example (dynamic mode): beams are only matched
   within their example.
+- State: the processor keeps per-generation state (trie node and candidates of every row); it starts afresh
+  whenever `input_ids` is not the previous call's plus one token (a new `generate` call), or on `reset()`.
 - Reporting: `processor.mentions(sequences, example_index)` parses returned sequences into `EntityMention`s
   (positions, token ids, the entity whose name was spelled, and the candidate ids/scores that were active when the
   mention was opened), whatever reordering or hypothesis selection happened in between.
