@@ -278,3 +278,11 @@ def test_start_from_checkpoint_or_config_json(corpus, tmp_path):
     with open(tmp_path / "third" / "config.json", encoding="utf-8") as f:
         config = json.load(f)
     assert config["d_model"] == TINY["d_model"] and config["dropout"] == 0.2
+
+
+def test_epochs_when_no_max_steps(corpus, tmp_path):
+    # 64 passages, batch 8, accumulation 2: 4 optimizer steps per epoch.
+    out = tmp_path / "epochs"
+    result = pretrain(_args(corpus, out, max_steps=-1, num_train_epochs=1.5, gradient_accumulation_steps=2))
+    assert result["global_step"] == 6
+    assert {r["epoch"] for r in _log(out) if r["type"] == "train"} == {0, 1}
