@@ -396,6 +396,8 @@ def evaluate(model: Any, dataloader: Any, accelerator: Any, max_batches: int | N
     for batch in dataloader:
         if max_batches is not None and batches >= max_batches:
             break
+        if "salient_span_mask" not in batch:
+            raise ValueError("evaluate() needs batches from EDMemMaskingCollator(..., return_salient_span_mask=True)")
         span_mask = batch.pop("salient_span_mask")
         batch.pop("example_index", None)
         outputs = model(**batch)
