@@ -304,7 +304,7 @@ class EntityTrie:
         # Nodes depth by depth; row i opens a node at every depth lcp[i] < d <= len[i].
         depth_lo = [np.zeros(1, dtype=np.int32)]
         depth_hi = [np.array([n], dtype=np.int32)]
-        parents, tokens = [], []
+        parents, tokens, depth_sizes = [], [], [1]
         for d in range(1, max_len + 1):
             rows = np.flatnonzero((lcp < d) & (sorted_lengths >= d)).astype(np.int32)
             if len(rows) == 0:
@@ -314,29 +314,35 @@ class EntityTrie:
             prev_lo = depth_lo[-1]
             parent_local = np.searchsorted(prev_lo, rows, side="right") - 1
             first_id = sum(len(x) for x in depth_lo[:-1])  # id of the first node at depth d - 1
-            parents.append((parent_local + first_id).astype(np.int64))
+            parents.append((parent_local + first_id).astype(np.int32))
             tokens.append(mat[rows, d - 1].astype(np.int32) - 1)
             depth_lo.append(rows)
-            depth_hi.append(hi)
-        del mat
-        node_lo = np.concatenate(depth_lo).astype(np.int32)
-        node_hi = np.concatenate(depth_hi).astype(np.int32)
-        node_depth = np.concatenate([np.full(len(x), d, dtype=np.int16) for d, x in enumerate(depth_lo)])
-        parent = np.concatenate(parents) if parents else np.zeros(0, dtype=np.int64)
-        edge_key = parent * vocab_size + np.concatenate(tokens) if tokens else np.zeros(0, dtype=np.int64)
+            depth_hi.append(hi.astype(np.int32, copy=False))
+            depth_sizes.append(len(rows))
+        del mat, lcp  # free the big temporaries as soon as possible: the peak is what limits 1M+ tries
+        node_lo = np.concatenate(depth_lo)
+        del depth_lo
+        node_hi = np.concatenate(depth_hi)
+        del depth_hi
+        node_depth = np.repeat(np.arange(len(depth_sizes), dtype=np.int16), depth_sizes)
+        parent = np.concatenate(parents) if parents else np.zeros(0, dtype=np.int32)
+        del parents
+        edge_key = parent.astype(np.int64) * vocab_size
+        edge_key += np.concatenate(tokens) if tokens else 0
+        del tokens
         num_nodes = len(node_lo)
-        counts = np.bincount(parent, minlength=num_nodes)
-        first_child = np.empty(num_nodes + 1, dtype=np.int64)
+        index_dtype = np.int32 if num_nodes < 2**31 - 1 else np.int64
+        first_child = np.empty(num_nodes + 1, dtype=index_dtype)
         first_child[0] = 1
-        np.cumsum(counts, out=first_child[1:])
+        np.cumsum(np.bincount(parent, minlength=num_nodes), out=first_child[1:])
         first_child[1:] += 1
-        first_child = first_child.astype(np.int32 if num_nodes < 2**31 - 1 else np.int64)
+        del parent
 
         seq_offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(sorted_lengths, out=seq_offsets[1:])
         return cls(
             first_child=first_child,
-            edge_key=edge_key.astype(np.int64),
+            edge_key=edge_key,
             node_depth=node_depth,
             node_lo=node_lo,
             node_hi=node_hi,
