@@ -2,13 +2,17 @@
 
 The build streams (paper, Appendix A; format in docs/design.md and docs/corpus.md):
 
-1. parse: `num_proc` processes each read the dump and parse every `num_proc`-th page into plain text + links,
-   written to an Arrow cache by `datasets.Dataset.from_generator` (this is the only pass over the XML);
+1. parse: this process reads the dump (the only pass over the XML) and hands chunks of pages to `num_proc - 1`
+   forked workers (parsing chunks itself when they are busy); plain text + links go, in dump order, to an Arrow
+   cache file as pyarrow record batches;
 2. count: redirects, inbound link counts, the top-N entity vocabulary and the alias table, read back from the
    cache column by column (memory grows with the number of titles and aliases, not with the text);
-3. label and window: `Dataset.map(num_proc)` adds heuristic mentions, tokenises with `<E_s>`/`<E_e>` around every
-   mention and cuts 128-token passages with a 10-token overlap;
-4. split off 0.5% validation passages and save.
+3. label and window: batches of articles go to a second pool of the same kind, which adds heuristic mentions,
+   tokenises with `<E_s>`/`<E_e>` around every mention (`_PieceEncoder`: byte-level BPE with a word cache) and
+   cuts 128-token passages with a 10-token overlap, written to a second Arrow file;
+4. split off 0.5% validation passages and save (`datasets.DatasetDict.save_to_disk`).
+
+At most a few chunks per process are in flight at any time, so memory stays flat as the dump grows.
 """
 
 from __future__ import annotations

@@ -349,7 +349,7 @@ def parse_wikitext(wikitext: str, fast: bool = True) -> tuple[str, list[Link]]:
         try:
             token_list = _TOKENIZER().tokenize(source, 0, True)
             token_list.reverse()
-            nodes = _token_nodes(token_list, ())
+            nodes = _token_nodes(token_list, (), [None])
             if token_list:
                 raise _TokenFallback("tokens left over")
             _render_lite(nodes, out, targets, allow_links=True)
@@ -366,6 +366,30 @@ def parse_wikitext(wikitext: str, fast: bool = True) -> tuple[str, list[Link]]:
 
 
 def _unmark(marked: str, targets: list[str]) -> tuple[str, list[Link]]:
+    """Removes the link markers; each link's span is where its anchor ends up in the text."""
+    segments = marked.split(_OPEN)
+    if _CLOSE in segments[0] or len(segments) - 1 != len(targets):
+        return _unmark_checked(marked, targets)
+    text_parts = [segments[0]]
+    links: list[Link] = []
+    length = len(segments[0])
+    for index, segment in enumerate(segments[1:]):
+        anchor, close, rest = segment.partition(_CLOSE)
+        if not close or _CLOSE in rest:
+            return _unmark_checked(marked, targets)
+        start = length
+        length += len(anchor)
+        # Cleanup may have emptied an anchor (e.g. a link whose text was only a dropped template).
+        if anchor.strip():
+            links.append(Link(start, length, anchor, targets[index]))
+        text_parts.append(anchor)
+        text_parts.append(rest)
+        length += len(rest)
+    return "".join(text_parts), links
+
+
+def _unmark_checked(marked: str, targets: list[str]) -> tuple[str, list[Link]]:
+    """`_unmark` for marker sequences that are not open/close pairs (never made by `_render`)."""
     text_parts: list[str] = []
     links: list[Link] = []
     length = 0
@@ -538,8 +562,8 @@ def _text_only(nodes: list) -> str:
     raise _TokenFallback("markup where plain text was expected")
 
 
-def _token_nodes(token_list: list, stop: tuple) -> list:
-    """Light nodes until a token of a type in `stop` (popped; the caller reads it from `_LAST_STOP`)."""
+def _token_nodes(token_list: list, stop: tuple, last: list) -> list:
+    """Light nodes until a token of a type in `stop` (popped and put in `last[0]` for the caller)."""
     nodes: list = []
     while token_list:
         token = token_list.pop()
@@ -547,14 +571,14 @@ def _token_nodes(token_list: list, stop: tuple) -> list:
         if kind is _T_TEXT:
             nodes.append(token["text"])
         elif kind in stop:
-            _LAST_STOP[0] = token
+            last[0] = token
             return nodes
         elif kind is _T_LINK_OPEN:
-            title = _token_nodes(token_list, (_T_LINK_SEP, _T_LINK_CLOSE))
+            title = _token_nodes(token_list, (_T_LINK_SEP, _T_LINK_CLOSE), last)
             text = None
-            if type(_LAST_STOP[0]) is _T_LINK_SEP:
-                text = _token_nodes(token_list, (_T_LINK_CLOSE, _T_LINK_SEP))
-                if type(_LAST_STOP[0]) is _T_LINK_SEP:
+            if type(last[0]) is _T_LINK_SEP:
+                text = _token_nodes(token_list, (_T_LINK_CLOSE, _T_LINK_SEP), last)
+                if type(last[0]) is _T_LINK_SEP:
                     raise _TokenFallback("second link separator")
             nodes.append((_LINK, _text_only(title), text))
         elif kind is _tokens.TemplateOpen:
@@ -567,18 +591,18 @@ def _token_nodes(token_list: list, stop: tuple) -> list:
             _skip_until(token_list, _tokens.ArgumentOpen, _tokens.ArgumentClose)
             nodes.append(_SKIPPED)
         elif kind is _tokens.HeadingStart:
-            title = _token_nodes(token_list, (_tokens.HeadingEnd,))
+            title = _token_nodes(token_list, (_tokens.HeadingEnd,), last)
             nodes.append((_HEADING, token["level"], title))
         elif kind is _tokens.TagOpenOpen:
-            nodes.append(_tag_node(token_list, token))
+            nodes.append(_tag_node(token_list, token, last))
         elif kind is _tokens.HTMLEntityStart:
             nodes.append((_ENTITY, _entity_text(token_list)))
         elif kind is _tokens.ExternalLinkOpen:
-            _token_nodes(token_list, (_tokens.ExternalLinkSeparator, _tokens.ExternalLinkClose))  # the URL
+            _token_nodes(token_list, (_tokens.ExternalLinkSeparator, _tokens.ExternalLinkClose), last)  # the URL
             title = None
-            if type(_LAST_STOP[0]) is _tokens.ExternalLinkSeparator:
-                title = _token_nodes(token_list, (_tokens.ExternalLinkClose, _tokens.ExternalLinkSeparator))
-                if type(_LAST_STOP[0]) is not _tokens.ExternalLinkClose:
+            if type(last[0]) is _tokens.ExternalLinkSeparator:
+                title = _token_nodes(token_list, (_tokens.ExternalLinkClose, _tokens.ExternalLinkSeparator), last)
+                if type(last[0]) is not _tokens.ExternalLinkClose:
                     raise _TokenFallback("second external link separator")
             nodes.append((_EXTERNAL, title))
         else:
@@ -588,27 +612,24 @@ def _token_nodes(token_list: list, stop: tuple) -> list:
     return nodes
 
 
-_LAST_STOP: list = [None]  # the stop token that ended the last `_token_nodes` call
-
-
-def _tag_node(token_list: list, open_token) -> tuple:
+def _tag_node(token_list: list, open_token, last: list) -> tuple:
     wiki_markup = open_token.get("wiki_markup")
     stops = (_tokens.TagAttrStart, _tokens.TagCloseOpen, _tokens.TagCloseSelfclose, _tokens.TagOpenClose,
              _tokens.TagCloseClose)  # fmt: skip
     name = None
     contents = None
-    current = _token_nodes(token_list, stops)
+    current = _token_nodes(token_list, stops, last)
     while True:
-        kind = type(_LAST_STOP[0])
+        kind = type(last[0])
         if kind is _tokens.TagAttrStart:
             if name is not None:
                 raise _TokenFallback("attribute after the tag name was closed")
             name_nodes = current
             # an attribute runs to the next attribute or the end of the opening tag; its value is not rendered
-            _token_nodes(token_list, (_tokens.TagAttrEquals, _tokens.TagAttrQuote, *stops))
-            while type(_LAST_STOP[0]) in (_tokens.TagAttrEquals, _tokens.TagAttrQuote):
-                _token_nodes(token_list, (_tokens.TagAttrEquals, _tokens.TagAttrQuote, *stops))
-            if type(_LAST_STOP[0]) in (_tokens.TagOpenClose, _tokens.TagCloseClose):
+            _token_nodes(token_list, (_tokens.TagAttrEquals, _tokens.TagAttrQuote, *stops), last)
+            while type(last[0]) in (_tokens.TagAttrEquals, _tokens.TagAttrQuote):
+                _token_nodes(token_list, (_tokens.TagAttrEquals, _tokens.TagAttrQuote, *stops), last)
+            if type(last[0]) in (_tokens.TagOpenClose, _tokens.TagCloseClose):
                 raise _TokenFallback("tag ended inside an attribute")
             current = name_nodes  # attributes do not add to the name
             continue
@@ -616,10 +637,10 @@ def _tag_node(token_list: list, open_token) -> tuple:
             if name is not None:
                 raise _TokenFallback("second tag close-open")
             name = _text_only(current)
-            contents = _token_nodes(token_list, stops)
-            if type(_LAST_STOP[0]) is not _tokens.TagOpenClose:
+            contents = _token_nodes(token_list, stops, last)
+            if type(last[0]) is not _tokens.TagOpenClose:
                 raise _TokenFallback("tag contents not closed")
-            _token_nodes(token_list, (_tokens.TagCloseClose,))  # the closing tag's name
+            _token_nodes(token_list, (_tokens.TagCloseClose,), last)  # the closing tag's name
             return (_TAG, name, wiki_markup, contents, False)
         if kind is _tokens.TagCloseSelfclose:
             if name is not None:
@@ -710,18 +731,31 @@ def _render_lite(nodes: list, out: list[str], targets: list[str], allow_links: b
                 _render_lite(node[1], out, targets, allow_links=False)
 
 
+_LINK_TITLES: dict[str, tuple[str, str | None, bool, str]] = {}  # title -> what _render_link works out from it
+
+
+def _link_title(title: str) -> tuple[str, str | None, bool, str]:
+    """(raw title, namespace kind, leading colon, normalised target) of a link title, as `_render_link` has them."""
+    known = _LINK_TITLES.get(title)
+    if known is None:
+        raw_title = title.strip()
+        leading_colon = raw_title.startswith(":")
+        if leading_colon:
+            raw_title = raw_title[1:].strip()
+        known = (raw_title, _link_namespace(raw_title), leading_colon, normalize_title(raw_title))
+        if len(_LINK_TITLES) >= 200_000:
+            _LINK_TITLES.clear()  # bounded: memory stays flat on a whole dump
+        _LINK_TITLES[title] = known
+    return known
+
+
 def _render_lite_link(node: tuple, out: list[str], targets: list[str], allow_links: bool) -> bool:
     """`_render_link` on a light node."""
     _, title, text = node
-    raw_title = title.strip()
-    leading_colon = raw_title.startswith(":")
-    if leading_colon:
-        raw_title = raw_title[1:].strip()
-    kind = _link_namespace(raw_title)
+    raw_title, kind, leading_colon, target = _link_title(title)
     if kind == "drop" and not leading_colon:
         return False
     anchor = _lite_plain_text(text) if text is not None else raw_title
-    target = normalize_title(raw_title)
     if kind is not None or not target or not allow_links:
         out.append(anchor)
         return False
