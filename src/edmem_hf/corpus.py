@@ -23,6 +23,7 @@ import itertools
 import json
 import logging
 import multiprocessing
+import operator
 import os
 import re
 import shutil
@@ -196,6 +197,9 @@ class Mention:
     heuristic: bool = False
 
 
+_MENTION_ORDER = operator.attrgetter("start", "end", "entity_id", "heuristic")
+
+
 def _is_word_char(char: str) -> bool:
     return char.isalnum() or char == "_"
 
@@ -214,14 +218,14 @@ def label_mentions(
     """
     mentions = [Mention(s, e, eid) for s, e, eid in links]
     if not candidate_aliases or not text:
-        return sorted(mentions)
+        return sorted(mentions, key=_MENTION_ORDER)
     automaton = ahocorasick.Automaton()
     for entity_id in sorted(candidate_aliases):
         for alias in candidate_aliases[entity_id]:
             if alias and alias not in automaton:
                 automaton.add_word(alias, (len(alias), entity_id))
     if len(automaton) == 0:
-        return sorted(mentions)
+        return sorted(mentions, key=_MENTION_ORDER)
     automaton.make_automaton()
     # Covered characters: links first, then heuristic matches as they are accepted.
     covered = bytearray(len(text))
@@ -242,7 +246,7 @@ def label_mentions(
             continue
         covered[start:end] = b"\x01" * (end - start)
         mentions.append(Mention(start, end, entity_id, heuristic=True))
-    return sorted(mentions)
+    return sorted(mentions, key=_MENTION_ORDER)  # the dataclass order, compared in C
 
 
 # --- passages -------------------------------------------------------------------------------------------------
@@ -533,7 +537,7 @@ def window_passages(
     # spans it can touch (found by bisection) instead of all of the document's.
     starts = [e_s for e_s, _, _ in spans]
     ends = [e_e for _, e_e, _ in spans]
-    in_order = all(a <= b for a, b in zip(starts, starts[1:])) and all(a <= b for a, b in zip(ends, ends[1:]))
+    in_order = starts == sorted(starts) and ends == sorted(ends)
     passages = []
     for index, ranges in enumerate(windows):
         out_ids = [bos_token_id]

@@ -574,6 +574,26 @@ def _token_nodes(token_list: list, stop: tuple, last: list) -> list:
             last[0] = token
             return nodes
         elif kind is _T_LINK_OPEN:
+            # the common shapes, [[title]] and [[title|text]] with plain text, without recursing
+            if len(token_list) >= 2 and type(token_list[-1]) is _T_TEXT:
+                following = type(token_list[-2])
+                if following is _T_LINK_CLOSE:
+                    title = token_list.pop()["text"]
+                    token_list.pop()
+                    nodes.append((_LINK, title, None))
+                    continue
+                if (
+                    following is _T_LINK_SEP
+                    and len(token_list) >= 4
+                    and type(token_list[-3]) is _T_TEXT
+                    and type(token_list[-4]) is _T_LINK_CLOSE
+                ):
+                    title = token_list.pop()["text"]
+                    token_list.pop()
+                    text = token_list.pop()["text"]
+                    token_list.pop()
+                    nodes.append((_LINK, title, [text]))
+                    continue
             title = _token_nodes(token_list, (_T_LINK_SEP, _T_LINK_CLOSE), last)
             text = None
             if type(last[0]) is _T_LINK_SEP:
@@ -755,7 +775,12 @@ def _render_lite_link(node: tuple, out: list[str], targets: list[str], allow_lin
     raw_title, kind, leading_colon, target = _link_title(title)
     if kind == "drop" and not leading_colon:
         return False
-    anchor = _lite_plain_text(text) if text is not None else raw_title
+    if text is None:
+        anchor = raw_title
+    elif len(text) == 1 and type(text[0]) is str:
+        anchor = text[0]  # what rendering a single text node gives
+    else:
+        anchor = _lite_plain_text(text)
     if kind is not None or not target or not allow_links:
         out.append(anchor)
         return False
