@@ -300,11 +300,12 @@ def test_processor_matches_on_hand_computed_masks(tokenizer, names):
     processor = EntityConstrainedLogitsProcessor(trie, start_token_id=start_id, dense_threshold=5)  # dense root
     seqs = [trie.sequence(i) for i in range(len(names))]
     rng = random.Random(0)
-    for _ in range(20):
+    for step in range(20):
         rows = []
         for _ in range(6):
             seq = rng.choice(seqs)
-            rows.append([2, 0, 7, start_id] + seq[: rng.randint(0, len(seq) - 1)])
+            depth = 0 if step == 0 else rng.randint(0, len(seq) - 1)  # step 0: every row at the (dense) root
+            rows.append([2, 0, 7, start_id] + seq[:depth])
         width = max(map(len, rows))
         # Same length for all rows: prepend filler tokens to shorter rows (outside any mention).
         ids = torch.tensor([[9] * (width - len(r)) + r for r in rows])

@@ -914,7 +914,11 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
                     count = torch.where(is_dense, t["zero"], count)
                     dense_rows = torch.nonzero(is_dense).flatten()
                     slot = torch.searchsorted(dense_nodes, safe.index_select(0, dense_rows))
-                    dense_scores = scores.index_select(0, dense_rows)[:, : t["dense_penalty"].shape[1]]
+                    width = min(vocab, t["dense_penalty"].shape[1])
+                    if dense_rows.numel() == rows:  # e.g. the first step of every mention: no gather
+                        dense_scores = scores[:, :width]
+                    else:
+                        dense_scores = scores.index_select(0, dense_rows)[:, :width]
                     if bool((slot == slot[0]).all()):  # e.g. every row at the root: broadcast one row
                         dense_scores = dense_scores + t["dense_penalty"][slot[0], :vocab].to(scores.dtype)
                     else:
@@ -952,9 +956,15 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
         # Write each row once: free rows are copied, constrained rows start at -inf (their allowed scores are put
         # back after), constrained rows at a dense node get their masked scores. One spare element at the end of
         # the buffer takes the pairs not to write.
+        dense_sel = None
+        if dense_rows is not None and dense_rows.numel() == rows and dense_scores.shape[1] == vocab:
+            if bool(constrain.all()):  # every row at a dense node: the masked scores are the output
+                out = dense_scores
+                if self.start_token_id is not None and self.end_token_id < vocab:
+                    out[:, self.end_token_id].masked_fill_(~in_span, neg_inf)
+                return out
         buffer = torch.empty(rows * vocab + 1, dtype=scores.dtype, device=device)
         out = buffer[:-1].view(rows, vocab)
-        dense_sel = None
         if dense_rows is not None:
             dense_sel = torch.nonzero(constrain.index_select(0, dense_rows)).flatten()
             sparse = constrain.index_fill(0, dense_rows.index_select(0, dense_sel), False)
@@ -962,15 +972,19 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
             sparse = constrain
         free = ~constrain
         num_free = int(free.sum())
-        if 2 * num_free > rows:
+        mostly_free = 2 * num_free > rows
+        if mostly_free:
             out.copy_(scores)
-        elif num_free:
-            free_rows = torch.nonzero(free).flatten()
-            out.index_copy_(0, free_rows, scores.index_select(0, free_rows))
+        else:  # a plain fill is several times faster than index_fill_ over the same rows
+            buffer.fill_(neg_inf)
+            if num_free:
+                free_rows = torch.nonzero(free).flatten()
+                out.index_copy_(0, free_rows, scores.index_select(0, free_rows))
         if num_free < rows:
             sparse_rows = torch.nonzero(sparse).flatten()
             if sparse_rows.numel():
-                out.index_fill_(0, sparse_rows, neg_inf)
+                if mostly_free:
+                    out.index_fill_(0, sparse_rows, neg_inf)
                 if pair_row_constrained is None:
                     put = valid & sparse[:, None]
                 else:
@@ -981,7 +995,7 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
             if dense_sel is not None and dense_sel.numel():
                 width = dense_scores.shape[1]
                 target = out if width == vocab else out[:, :width]
-                if width < vocab:
+                if width < vocab and mostly_free:
                     out.index_fill_(0, dense_rows.index_select(0, dense_sel), neg_inf)
                 target.index_copy_(0, dense_rows.index_select(0, dense_sel), dense_scores.index_select(0, dense_sel))
         if self.start_token_id is not None and self.end_token_id < vocab:
