@@ -7,8 +7,14 @@ mention as soon as one is closed: constraints are active for most steps (the out
 `min_new_tokens=16` makes every run generate the same number of steps. Entity names: the 10K most linked
 targets of the sample (real names) and 1M synthetic names (1-4 words of the sample's vocabulary).
 
-Times are the minimum over interleaved repeats after a warm-up. The script ends with one `RESULT key=value ...`
-line. An EDMem section (static/dynamic entity linking through `EDMemForConditionalGeneration.generate`) can be
+Times are the minimum over interleaved repeats after a warm-up, measured by default as CPU time of the main thread
+with one torch thread (`--clock cpu --threads 1`), which stays meaningful on a shared, loaded machine; use
+`--clock wall --threads 2` for wall-clock times. RESULT keys: `ours_*`/`prefix_fn_*` = constrained time / free
+time; `ours_proc_*` = 1 + (time inside our processor) / free time; `added_time_ratio_vs_prefix_fn` = the largest,
+over the four settings, of (time inside our processor) / (time inside `PrefixConstrainedLogitsProcessor`);
+`trie_build_s_1m` (wall clock, tokenisation included), `trie_mb_1m` (array bytes), `trie_build_peak_mb_1m`
+(tracemalloc peak of a second build), `constrained_frac_*` (rows x steps inside a mention). The script ends with
+one `RESULT key=value ...` line. An EDMem section (static/dynamic entity linking through `EDMemForConditionalGeneration.generate`) can be
 added as another `bench_*` function whose figures are merged into the RESULT line.
 
     python benchmarks/bench_entity_decoding.py [--quick]
