@@ -5,7 +5,8 @@ Ours (`entity_attention`: chunked, running log-sum-exp, recomputing backward) ag
 N = 1M, so it runs at a smaller N (`--dense-entities`) and its time and extra memory are scaled linearly in N
 (both are linear in N: every dense tensor is `(M, N)` or `(N, d)`); ours runs at the full N.
 
-Peak extra memory is measured in a fresh subprocess per case: peak RSS during the step minus RSS just before it
+Time is the process's CPU time with one torch thread by default (robust to other jobs on a shared machine;
+`--threads N` changes it). Peak extra memory is measured in a fresh subprocess per case: peak RSS during the step minus RSS just before it
 (inputs already allocated), so only what the access itself allocates counts.
 
     python benchmarks/bench_memory.py                      # N = 1M, 1,024 mentions, d = 256
@@ -23,10 +24,12 @@ import sys
 import time
 
 
-def _case(kind: str, num_entities: int, mentions: int, dim: int, chunk: int, repeats: int) -> dict:
+def _case(kind: str, num_entities: int, mentions: int, dim: int, chunk: int, repeats: int, threads: int) -> dict:
     import resource
 
     import torch
+
+    torch.set_num_threads(threads)
 
     from edmem_hf.modeling_edmem import dense_entity_attention, entity_attention
 
@@ -54,20 +57,19 @@ def _case(kind: str, num_entities: int, mentions: int, dim: int, chunk: int, rep
         return 0.0
 
     step()  # warm-up (allocator, kernels); also the first peak
-    torch.set_num_threads(torch.get_num_threads())
     before = rss_mb()
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = time.process_time()
         step()
-        times.append(time.perf_counter() - start)
+        times.append(time.process_time() - start)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {"seconds": min(times), "peak_extra_mb": max(peak - before, 0.0), "baseline_mb": before}
 
 
-def run_case(kind: str, num_entities: int, mentions: int, dim: int, chunk: int, repeats: int) -> dict:
+def run_case(kind: str, num_entities: int, mentions: int, dim: int, chunk: int, repeats: int, threads: int) -> dict:
     """Runs one case in a fresh interpreter so that peak RSS belongs to it alone."""
-    call = f"_case({kind!r}, {num_entities}, {mentions}, {dim}, {chunk}, {repeats})"
+    call = f"_case({kind!r}, {num_entities}, {mentions}, {dim}, {chunk}, {repeats}, {threads})"
     code = f"import json, sys; sys.path.insert(0, {sys.path[0]!r}); from bench_memory import _case; print(json.dumps({call}))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -81,14 +83,15 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=256)
     parser.add_argument("--chunk", type=int, default=16384)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
 
     # The dense formula at the same N as ours too, for a direct same-N time check where it fits.
     same_n = min(args.dense_entities, args.entities)
     print(f"mentions={args.mentions} d={args.dim} chunk={args.chunk}")
-    ours_small = run_case("ours", same_n, args.mentions, args.dim, args.chunk, args.repeats)
-    dense_small = run_case("dense", same_n, args.mentions, args.dim, args.chunk, args.repeats)
-    ours = run_case("ours", args.entities, args.mentions, args.dim, args.chunk, args.repeats)
+    ours_small = run_case("ours", same_n, args.mentions, args.dim, args.chunk, args.repeats, args.threads)
+    dense_small = run_case("dense", same_n, args.mentions, args.dim, args.chunk, args.repeats, args.threads)
+    ours = run_case("ours", args.entities, args.mentions, args.dim, args.chunk, args.repeats, args.threads)
     scale = args.entities / same_n
     dense_seconds = dense_small["seconds"] * scale
     dense_mb = dense_small["peak_extra_mb"] * scale
