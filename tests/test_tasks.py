@@ -6,8 +6,8 @@ import json
 
 import pytest
 import torch
-from conftest import shared_data_path
 
+from conftest import shared_data_path
 from edmem_hf.tasks import EDMemSeq2SeqCollator, QAExample, encode_qa_example, exact_match, mark_mentions
 from edmem_hf.tokenization import train_tokenizer
 
