@@ -88,7 +88,7 @@ _REFS_AND_COMMENTS = re.compile(
 )
 _BRACES = re.compile(r"\{\{|\}\}|\{\||\|\}")
 _CLEANUPS = [
-    (re.compile(r"'{2,}"), ""),  # bold/italic quotes: parsed with skip_style_tags (faster), removed here
+    (re.compile(r"''+"), ""),  # bold/italic quotes (2+): parsed with skip_style_tags (faster), removed here
     # runs of spaces -> one space (a lone " " is left alone: same result, much less work)
     (re.compile(r" [ \t\u00a0\u2009\u200b]+|[\t\u00a0\u2009\u200b][ \t\u00a0\u2009\u200b]*"), " "),
     (re.compile(r"\((?: *[,;:] *)*\)"), ""),  # "( ; born 1950)" leftovers of dropped templates
