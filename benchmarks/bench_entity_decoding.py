@@ -47,6 +47,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from edmem_hf import EDMemConfig, EDMemForConditionalGeneration, EntityVocab
 from edmem_hf.entity_decoding import EntityConstrainedLogitsProcessor, EntityTrie, marker_token_ids
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -237,18 +238,33 @@ def time_generate(model, inputs, repeats: int, **kwargs) -> float:
 # --- sections ------------------------------------------------------------------------------------------------
 
 
+_DATA: dict = {}
+
+
+def shared_data() -> tuple[str, list[str], PreTrainedTokenizerFast]:
+    """The sample's text, its link targets (most linked first) and the tokenizer, built once for all sections."""
+    if not _DATA:
+        text, real_names = load_wiki()
+        t0 = time.perf_counter()
+        tokenizer = train_tokenizer(text)
+        print(f"tokenizer: {len(tokenizer)} tokens, trained in {time.perf_counter() - t0:.1f}s")
+        _DATA.update(text=text, real_names=real_names, tokenizer=tokenizer)
+    return _DATA["text"], _DATA["real_names"], _DATA["tokenizer"]
+
+
+def encoder_inputs(text: str, tokenizer, batch: int = 32):
+    sentences = [s for s in re.split(r"(?<=\.)\s", text[200000:400000]) if 40 < len(s) < 300][:batch]
+    return tokenizer(sentences, return_tensors="pt", padding=True, truncation=True, max_length=48)
+
+
 def bench_standalone(quick: bool = False, repeats: int = 3) -> dict[str, float]:
     results: dict[str, float] = {}
-    text, real_names = load_wiki()
-    t0 = time.perf_counter()
-    tokenizer = train_tokenizer(text)
-    print(f"tokenizer: {len(tokenizer)} tokens, trained in {time.perf_counter() - t0:.1f}s")
+    text, real_names, tokenizer = shared_data()
     start_id, end_id = marker_token_ids(tokenizer)
     vocab = len(tokenizer)
     model = make_model(vocab, start_id)
     batch, new_tokens = 32, 16
-    sentences = [s for s in re.split(r"(?<=\.)\s", text[200000:400000]) if 40 < len(s) < 300][:batch]
-    inputs = tokenizer(sentences, return_tensors="pt", padding=True, truncation=True, max_length=48)
+    inputs = encoder_inputs(text, tokenizer, batch)
     prompt = torch.tensor([[2, 0, start_id]] * batch)
     sizes = {"10k": 10_000, "1m": 100_000 if quick else 1_000_000}
 
@@ -340,6 +356,232 @@ def bench_standalone(quick: bool = False, repeats: int = 3) -> dict[str, float]:
     return results
 
 
+# --- EDMem section -------------------------------------------------------------------------------------------
+
+
+class MentionShaper(LogitsProcessor):
+    """
+    Gives a random EDMem the mention rhythm of a trained one, in the same way in the three decoding modes.
+
+    A random model repeats one token (with the `<E_s>` bias: `<E_s> <E_s> ...`), so on its own free decoding would
+    read the memory at every step and never close a mention, while constrained decoding spells a name and closes
+    it. Outside a mention this processor forbids `<E_e>`, and `<E_s>` until the row has had `g` tokens since its last
+    `<E_e>` (or the start), with `g` in `1 .. 2 * gap - 1` varying with the example and its mention count, so that
+    rows open mentions at different steps (mean `gap`), as in real text. With `length` (free mode only: the
+    constrained modes close a mention by spelling a name) it also forbids `<E_s>`/`<E_e>` inside a mention until it
+    has `l` tokens, then forces `<E_e>`, `l` varying in the same way in `1 .. 2 * length - 1`. Beams of one example
+    share `g` and `l` (`group_size`). Its time is measured and subtracted from every run, so that each mode is timed
+    as the model plus its own entity decoding work.
+    """
+
+    def __init__(
+        self, start_id: int, end_id: int, prompt_len: int, gap: int, length: int | None = None, group_size: int = 1
+    ):
+        self.start_id, self.end_id, self.prompt_len = start_id, end_id, prompt_len
+        self.gap, self.length, self.group_size = gap, length, group_size
+        self.seconds = 0.0
+
+    def __call__(self, input_ids, scores):
+        t0 = CLOCK()
+        generated = input_ids[:, self.prompt_len :]
+        rows, n = generated.shape
+        example = torch.arange(rows) // self.group_size
+        pos = torch.arange(1, n + 1)
+        last_start = (
+            torch.where(generated == self.start_id, pos, 0).amax(1) if n else torch.zeros(rows, dtype=torch.long)
+        )
+        last_end = torch.where(generated == self.end_id, pos, 0).amax(1) if n else torch.zeros(rows, dtype=torch.long)
+        opened = (generated == self.start_id).sum(1)
+        inside = last_start > last_end
+        gap = 1 + (example * 5 + opened * 3) % (2 * self.gap - 1)
+        forbid_start = ~inside & (n - last_end < gap)
+        forbid_end = ~inside
+        force_end = None
+        if self.length is not None:
+            length = 1 + (example * 3 + opened * 5) % (2 * self.length - 1)
+            count = n - last_start
+            forbid_start |= inside
+            forbid_end |= inside & (count < length)
+            force_end = (inside & (count >= length)).nonzero().squeeze(1)
+        neg = torch.tensor(float("-inf"))
+        scores[:, self.start_id] = torch.where(forbid_start, neg, scores[:, self.start_id])
+        scores[:, self.end_id] = torch.where(forbid_end, neg, scores[:, self.end_id])
+        if force_end is not None and len(force_end):
+            scores.index_fill_(0, force_end, float("-inf"))
+            scores[force_end, self.end_id] = 0.0
+        self.seconds += CLOCK() - t0
+        return scores
+
+
+def make_edmem(tokenizer, names: list[str], seed: int = 0) -> EDMemForConditionalGeneration:
+    """EDMem with d_model 256, 2+2 encoder and 2+2 decoder layers, a `(len(names), 256)` table, random weights."""
+    torch.manual_seed(seed)
+    start_id, end_id = marker_token_ids(tokenizer)
+    config = EDMemConfig(
+        vocab_size=len(tokenizer),
+        d_model=256,
+        encoder_lower_layers=2,
+        encoder_upper_layers=2,
+        decoder_lower_layers=2,
+        decoder_upper_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=1024,
+        decoder_ffn_dim=1024,
+        entity_vocab_size=len(names),
+        entity_embed_dim=256,
+        memory_top_k=100,
+        max_position_embeddings=128,
+        entity_start_token_id=start_id,
+        entity_end_token_id=end_id,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+        decoder_start_token_id=2,
+        forced_eos_token_id=None,
+    )
+    model = EDMemForConditionalGeneration(config).eval()
+    model.entity_vocab = EntityVocab(names)
+    with torch.no_grad():
+        model.final_logits_bias[0, start_id] = 30.0  # open a mention whenever the shaper lets it
+    return model
+
+
+def mention_stats(sequences: torch.Tensor, start_id: int, end_id: int, trie: EntityTrie | None):
+    """Mentions per sequence, fraction of generated tokens inside a mention (name tokens and `<E_e>`), mean
+    tokens per closed mention, fraction of closed mentions that spell an entity name."""
+    mentions = inside = closed = valid = closed_tokens = 0
+    rows = sequences[:, 1:].tolist()
+    for seq in rows:
+        span = None
+        for tok in seq:
+            if tok == start_id:
+                mentions += 1
+                span = []
+            elif span is not None:
+                inside += 1
+                if tok == end_id:
+                    closed += 1
+                    closed_tokens += len(span)
+                    valid += trie is not None and trie.lookup(span + [end_id]) >= 0
+                    span = None
+                else:
+                    span.append(tok)
+    return (
+        mentions / len(rows),
+        inside / (len(rows) * len(rows[0])),
+        closed_tokens / max(closed, 1),
+        valid / max(closed, 1),
+    )
+
+
+def bench_edmem(quick: bool = False, repeats: int = 3, gap: int = 4, cache_dir: str | None = None) -> dict[str, float]:
+    """Free vs static vs dynamic entity decoding through `EDMemForConditionalGeneration.generate`."""
+    results: dict[str, float] = {}
+    text, real_names, tokenizer = shared_data()
+    start_id, end_id = marker_token_ids(tokenizer)
+    inputs = encoder_inputs(text, tokenizer, 32)
+    new_tokens, k = 16, 5
+    cache_dir = cache_dir or os.path.join(tempfile.gettempdir(), "edmem_bench_tries")
+    sizes = {"10k": 10_000, "1m": 100_000 if quick else 1_000_000}
+    modes = ("free", "static", "dynamic")
+    print(
+        f"\n== EDMem: d_model 256, 2+2 / 2+2 layers, memory top-100, batch 32, {new_tokens} new tokens, "
+        f"{k} candidates, mentions opened {gap} tokens after the last one closed =="
+    )
+    counts = collections.Counter()
+
+    def count_memory(module, args, output):
+        queries = output[1].positions.shape[0]
+        counts.update(memory_queries=queries, memory_searches=int(queries > 0))
+
+    def count_head(module, args, output):
+        counts.update(head_queries=output.positions.shape[0], head_searches=1)
+
+    for size_key, n in sizes.items():
+        names = synthetic_names(text, real_names, n)
+        t0 = time.perf_counter()
+        model = make_edmem(tokenizer, names)
+        t1 = time.perf_counter()
+        trie = model.entity_trie(tokenizer, cache_dir=cache_dir)
+        print(
+            f"\n[{size_key}] {n} entities; model built in {t1 - t0:.1f}s, trie ({trie}) ready in "
+            f"{time.perf_counter() - t1:.1f}s"
+        )
+        for dec, beams in (("greedy", 1), ("beam5", 5)):
+            common = dict(
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                num_beams=beams,
+                tokenizer=tokenizer,
+                entity_candidates=k,
+            )
+            # Free-mode mentions as long as the constrained ones: measured on a static greedy run first.
+            constrained_shaper = MentionShaper(start_id, end_id, 1, gap, group_size=beams)
+            with torch.inference_mode():
+                out = model.generate(
+                    **inputs,
+                    entity_decoding="static",
+                    logits_processor=LogitsProcessorList([constrained_shaper]),
+                    **common,
+                )
+            length = max(1, round(mention_stats(out, start_id, end_id, trie)[2]))
+            shapers = {
+                mode: MentionShaper(start_id, end_id, 1, gap, length if mode == "free" else None, beams)
+                for mode in modes
+            }
+            kwargs = {
+                mode: dict(entity_decoding=mode, logits_processor=LogitsProcessorList([shapers[mode]]), **common)
+                for mode in modes
+            }
+            stats = {}
+            hooks = [
+                model.model.decoder.memory.register_forward_hook(count_memory),
+                model.entity_linking_head.register_forward_hook(count_head),
+            ]
+            for mode in modes:  # warm-up and counts (hooks only here, not in the timed runs)
+                counts.clear()
+                with torch.inference_mode():
+                    out = model.generate(**inputs, **kwargs[mode])
+                stats[mode] = (*mention_stats(out, start_id, end_id, trie), dict(counts))
+            for hook in hooks:
+                hook.remove()
+            best = dict.fromkeys(modes, float("inf"))
+            shaper_s = dict.fromkeys(modes, 0.0)
+            with torch.inference_mode():
+                for _ in range(repeats):  # interleaved
+                    for mode in modes:
+                        shapers[mode].seconds = 0.0
+                        t0 = CLOCK()
+                        model.generate(**inputs, **kwargs[mode])
+                        total = CLOCK() - t0
+                        if total - shapers[mode].seconds < best[mode]:
+                            best[mode], shaper_s[mode] = total - shapers[mode].seconds, shapers[mode].seconds
+            print(f"  {dec}: free-mode mentions closed after {length} tokens (the static run's mean name length)")
+            for mode in modes:
+                per_seq, frac, mean_len, ok, c = stats[mode]
+                ratio = best[mode] / best["free"]
+                print(
+                    f"    {mode:7s} {best[mode] * 1000:8.1f} ms ({ratio:.3f}x free; shaper {shaper_s[mode] * 1000:.1f} ms "
+                    f"subtracted) | mentions/seq {per_seq:.2f}, inside mentions {frac:.0%}, {mean_len:.1f} tokens/mention"
+                    + (f", valid names {ok:.0%}" if mode != "free" else "")
+                    + f" | memory: {c.get('memory_queries', 0)} queries in {c.get('memory_searches', 0)} table searches"
+                    + f"; EL head: {c.get('head_queries', 0)} queries in {c.get('head_searches', 0)} searches"
+                )
+                key = f"{dec}_{size_key}"
+                if mode != "free":
+                    results[f"edmem_{mode}_{key}"] = ratio
+                    if ok < 1.0:
+                        print(f"  ERROR: {mode} decoding produced a mention that is not a name", file=sys.stderr)
+                results[f"edmem_mentions_{mode}_{key}"] = per_seq
+                results[f"edmem_inside_frac_{mode}_{key}"] = frac
+                results[f"edmem_memory_queries_{mode}_{key}"] = c.get("memory_queries", 0)
+                results[f"edmem_ms_{mode}_{key}"] = best[mode] * 1000
+        del model, trie
+        gc.collect()
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="100K instead of 1M names")
@@ -351,6 +593,10 @@ def main(argv: list[str] | None = None) -> int:
         default="cpu",
         help="cpu: CPU time of this thread (with --threads 1, robust on a shared machine); wall: perf_counter",
     )
+    parser.add_argument(
+        "--sections", default="standalone,edmem", help="comma-separated: standalone (plain BART), edmem (generate())"
+    )
+    parser.add_argument("--gap", type=int, default=4, help="EDMem section: tokens between a mention and the next")
     args = parser.parse_args(argv)
     global CLOCK
     CLOCK = time.thread_time if args.clock == "cpu" else time.perf_counter
@@ -358,7 +604,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--clock cpu measures one thread: use --threads 1")
     torch.set_num_threads(args.threads)
     print(f"torch threads: {args.threads}, clock: {args.clock}; load average: {os.getloadavg()}")
-    results = bench_standalone(quick=args.quick, repeats=args.repeats)
+    sections = set(args.sections.split(","))
+    results: dict[str, float] = {}
+    if "standalone" in sections:
+        results.update(bench_standalone(quick=args.quick, repeats=args.repeats))
+    if "edmem" in sections:
+        results.update(bench_edmem(quick=args.quick, repeats=args.repeats, gap=args.gap))
     keys = [
         "ours_greedy_10k",
         "ours_beam5_10k",
@@ -377,6 +628,9 @@ def main(argv: list[str] | None = None) -> int:
         "constrained_frac_greedy_1m",
         "constrained_frac_beam5_1m",
     ]
+    keys += [f"edmem_{m}_{d}_{s}" for s in ("10k", "1m") for d in ("greedy", "beam5") for m in ("static", "dynamic")]
+    keys += [f"edmem_mentions_{m}_{d}_1m" for d in ("greedy", "beam5") for m in ("free", "static", "dynamic")]
+    keys += [f"edmem_memory_queries_{m}_{d}_1m" for d in ("greedy", "beam5") for m in ("free", "static", "dynamic")]
     print("RESULT " + " ".join(f"{k}={results[k]:.3f}" for k in keys if k in results))
     return 0
 
