@@ -905,7 +905,7 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
         [[a for a, _ in anchors_by_entity.get(name, no_anchors).most_common()] for name in vocab.names],
         vocab.counts,
     )
-    _save_entity_vocab(vocab, out_dir)
+    vocab.save(out_dir)
     aliases.save(out_dir / ALIASES_NAME)
     entity_ids = {name: i for i, name in enumerate(vocab.names)}
     target_to_entity = {
@@ -999,13 +999,6 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
     with open(out_dir / STATS_NAME, "w", encoding="utf-8") as f:
         json.dump(stats, f, indent=2, ensure_ascii=False)
     return stats
-
-
-def _save_entity_vocab(vocab: EntityVocab, out_dir: Path) -> None:
-    """`vocab.save(out_dir)`, the same file, written with the C JSON encoder (`json.dump` is several times slower
-    on a large vocabulary)."""
-    with open(out_dir / ENTITY_VOCAB_NAME, "w", encoding="utf-8") as f:
-        f.write(json.dumps(vocab.to_dict(), ensure_ascii=False))
 
 
 def _passage_stats(passages: datasets.Dataset, vocab_size: int) -> dict:

@@ -102,7 +102,7 @@ class EntityVocab:
             os.makedirs(path, exist_ok=True)
             path = os.path.join(path, ENTITY_VOCAB_NAME)
         with open(path, "w", encoding="utf-8") as f:
-            json.dump(self.to_dict(), f, ensure_ascii=False)
+            f.write(json.dumps(self.to_dict(), ensure_ascii=False))  # dumps uses the C encoder; dump does not
         return path
 
     @classmethod
