@@ -45,7 +45,7 @@ from transformers import HfArgumentParser, PreTrainedTokenizerBase
 
 from .configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN
 from .dump import MalformedPageError, WikiPage, iter_pages, parse_page
-from .entity_vocab import ENTITY_VOCAB_NAME, EntityVocab
+from .entity_vocab import EntityVocab
 from .tokenization import DEFAULT_VOCAB_SIZE, extend_tokenizer, train_tokenizer
 
 logger = logging.getLogger(__name__)
