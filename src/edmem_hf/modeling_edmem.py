@@ -306,15 +306,15 @@ def _exact_top_k(queries, table, entity_mask, k, chunk_size):
 
 def _low_precision_top_k(queries, table, entity_mask, k, chunk_size):
     """
-    Exact top-k through a bfloat16 search. The bf16 scores of the shortlist (the `2k + 64` best) differ from the
-    float32 ones by at most `bound = (3u + d 2^-23) |q| max|e|` (u = 2^-9: rounding of query, entity and score; fp32
-    accumulation), so every entity left out scores at most `(lowest shortlisted bf16 score) + bound`; a row whose
-    k-th best re-scored float32 score is above that has its exact top-k in the shortlist. Other rows (rare) are
-    searched again in float32.
+    Exact top-k through a bfloat16 search. The bf16 scores of the shortlist (the `4k + 64` best) differ from the
+    float32 ones by at most `bound = (3u + d 2^-23) |q| max|e|` (u = 2^-8, bf16's unit roundoff: rounding of query,
+    entity and score; then fp32 accumulation), so every entity left out scores at most `(lowest shortlisted bf16
+    score) + bound`; a row whose k-th best re-scored float32 score is above that has its exact top-k in the
+    shortlist. Other rows (rare) are searched again in float32.
     """
     copy, max_norm = _search_copy(table)
     queries = queries.float()
-    shortlist = min(2 * k + 64, table.shape[0])
+    shortlist = min(4 * k + 64, table.shape[0])
     approx, ids = _exact_top_k(queries.to(torch.bfloat16), copy, entity_mask, shortlist, chunk_size)
     candidates = table[ids]  # (M, shortlist, d)
     exact = torch.einsum("md,mkd->mk", queries, candidates)
@@ -323,7 +323,7 @@ def _low_precision_top_k(queries, table, entity_mask, k, chunk_size):
     top_scores, order = exact.topk(k, dim=1)
     top_ids = ids.gather(1, order)
     dim = table.shape[1]
-    bound = (3 * 2.0**-9 + dim * 2.0**-23) * 1.01 * torch.linalg.vector_norm(queries, dim=1) * max_norm
+    bound = (3 * 2.0**-8 + dim * 2.0**-23) * 1.01 * torch.linalg.vector_norm(queries, dim=1) * max_norm
     lowest = approx[:, -1]
     proven = (top_scores[:, -1] > lowest + bound) | (lowest == float("-inf")) & (top_scores[:, -1] > float("-inf"))
     if shortlist == table.shape[0]:
@@ -1349,11 +1349,13 @@ class EDMemForConditionalGeneration(_EntityVocabMixin, EDMemPreTrainedModel, Gen
         attention_mask: torch.Tensor | None = None,
         top_k: int = 5,
         encoder_outputs: EDMemEncoderOutput | None = None,
+        past_key_values: EncoderDecoderCache | None = None,
     ) -> tuple[torch.LongTensor, torch.FloatTensor]:
         """Static entity linking: the entity-linking head's top-k for each example.
 
         The decoder reads the start token and `<E_s>`, and the head scores the entities at `<E_s>`, as in the
-        paper's static setting. Returns ids and raw scores, each `(batch, top_k)`, best first.
+        paper's static setting. Returns ids and raw scores, each `(batch, top_k)`, best first. With an empty
+        `past_key_values`, the decoder fills it (its cross-attention part can then serve generation).
         """
         if self.config.variant != "edmem":
             raise ValueError(f"entity linking needs the full EDMem (variant 'edmem'), not {self.config.variant!r}")
@@ -1370,7 +1372,8 @@ class EDMemForConditionalGeneration(_EntityVocabMixin, EDMemPreTrainedModel, Gen
             attention_mask=attention_mask,
             decoder_input_ids=decoder_input_ids,
             encoder_outputs=encoder_outputs,
-            use_cache=False,
+            past_key_values=past_key_values,
+            use_cache=past_key_values is not None,
             output_attended_entities=False,
         )
         mention_mask = torch.zeros_like(decoder_input_ids, dtype=torch.bool)
@@ -1457,9 +1460,30 @@ class EDMemForConditionalGeneration(_EntityVocabMixin, EDMemPreTrainedModel, Gen
                         attention_mask=kwargs.get("attention_mask"),
                         output_attended_entities=False,
                     )
-                ids, scores = self.link_entities(
-                    input_ids, kwargs.get("attention_mask"), top_k, encoder_outputs=kwargs["encoder_outputs"]
+                # The linking pass computes the cross-attention keys and values of the encoder output: generation
+                # reuses them (expanded to its rows) instead of computing them again at its first step.
+                reuse = (
+                    kwargs.get("past_key_values") is None
+                    and kwargs.get("use_cache", getattr(config, "use_cache", True)) is not False
+                    and getattr(config, "cache_implementation", None) is None
                 )
+                link_cache = (
+                    EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+                    if reuse
+                    else None
+                )
+                ids, scores = self.link_entities(
+                    input_ids,
+                    kwargs.get("attention_mask"),
+                    top_k,
+                    encoder_outputs=kwargs["encoder_outputs"],
+                    past_key_values=link_cache,
+                )
+                if reuse:
+                    cross = link_cache.cross_attention_cache
+                    if max(num_beams, num_return) > 1:  # generate() expands its inputs by this factor
+                        cross.batch_repeat_interleave(max(num_beams, num_return))
+                    kwargs["past_key_values"] = EncoderDecoderCache(DynamicCache(config=self.config), cross)
                 processor = EntityConstrainedLogitsProcessor(
                     trie,
                     start_token_id=self.config.entity_start_token_id,
