@@ -13,11 +13,22 @@ with one torch thread (`--clock cpu --threads 1`), which stays meaningful on a s
 time; `ours_proc_*` = 1 + (time inside our processor) / free time; `added_time_ratio_vs_prefix_fn` = the largest,
 over the four settings, of (time inside our processor) / (time inside `PrefixConstrainedLogitsProcessor`);
 `trie_build_s_1m` (wall clock, tokenisation included), `trie_mb_1m` (array bytes), `trie_build_peak_mb_1m`
-(tracemalloc peak of a second build), `constrained_frac_*` (rows x steps inside a mention). The script ends with
-one `RESULT key=value ...` line. An EDMem section (static/dynamic entity linking through `EDMemForConditionalGeneration.generate`) can be
-added as another `bench_*` function whose figures are merged into the RESULT line.
+(tracemalloc peak of a second build), `constrained_frac_*` (rows x steps inside a mention).
 
-    python benchmarks/bench_entity_decoding.py [--quick]
+EDMem section (`bench_edmem`): `EDMemForConditionalGeneration.generate(entity_decoding="free"|"static"|"dynamic",
+entity_candidates=5)` with an EDMem of d_model 256, 2+2 encoder and 2+2 decoder layers, memory top-100, random
+weights, the same tokenizer, inputs, batch (32) and 16 new tokens, greedy and 5 beams, with 10K entities (real link
+targets) and 1M (synthetic names) in a `(N, 256)` float32 table. A random model repeats one token, so a
+`MentionShaper` processor, the same in every mode and timed out of the results, gives it a mention rhythm: a mention
+opens 1-7 tokens (mean `--gap`, 4) after the last one closed, at a different step for each example; free decoding
+closes its mentions after 1..2L-1 tokens (mean L), L being the mean mention length of the constrained mode it is
+compared with (`free@L`), so that both read the memory at about the same rate. The output states, for every run, the mentions
+per sequence, the fraction of generated tokens inside mentions and the memory / entity-linking-head queries and
+table searches. RESULT keys: `edmem_{static,dynamic}_{greedy,beam5}_{10k,1m}` = time / time of its `free@L`;
+`edmem_mentions_*` and `edmem_memory_queries_*` for the 1M runs (`free_for_static`, `free_for_dynamic` are the free
+runs). `--sections standalone,edmem` picks the sections. The script ends with one `RESULT key=value ...` line.
+
+    python benchmarks/bench_entity_decoding.py [--quick] [--sections edmem]
 """
 
 from __future__ import annotations
