@@ -22,8 +22,8 @@ targets) and 1M (synthetic names) in a `(N, 256)` float32 table. A random model 
 `MentionShaper` processor, the same in every mode and timed out of the results, gives it a mention rhythm: a mention
 opens 1-7 tokens (mean `--gap`, 4) after the last one closed, at a different step for each example; free decoding
 closes its mentions after 1..2L-1 tokens (mean L), L being the mean mention length of the constrained mode it is
-compared with (`free@L`), so that both read the memory at about the same rate. The output states, for every run, the mentions
-per sequence, the fraction of generated tokens inside mentions and the memory / entity-linking-head queries and
+compared with (`free@L`), so that both read the memory at about the same rate. The output states, for every run,
+the mentions per sequence, the fraction of generated tokens inside mentions and the memory / entity-linking-head queries and
 table searches. RESULT keys: `edmem_{static,dynamic}_{greedy,beam5}_{10k,1m}` = time / time of its `free@L`;
 `edmem_mentions_*` and `edmem_memory_queries_*` for the 1M runs (`free_for_static`, `free_for_dynamic` are the free
 runs). `--sections standalone,edmem` picks the sections. The script ends with one `RESULT key=value ...` line.
