@@ -269,6 +269,7 @@ def _chunked_top_k(queries, table, entity_mask, k, chunk_size, low_precision: bo
         and table.dtype == torch.float32
         and table.shape[0] >= LOW_PRECISION_SEARCH_MIN_ENTITIES
         and queries.shape[0] > 0
+        and not table.is_inference()  # no version counter: a cached copy could not notice in-place changes
     ):
         return _low_precision_top_k(queries, table, entity_mask, k, chunk_size)
     return _exact_top_k(queries, table, entity_mask, k, chunk_size)
