@@ -459,3 +459,22 @@ def test_bf16_autocast_and_bf16_weights_train_and_generate():
     model.eval()
     generated = model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=4)
     assert generated.shape[0] == 2
+
+
+def test_low_precision_inference_search_finds_the_exact_top_k():
+    from edmem_hf.modeling_edmem import LOW_PRECISION_SEARCH_MIN_ENTITIES, _chunked_top_k
+
+    torch.manual_seed(0)
+    table = torch.randn(LOW_PRECISION_SEARCH_MIN_ENTITIES, 16)
+    queries = torch.randn(5, 16)
+    mask = torch.rand(table.shape[0]) > 0.1
+    for entity_mask in (None, mask):
+        exact_scores, exact_ids = _chunked_top_k(queries, table, entity_mask, 20, 4096, False)
+        fast_scores, fast_ids = _chunked_top_k(queries, table, entity_mask, 20, 4096, True)
+        assert torch.allclose(fast_scores, exact_scores, atol=1e-5)
+        assert [set(r) for r in fast_ids.tolist()] == [set(r) for r in exact_ids.tolist()]
+    # The bfloat16 copy follows in-place changes of the table (e.g. an optimizer step between evaluations).
+    with torch.no_grad():
+        table[123] = queries[0] * 100
+    fast_scores, fast_ids = _chunked_top_k(queries, table, None, 3, 4096, True)
+    assert fast_ids[0, 0].item() == 123
