@@ -47,8 +47,8 @@ class DemoArguments:
     seed: int = 0
     d_model: int = 128
     layers: int = field(default=1, metadata={"help": "Lower and upper layers on each side (each)."})
-    pretrain_steps: int = 200
-    finetune_epochs: float = 25.0
+    pretrain_steps: int = 600
+    finetune_epochs: float = 60.0
     num_proc: int = 2
     show_questions: int = field(default=4, metadata={"help": "Questions printed in each decoding mode."})
     entity_candidates: int = 3
