@@ -645,6 +645,18 @@ class EDMemPreTrainedModel(PreTrainedModel):
         mask = getattr(self, "_entity_mask", None)
         return mask.to(device) if mask is not None else None
 
+    def _read_memory(self, hidden_states, input_ids, entity_labels, output_attended_entities):
+        """The memory access of an encoder or decoder (which hold `memory` and `entity_embeddings`)."""
+        mention_mask = input_ids == self.config.entity_start_token_id
+        return self.memory(
+            hidden_states,
+            mention_mask,
+            self.entity_embeddings.weight,
+            entity_labels=entity_labels,
+            entity_mask=self._get_entity_mask(hidden_states.device),
+            return_top_k=self.config.memory_top_k if output_attended_entities else None,
+        )
+
 
 def _entity_table_ties(variant: str) -> dict[str, str]:
     """`{target: source}` names of the entity table held by the encoder and decoder of an `EDMemModel`."""
@@ -790,17 +802,6 @@ class EDMemEncoder(EDMemPreTrainedModel):
             last_hidden_state=hidden_states, lower_hidden_state=lower_hidden_state, memory_access=access
         )
 
-    def _read_memory(self, hidden_states, input_ids, entity_labels, output_attended_entities):
-        mention_mask = input_ids == self.config.entity_start_token_id
-        return self.memory(
-            hidden_states,
-            mention_mask,
-            self.entity_embeddings.weight,
-            entity_labels=entity_labels,
-            entity_mask=self._get_entity_mask(hidden_states.device),
-            return_top_k=self.config.memory_top_k if output_attended_entities else None,
-        )
-
 
 class EDMemDecoder(EDMemPreTrainedModel):
     """BART decoder with an entity memory between its lower and upper layers.
@@ -926,17 +927,6 @@ class EDMemDecoder(EDMemPreTrainedModel):
             )
         return EDMemDecoderOutput(
             last_hidden_state=hidden_states, past_key_values=past_key_values, memory_access=access
-        )
-
-    def _read_memory(self, hidden_states, input_ids, entity_labels, output_attended_entities):
-        mention_mask = input_ids == self.config.entity_start_token_id
-        return self.memory(
-            hidden_states,
-            mention_mask,
-            self.entity_embeddings.weight,
-            entity_labels=entity_labels,
-            entity_mask=self._get_entity_mask(hidden_states.device),
-            return_top_k=self.config.memory_top_k if output_attended_entities else None,
         )
 
 
