@@ -424,21 +424,29 @@ class MentionShaper(LogitsProcessor):
         return scores
 
 
-def make_edmem(tokenizer, names: list[str], seed: int = 0) -> EDMemForConditionalGeneration:
-    """EDMem with d_model 256, 2+2 encoder and 2+2 decoder layers, a `(len(names), 256)` table, random weights."""
+EDMEM_WIDTHS = {
+    # d_model, lower layers, upper layers, heads (FFN is 4 x d_model)
+    "small": (256, 2, 2, 4),
+    "large": (1024, 4, 8, 16),  # the paper's edmem-large transformer
+}
+
+
+def make_edmem(tokenizer, names: list[str], seed: int = 0, width: str = "small") -> EDMemForConditionalGeneration:
+    """EDMem of the given width (`EDMEM_WIDTHS`), a `(len(names), 256)` table, random weights."""
     torch.manual_seed(seed)
     start_id, end_id = marker_token_ids(tokenizer)
+    d_model, lower, upper, heads = EDMEM_WIDTHS[width]
     config = EDMemConfig(
         vocab_size=len(tokenizer),
-        d_model=256,
-        encoder_lower_layers=2,
-        encoder_upper_layers=2,
-        decoder_lower_layers=2,
-        decoder_upper_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=1024,
-        decoder_ffn_dim=1024,
+        d_model=d_model,
+        encoder_lower_layers=lower,
+        encoder_upper_layers=upper,
+        decoder_lower_layers=lower,
+        decoder_upper_layers=upper,
+        encoder_attention_heads=heads,
+        decoder_attention_heads=heads,
+        encoder_ffn_dim=4 * d_model,
+        decoder_ffn_dim=4 * d_model,
         entity_vocab_size=len(names),
         entity_embed_dim=256,
         memory_top_k=100,
@@ -486,17 +494,30 @@ def mention_stats(sequences: torch.Tensor, start_id: int, end_id: int, trie: Ent
     )
 
 
-def bench_edmem(quick: bool = False, repeats: int = 3, gap: int = 4, cache_dir: str | None = None) -> dict[str, float]:
-    """Free vs static vs dynamic entity decoding through `EDMemForConditionalGeneration.generate`."""
+def bench_edmem(
+    quick: bool = False,
+    repeats: int = 3,
+    gap: int = 4,
+    cache_dir: str | None = None,
+    width: str = "small",
+    sizes: tuple[str, ...] = ("10k", "1m"),
+) -> dict[str, float]:
+    """Free vs static vs dynamic entity decoding through `EDMemForConditionalGeneration.generate`.
+
+    Result keys are `edmem_*` for the small width and `edmem_large_*` for the paper's width.
+    """
     results: dict[str, float] = {}
+    prefix = "edmem" if width == "small" else f"edmem_{width}"
     text, real_names, tokenizer = shared_data()
     start_id, end_id = marker_token_ids(tokenizer)
     inputs = encoder_inputs(text, tokenizer, 32)
     new_tokens, k = 16, 5
     cache_dir = cache_dir or os.path.join(tempfile.gettempdir(), "edmem_bench_tries")
-    sizes = {"10k": 10_000, "1m": 100_000 if quick else 1_000_000}
+    sizes = {key: n for key, n in {"10k": 10_000, "1m": 100_000 if quick else 1_000_000}.items() if key in sizes}
+    d_model, lower, upper, _ = EDMEM_WIDTHS[width]
     print(
-        f"\n== EDMem: d_model 256, 2+2 / 2+2 layers, memory top-100, batch 32, {new_tokens} new tokens, "
+        f"\n== EDMem ({width}): d_model {d_model}, {lower}+{upper} layers per side, memory top-100, batch 32, "
+        f"{new_tokens} new tokens, "
         f"{k} candidates, mentions opened {gap} tokens after the last one closed =="
     )
     counts = collections.Counter()
@@ -511,7 +532,7 @@ def bench_edmem(quick: bool = False, repeats: int = 3, gap: int = 4, cache_dir: 
     for size_key, n in sizes.items():
         names = synthetic_names(text, real_names, n)
         t0 = time.perf_counter()
-        model = make_edmem(tokenizer, names)
+        model = make_edmem(tokenizer, names, width=width)
         t1 = time.perf_counter()
         trie = model.entity_trie(tokenizer, cache_dir=cache_dir)
         print(
@@ -590,15 +611,15 @@ def bench_edmem(quick: bool = False, repeats: int = 3, gap: int = 4, cache_dir: 
                     + f"; EL head: {c.get('head_queries', 0)} queries in {c.get('head_searches', 0)} searches"
                 )
                 if mode != "free":
-                    results[f"edmem_{mode}_{key}"] = ratio
+                    results[f"{prefix}_{mode}_{key}"] = ratio
                     if ok < 1.0:
                         print(f"  ERROR: {mode} decoding produced a mention that is not a name", file=sys.stderr)
                 names = [mode] if mode != "free" else [f"free_for_{m}" for m in baseline if baseline[m] == run]
                 for name in names:
-                    results[f"edmem_mentions_{name}_{key}"] = per_seq
-                    results[f"edmem_inside_frac_{name}_{key}"] = frac
-                    results[f"edmem_memory_queries_{name}_{key}"] = c.get("memory_queries", 0)
-                    results[f"edmem_ms_{name}_{key}"] = best[run] * 1000
+                    results[f"{prefix}_mentions_{name}_{key}"] = per_seq
+                    results[f"{prefix}_inside_frac_{name}_{key}"] = frac
+                    results[f"{prefix}_memory_queries_{name}_{key}"] = c.get("memory_queries", 0)
+                    results[f"{prefix}_ms_{name}_{key}"] = best[run] * 1000
         del model, trie
         gc.collect()
     return results
@@ -619,6 +640,10 @@ def main(argv: list[str] | None = None) -> int:
         "--sections", default="standalone,edmem", help="comma-separated: standalone (plain BART), edmem (generate())"
     )
     parser.add_argument("--gap", type=int, default=4, help="EDMem section: tokens between a mention and the next")
+    parser.add_argument(
+        "--edmem-width", choices=sorted(EDMEM_WIDTHS), default="small", help="EDMem section: model width"
+    )
+    parser.add_argument("--edmem-sizes", default="10k,1m", help="EDMem section: entity counts (10k, 1m)")
     args = parser.parse_args(argv)
     global CLOCK
     CLOCK = time.thread_time if args.clock == "cpu" else time.perf_counter
@@ -631,7 +656,15 @@ def main(argv: list[str] | None = None) -> int:
     if "standalone" in sections:
         results.update(bench_standalone(quick=args.quick, repeats=args.repeats))
     if "edmem" in sections:
-        results.update(bench_edmem(quick=args.quick, repeats=args.repeats, gap=args.gap))
+        results.update(
+            bench_edmem(
+                quick=args.quick,
+                repeats=args.repeats,
+                gap=args.gap,
+                width=args.edmem_width,
+                sizes=tuple(args.edmem_sizes.split(",")),
+            )
+        )
     keys = [
         "ours_greedy_10k",
         "ours_beam5_10k",
@@ -650,10 +683,11 @@ def main(argv: list[str] | None = None) -> int:
         "constrained_frac_greedy_1m",
         "constrained_frac_beam5_1m",
     ]
-    keys += [f"edmem_{m}_{d}_{s}" for s in ("10k", "1m") for d in ("greedy", "beam5") for m in ("static", "dynamic")]
     runs = ("free_for_static", "static", "free_for_dynamic", "dynamic")
-    keys += [f"edmem_mentions_{m}_{d}_1m" for d in ("greedy", "beam5") for m in runs]
-    keys += [f"edmem_memory_queries_{m}_{d}_1m" for d in ("greedy", "beam5") for m in runs]
+    for p in ("edmem", "edmem_large"):
+        keys += [f"{p}_{m}_{d}_{s}" for s in ("10k", "1m") for d in ("greedy", "beam5") for m in ("static", "dynamic")]
+        keys += [f"{p}_mentions_{m}_{d}_1m" for d in ("greedy", "beam5") for m in runs]
+        keys += [f"{p}_memory_queries_{m}_{d}_1m" for d in ("greedy", "beam5") for m in runs]
     print("RESULT " + " ".join(f"{k}={results[k]:.3f}" for k in keys if k in results))
     return 0
 
