@@ -703,6 +703,15 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
         t["empty_slot"] = torch.tensor(len(dense) + 1, dtype=torch.long, device=device)
         self._t = t
 
+    def _arange(self, n: int) -> torch.Tensor:
+        """`torch.arange(n)` on the processor's device, as a view of a cached (grown as needed) range."""
+        r = self._t.get("arange")
+        if r is None or r.numel() < n:
+            r = self._t["arange"] = torch.arange(
+                max(n, 2 * (r.numel() if r is not None else 0), 4096), device=self._device
+            )
+        return r[:n]
+
     def _advance(self, node: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
         """One transition for every row: state `(rows,)` x token `(rows,)` -> state `(rows,)`."""
         t, v = self._t, self.trie.vocab_size
@@ -898,7 +907,7 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
             fallback = in_span & ~valid.any(-1)
             tok = torch.cat([tok, torch.full_like(tok[:, :1], self.end_token_id)], dim=1)
             valid = torch.cat([valid, fallback[:, None]], dim=1) & (tok < vocab)
-            flat_idx = torch.arange(rows, device=device)[:, None] * vocab + tok.clamp(max=vocab - 1)
+            flat_idx = self._arange(rows)[:, None] * vocab + tok.clamp(max=vocab - 1)
             vals = flat_scores.take(flat_idx).masked_fill_(~valid, neg_inf)
             best = vals.amax(-1)
             pair_row_constrained = None
@@ -914,11 +923,11 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
             dead = in_span & ~in_trie
             count = count.masked_fill(dead, 1)
             total = int(count.sum())
-            row_idx = torch.repeat_interleave(torch.arange(rows, device=device), count, output_size=total)
+            row_idx = torch.repeat_interleave(self._arange(rows), count, output_size=total)
             # Edge of each pair: a running index shifted per row (row r's pairs start at its first child's edge).
             shift = start - 1 - (torch.cumsum(count, 0) - count)
             edge = torch.repeat_interleave(shift, count, output_size=total)
-            edge += torch.arange(total, device=device)
+            edge += self._arange(total)
             edge.clamp_(min=0)
             tok = t["edge_key"].take(edge) % self.trie.vocab_size
             tok = torch.where(dead.take(row_idx), t["end"], tok)
@@ -1015,10 +1024,10 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
         count = torch.where(is_dense, t["zero"], count).masked_fill_(dead, 1)
         total = int(count.sum())
         if total:
-            row_idx = torch.repeat_interleave(torch.arange(rows, device=device), count, output_size=total)
+            row_idx = torch.repeat_interleave(self._arange(rows), count, output_size=total)
             shift = start - 1 - (torch.cumsum(count, 0) - count)
             edge = torch.repeat_interleave(shift, count, output_size=total)
-            edge += torch.arange(total, device=device)
+            edge += self._arange(total)
             edge.clamp_(min=0)
             tok = t["edge_key"].take(edge) % self.trie.vocab_size
             tok = torch.where(dead.take(row_idx), t["end"], tok)
