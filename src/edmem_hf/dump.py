@@ -484,20 +484,13 @@ def _render(nodes, out: list[str], targets: list[str], allow_links: bool) -> Non
         # Any other node type (none today) is dropped rather than risk markup in the text.
 
 
-def _render_link(node: Wikilink, out: list[str], targets: list[str], allow_links: bool) -> bool:
-    """Renders one wikilink; returns True when it opened a link whose trail may follow."""
-    raw_title = str(node.title).strip()
-    leading_colon = raw_title.startswith(":")
-    if leading_colon:
-        raw_title = raw_title[1:].strip()
-    kind = _link_namespace(raw_title)
-    if kind == "drop" and not leading_colon:
-        return False
-    if node.text is not None:
-        anchor = _node_plain_text(node.text.nodes)
-    else:
-        anchor = raw_title
-    target = normalize_title(raw_title)
+def _emit_link(
+    anchor: str, target: str, kind: str | None, out: list[str], targets: list[str], allow_links: bool
+) -> bool:
+    """Writes a link's anchor (marked as a link when it is one); True when a link trail may follow it.
+
+    Shared by the node-tree and the fast renderer so that both mark links identically.
+    """
     if kind is not None or not target or not allow_links:
         out.append(anchor)
         return False
@@ -513,6 +506,23 @@ def _render_link(node: Wikilink, out: list[str], targets: list[str], allow_links
         out.append(trailing)
         return False
     return True
+
+
+def _render_link(node: Wikilink, out: list[str], targets: list[str], allow_links: bool) -> bool:
+    """Renders one wikilink; returns True when it opened a link whose trail may follow."""
+    raw_title = str(node.title).strip()
+    leading_colon = raw_title.startswith(":")
+    if leading_colon:
+        raw_title = raw_title[1:].strip()
+    kind = _link_namespace(raw_title)
+    if kind == "drop" and not leading_colon:
+        return False
+    if node.text is not None:
+        anchor = _node_plain_text(node.text.nodes)
+    else:
+        anchor = raw_title
+    target = normalize_title(raw_title)
+    return _emit_link(anchor, target, kind, out, targets, allow_links)
 
 
 # --- the fast path: rendering mwparserfromhell's token stream without its node tree -------------------------
@@ -781,18 +791,4 @@ def _render_lite_link(node: tuple, out: list[str], targets: list[str], allow_lin
         anchor = text[0]  # what rendering a single text node gives
     else:
         anchor = _lite_plain_text(text)
-    if kind is not None or not target or not allow_links:
-        out.append(anchor)
-        return False
-    leading = anchor[: len(anchor) - len(anchor.lstrip())]
-    trailing = anchor[len(anchor.rstrip()) :]
-    anchor = anchor.strip()
-    if not anchor:
-        out.append(leading + trailing)
-        return False
-    out.extend([leading, _OPEN, anchor, _CLOSE])
-    targets.append(target)
-    if trailing:
-        out.append(trailing)
-        return False
-    return True
+    return _emit_link(anchor, target, kind, out, targets, allow_links)
