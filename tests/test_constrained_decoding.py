@@ -4,7 +4,6 @@ import random
 
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import (
     BartConfig,
     BartForConditionalGeneration,
@@ -14,44 +13,11 @@ from transformers import (
 )
 
 from edmem_hf.entity_decoding import EntityConstrainedLogitsProcessor, EntityTrie, marker_token_ids
-
-SYLLABLES = ["ba", "ro", "ki", "ta", "lun", "mer", "vo", "sen", "dra", "pol", "is", "an", "gor", "eth", "ul", "zin"]
-
-
-def make_words(n: int, seed: int = 0) -> list[str]:
-    rng = random.Random(seed)
-    out: set[str] = set()
-    while len(out) < n:
-        word = "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(1, 3)))
-        out.add(word.capitalize() if rng.random() < 0.5 else word)
-    return sorted(out)
+from tiny_models import make_word_tokenizer, make_words
 
 
 def make_tokenizer(markers: bool = True) -> PreTrainedTokenizerFast:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"] + (["<E_s>", "<E_e>"] if markers else [])
-    trainer = trainers.BpeTrainer(
-        vocab_size=600,
-        special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    words = make_words(400)
-    tok.train_from_iterator([" ".join(words[i : i + 8]) for i in range(0, len(words), 8)], trainer)
-    tok.post_processor = processors.TemplateProcessing(
-        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", 0), ("</s>", 2)]
-    )  # as BART's
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token="<s>",
-        eos_token="</s>",
-        pad_token="<pad>",
-        unk_token="<unk>",
-        mask_token="<mask>",
-        additional_special_tokens=["<E_s>", "<E_e>"] if markers else [],
-    )
+    return make_word_tokenizer(markers=markers, bart_template=True)
 
 
 def make_bart(vocab_size: int, seed: int) -> BartForConditionalGeneration:

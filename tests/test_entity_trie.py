@@ -6,47 +6,11 @@ import random
 import numpy as np
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
 
 from edmem_hf.entity_decoding import EntityTrie, marker_token_ids
 from edmem_hf.entity_vocab import EntityVocab
-
-SYLLABLES = ["ba", "ro", "ki", "ta", "lun", "mer", "vo", "sen", "dra", "pol", "is", "an", "gor", "eth", "ul", "zin"]
-
-
-def make_words(n: int, seed: int = 0) -> list[str]:
-    rng = random.Random(seed)
-    out: set[str] = set()
-    while len(out) < n:
-        word = "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(1, 3)))
-        out.add(word.capitalize() if rng.random() < 0.5 else word)
-    return sorted(out)
-
-
-def make_tokenizer(vocab_size: int = 600, markers: bool = True) -> PreTrainedTokenizerFast:
-    """A tiny byte-level BPE with BART's specials (and `<E_s>`/`<E_e>`), trained locally."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"] + (["<E_s>", "<E_e>"] if markers else [])
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    words = make_words(400)
-    tok.train_from_iterator([" ".join(words[i : i + 8]) for i in range(0, len(words), 8)], trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token="<s>",
-        eos_token="</s>",
-        pad_token="<pad>",
-        unk_token="<unk>",
-        mask_token="<mask>",
-        additional_special_tokens=["<E_s>", "<E_e>"] if markers else [],
-    )
+from tiny_models import make_word_tokenizer as make_tokenizer
+from tiny_models import make_words
 
 
 @pytest.fixture(scope="module")
