@@ -37,7 +37,7 @@ from transformers.utils import logging
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_edmem import EDMemConfig
-from .entity_decoding import EntityConstrainedLogitsProcessor, EntityMention, EntityTrie
+from .entity_decoding import EntityConstrainedLogitsProcessor, EntityMention, EntityTrie, marker_token_ids
 from .entity_vocab import ENTITY_VOCAB_NAME, EntityVocab
 
 logger = logging.get_logger(__name__)
@@ -1310,7 +1310,7 @@ class EDMemForConditionalGeneration(_EntityVocabMixin, EDMemPreTrainedModel, Gen
             )
         key = f"{id(tokenizer)}:{len(tokenizer)}"
         if key not in self._entity_tries:
-            start_id, end_id = tokenizer.convert_tokens_to_ids(["<E_s>", "<E_e>"])
+            start_id, end_id = marker_token_ids(tokenizer)  # a clear error if the tokenizer lacks them
             if (start_id, end_id) != (self.config.entity_start_token_id, self.config.entity_end_token_id):
                 raise ValueError(
                     f"tokenizer / model mismatch: the tokenizer's <E_s>, <E_e> are {start_id}, {end_id}, the model's "
