@@ -41,6 +41,7 @@ from pathlib import Path
 import ahocorasick
 import datasets
 import pyarrow as pa
+import pyarrow.compute as pc
 from transformers import HfArgumentParser, PreTrainedTokenizerBase
 
 from .configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN
@@ -66,6 +67,7 @@ PAGE_FEATURES = datasets.Features(
         "link_starts": datasets.Sequence(datasets.Value("int32")),
         "link_ends": datasets.Sequence(datasets.Value("int32")),
         "link_targets": datasets.Sequence(datasets.Value("string")),
+        "link_anchors": datasets.Sequence(datasets.Value("string")),
     }
 )
 PASSAGE_FEATURES = datasets.Features(
@@ -148,7 +150,10 @@ class AliasTable:
         path = os.fspath(path)
         if os.path.isdir(path):
             path = os.path.join(path, ALIASES_NAME)
-        data = {alias: dict(entities.most_common()) for alias, entities in sorted(self.counts.items())}
+        data = {
+            alias: dict(sorted(entities.items(), key=lambda x: (-x[1], x[0])))  # most linked first, ties by name
+            for alias, entities in sorted(self.counts.items())
+        }
         with open(path, "w", encoding="utf-8") as f:
             f.write(json.dumps(data, ensure_ascii=False))  # json.dump would use the slow pure-Python encoder
         return path
@@ -612,7 +617,7 @@ def _parsed_row(page: WikiPage, path: str, strict: bool) -> dict:
             raise MalformedPageError(f"{path}: {err} (--strict stops at the first malformed page)") from None
         logger.warning("skipping malformed page in %s: %s", path, err)
         return {"page_id": page.page_id, "title": page.title or "", "status": "malformed", "redirect": None,
-                "text": "", "link_starts": [], "link_ends": [], "link_targets": []}  # fmt: skip
+                "text": "", "link_starts": [], "link_ends": [], "link_targets": [], "link_anchors": []}  # fmt: skip
     return {
         "page_id": parsed.page_id,
         "title": parsed.title,
@@ -622,6 +627,7 @@ def _parsed_row(page: WikiPage, path: str, strict: bool) -> dict:
         "link_starts": [link.start for link in parsed.links],
         "link_ends": [link.end for link in parsed.links],
         "link_targets": [link.target for link in parsed.links],
+        "link_anchors": [link.anchor for link in parsed.links],
     }
 
 
@@ -677,19 +683,25 @@ def _passages_task(batch: dict) -> pa.RecordBatch:
     return pa.RecordBatch.from_pydict(_make_passages(batch, **_WORKER_STATE), schema=_PASSAGE_SCHEMA)
 
 
+def _fork_context():
+    """Forked processes where the platform allows (they inherit the parent's imports, state and warm caches
+    without pickling); None elsewhere."""
+    if "fork" in multiprocessing.get_all_start_methods() and sys.platform != "darwin":
+        return multiprocessing.get_context("fork")
+    return None
+
+
 @contextlib.contextmanager
 def _worker_pool(num_workers: int, state: dict | None = None):
-    """A pool of `num_workers` processes (forked where the platform allows: they inherit the parent's imports,
-    state and warm caches without pickling), or None for no worker. `state` is the worker state of the pool's
-    processes and, meanwhile, of this one (which works too, see `_ordered_map`)."""
+    """A pool of `num_workers` processes (forked where the platform allows), or None for no worker. `state` is
+    the worker state of the pool's processes and, meanwhile, of this one (which works too, see `_ordered_map`)."""
     previous = dict(_WORKER_STATE)
     if state is not None:
         _set_worker_state(state)
     pool = None
     try:
         if num_workers >= 1:
-            methods = multiprocessing.get_all_start_methods()
-            context = multiprocessing.get_context("fork" if "fork" in methods and sys.platform != "darwin" else None)
+            context = _fork_context() or multiprocessing.get_context()
             initializer, initargs = (_set_worker_state, (state,)) if state is not None else (None, ())
             pool = context.Pool(num_workers, initializer=initializer, initargs=initargs)
         yield pool
@@ -702,22 +714,43 @@ def _worker_pool(num_workers: int, state: dict | None = None):
         _set_worker_state(previous)
 
 
-def _ordered_map(pool, func, tasks, num_workers: int, max_in_flight: int) -> Iterator:
+def _start_forked(func, *args):
+    """`func(*args)` in a forked process that inherits `args` (nothing is pickled), or here and now where the
+    platform cannot fork; returns the process, or None."""
+    context = _fork_context()
+    if context is None:
+        func(*args)
+        return None
+    process = context.Process(target=func, args=args, daemon=True)
+    process.start()
+    return process
+
+
+def _join_forked(process, what: str) -> None:
+    if process is None:
+        return
+    process.join()
+    if process.exitcode != 0:
+        raise RuntimeError(f"{what} failed in a child process (exit code {process.exitcode}; its error is above)")
+
+
+def _ordered_map(pool, func, tasks, num_workers: int, max_in_flight: int, queued_per_worker: int = 2) -> Iterator:
     """`func(*task)` for each task, results in task order.
 
-    Tasks go to the pool's `num_workers` processes; when all of them are busy, this process runs the task itself
-    (so `num_proc` processes work: the pool's and this one, which also reads the input). That also makes the
-    build degrade gracefully on a loaded machine, where extra processes only add hand-over costs. At most
-    `max_in_flight` tasks are queued at a time (unlike `Pool.imap`, which reads its whole input ahead: a dump
-    would end up in memory)."""
+    Tasks go to the pool's `num_workers` processes, which each keep up to `queued_per_worker` tasks queued (so a
+    worker that finishes while this process is busy starts on the next task at once); when their queues are
+    full, this process runs the task itself (so `num_proc` processes work: the pool's and this one, which also
+    reads the input). That also makes the build degrade gracefully on a loaded machine, where extra processes
+    only add hand-over costs. At most `max_in_flight` tasks are pending at a time (unlike `Pool.imap`, which
+    reads its whole input ahead: a dump would end up in memory)."""
     if pool is None:
         for task in tasks:
             yield func(*task)
         return
     pending: deque = deque()  # (AsyncResult, None) or (None, result computed here)
     for task in tasks:
-        busy = sum(1 for handle, _ in pending if handle is not None and not handle.ready())
-        if busy >= num_workers:
+        queued = sum(1 for handle, _ in pending if handle is not None and not handle.ready())
+        if queued >= num_workers * queued_per_worker:
             pending.append((None, func(*task)))
         else:
             pending.append((pool.apply_async(func, task), None))
@@ -732,6 +765,31 @@ def _ordered_map(pool, func, tasks, num_workers: int, max_in_flight: int) -> Ite
 def _iter_arrow_batches(table, columns: list[str], batch_size: int = 2000) -> Iterator[dict[str, list]]:
     for record_batch in table.select(columns).to_batches(max_chunksize=batch_size):
         yield record_batch.to_pydict()
+
+
+class _SearchedAliases(dict):
+    """Entity id -> the aliases searched for its unlinked mentions (`heuristic_aliases`), made on first use: in
+    the passaging processes, for the entities their pages link to, instead of for the whole vocabulary up
+    front in one process."""
+
+    def __init__(self, names: Sequence[str], anchors: dict[int, Counter[str]], max_aliases: int):
+        super().__init__()
+        self.names, self.anchors, self.max_aliases = names, anchors, max_aliases
+
+    def __missing__(self, entity_id: int) -> list[str]:
+        anchors = self.anchors.get(entity_id) or {}
+        aliases = self[entity_id] = heuristic_aliases(self.names[entity_id], anchors, self.max_aliases)
+        return aliases
+
+
+def _write_vocabulary_files(out_dir: Path, vocab: EntityVocab, anchors: dict[int, Counter[str]], aliases: AliasTable,
+                            tokenizer: PreTrainedTokenizerBase) -> None:  # fmt: skip
+    """Saves `entity_vocab.json` (each entity's anchors, most frequent first, ties by text), `aliases.json` and
+    the tokenizer."""
+    ranked = [sorted((anchors.get(i) or {}).items(), key=lambda x: (-x[1], x[0])) for i in range(len(vocab))]
+    EntityVocab(vocab.names, [[a for a, _ in pairs] for pairs in ranked], vocab.counts).save(out_dir)
+    aliases.save(out_dir / ALIASES_NAME)
+    tokenizer.save_pretrained(out_dir / "tokenizer")
 
 
 def _make_passages(batch: dict, tokenizer, target_to_entity, entity_aliases, entity_by_title, settings, heuristics):
@@ -878,44 +936,45 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
             resolved[target] = final if (final in articles or not require_existing_pages) else None
         return resolved[target]
 
+    # Links counted in Arrow, grouped by (anchor, target before redirects): Python then sees each distinct pair
+    # once instead of every link. Groups come in order of first occurrence (single-threaded hash grouping).
+    link_pairs = pa.table(
+        {
+            "anchor": pc.list_flatten(table.column("link_anchors")),
+            "target": pc.list_flatten(table.column("link_targets")),
+        }
+    ).group_by(["anchor", "target"], use_threads=False).aggregate([([], "count_all")])
+    num_links = int(pc.sum(link_pairs.column("count_all")).as_py() or 0)
+
+    def iter_link_pairs(pairs: pa.Table) -> Iterator[tuple[str, str, int]]:
+        for batch in pairs.to_batches(max_chunksize=100_000):
+            yield from zip(*(batch.column(i).to_pylist() for i in range(3)))
+
     link_counts: Counter[str] = Counter()
-    num_links = num_links_to_entities = 0
-    for batch in _iter_arrow_batches(table, ["link_targets"]):
-        for targets in batch["link_targets"]:
-            num_links += len(targets)
-            for target in targets:
-                entity = resolve(target)
-                if entity is not None:
-                    link_counts[entity] += 1
-                    num_links_to_entities += 1
+    num_links_to_entities = 0
+    for _, target, count in iter_link_pairs(link_pairs):
+        entity = resolve(target)
+        if entity is not None:
+            link_counts[entity] += count
+            num_links_to_entities += count
     vocab = build_entity_vocab(link_counts, num_entities)
-    in_vocab = set(vocab.names)
+    entity_ids = {name: i for i, name in enumerate(vocab.names)}
 
     aliases = AliasTable()
-    for batch in _iter_arrow_batches(table, ["text", "link_starts", "link_ends", "link_targets"]):
-        for text, starts, ends, targets in zip(batch["text"], batch["link_starts"], batch["link_ends"], batch["link_targets"]):  # fmt: skip
-            for start, end, target in zip(starts, ends, targets):
-                entity = resolve(target)
-                if entity in in_vocab:
-                    aliases.add(text[start:end], entity)
-    anchors_by_entity = aliases.by_entity()
-    no_anchors: Counter[str] = Counter()  # shared, never changed
-    vocab = EntityVocab(
-        vocab.names,
-        [[a for a, _ in anchors_by_entity.get(name, no_anchors).most_common()] for name in vocab.names],
-        vocab.counts,
-    )
-    vocab.save(out_dir)
-    aliases.save(out_dir / ALIASES_NAME)
-    entity_ids = {name: i for i, name in enumerate(vocab.names)}
+    anchors_by_entity: dict[int, Counter[str]] = defaultdict(Counter)
+    for anchor, target, count in iter_link_pairs(link_pairs):
+        entity = resolve(target)
+        entity_id = entity_ids.get(entity) if entity is not None else None
+        if entity_id is not None:
+            aliases.add(anchor, entity, count)
+            anchors_by_entity[entity_id][anchor] += count
+    del link_pairs
     target_to_entity = {
         target: (entity_ids.get(entity, OUT_OF_VOCAB) if entity is not None else NOT_AN_ARTICLE)
         for target, entity in resolved.items()
         if entity is not None
     }
-    entity_aliases = [
-        heuristic_aliases(name, anchors_by_entity.get(name, no_anchors), max_aliases_per_entity) for name in vocab.names
-    ]
+    searched_aliases = _SearchedAliases(vocab.names, anchors_by_entity, max_aliases_per_entity)
 
     stage_done("vocab_and_aliases")
 
@@ -930,14 +989,15 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
         tokenizer = train_tokenizer(texts(), vocab_size=vocab_size)
     else:
         tokenizer = extend_tokenizer(tokenizer)
-    tokenizer.save_pretrained(out_dir / "tokenizer")
     stage_done("tokenizer")
 
-    # 4. mentions and passages: batches of articles to the worker processes, passages back in order
+    # 4. mentions and passages: batches of articles to the worker processes, passages back in order. Meanwhile
+    # a forked process writes the vocabulary, alias table and tokenizer (it inherits them: nothing is pickled).
+    writer_process = _start_forked(_write_vocabulary_files, out_dir, vocab, anchors_by_entity, aliases, tokenizer)
     state = {
         "tokenizer": tokenizer,
         "target_to_entity": target_to_entity,
-        "entity_aliases": entity_aliases,
+        "entity_aliases": searched_aliases,
         "entity_by_title": entity_ids,
         "settings": settings,
         "heuristics": heuristic_labels,
@@ -951,16 +1011,11 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
             if keep:
                 yield ({name: [batch[name][i] for i in keep] for name in columns},)
 
-    with _arrow_file(passages_file, _PASSAGE_SCHEMA) as writer:
-        batches = article_batches()
-        with _worker_pool(0, state):
-            # The first batch here, before forking: the workers then start with its words in their token cache.
-            for task in itertools.islice(batches, 1):
-                writer.write_batch(_passages_task(*task))
-        with _worker_pool(workers, state) as pool:
-            for batch in _ordered_map(pool, _passages_task, batches, workers, max_in_flight):
-                if batch.num_rows:
-                    writer.write_batch(batch)
+    with _arrow_file(passages_file, _PASSAGE_SCHEMA) as writer, _worker_pool(workers, state) as pool:
+        for batch in _ordered_map(pool, _passages_task, article_batches(), workers, max_in_flight):
+            if batch.num_rows:
+                writer.write_batch(batch)
+    _join_forked(writer_process, "writing the entity vocabulary, alias table and tokenizer")
     passages = datasets.Dataset.from_file(passages_file)
 
     stage_done("passages")
@@ -1004,7 +1059,6 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
 def _passage_stats(passages: datasets.Dataset, vocab_size: int) -> dict:
     table = passages.data
     num_passages = len(passages)
-    import pyarrow.compute as pc
 
     def column_sum(name: str) -> int:
         return int(pc.sum(table.column(name)).as_py() or 0) if num_passages else 0
