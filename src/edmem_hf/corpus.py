@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import itertools
 import json
 import logging
 import multiprocessing
-import operator
 import os
 import re
 import shutil
@@ -37,6 +35,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
+from typing import NamedTuple
 
 import ahocorasick
 import datasets
@@ -194,15 +193,13 @@ def heuristic_aliases(name: str, anchors: Counter[str] | dict[str, int], max_ali
 # --- mentions -------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, order=True)
-class Mention:
+class Mention(NamedTuple):
+    """A mention span; a tuple, so that mentions sort (by start, end, entity id, heuristic) and are made fast."""
+
     start: int  # character offsets into the plain text
     end: int
     entity_id: int  # entity vocabulary id, or -100 for a mention of an entity outside the vocabulary
     heuristic: bool = False
-
-
-_MENTION_ORDER = operator.attrgetter("start", "end", "entity_id", "heuristic")
 
 
 def _is_word_char(char: str) -> bool:
@@ -223,14 +220,14 @@ def label_mentions(
     """
     mentions = [Mention(s, e, eid) for s, e, eid in links]
     if not candidate_aliases or not text:
-        return sorted(mentions, key=_MENTION_ORDER)
+        return sorted(mentions)
     automaton = ahocorasick.Automaton()
     for entity_id in sorted(candidate_aliases):
         for alias in candidate_aliases[entity_id]:
             if alias and alias not in automaton:
                 automaton.add_word(alias, (len(alias), entity_id))
     if len(automaton) == 0:
-        return sorted(mentions, key=_MENTION_ORDER)
+        return sorted(mentions)
     automaton.make_automaton()
     # Covered characters: links first, then heuristic matches as they are accepted.
     covered = bytearray(len(text))
@@ -251,7 +248,7 @@ def label_mentions(
             continue
         covered[start:end] = b"\x01" * (end - start)
         mentions.append(Mention(start, end, entity_id, heuristic=True))
-    return sorted(mentions, key=_MENTION_ORDER)  # the dataclass order, compared in C
+    return sorted(mentions)
 
 
 # --- passages -------------------------------------------------------------------------------------------------
@@ -302,21 +299,35 @@ def _byte_to_unicode() -> dict[int, str]:
 _BYTE_TO_UNICODE = _byte_to_unicode()
 
 
+class _WordIds(dict):
+    """Pre-tokenised word -> its token ids: a dict (looked up in C) that runs the BPE model on a word it misses."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.tokenize = model.tokenize
+
+    def __missing__(self, word: str) -> list[int]:
+        # BPE straight on the word's byte-level form (what the ByteLevel pre-tokenizer hands the model)
+        tokens = self.tokenize(word.encode().decode("latin-1").translate(_BYTE_TO_UNICODE))
+        ids = self[word] = [token.id for token in tokens]
+        return ids
+
+
 class _PieceEncoder:
     """Token ids of text pieces, the same as `backend_tokenizer.encode_batch(pieces, add_special_tokens=False)`
     but several times faster for byte-level BPE tokenizers.
 
     The Rust ByteLevel pre-tokenizer (with its offset bookkeeping) is most of `encode_batch`'s time. A byte-level
     BPE encodes each pre-tokenised word independently, so the words are split here with the same pattern
-    (`regex`) and each distinct word is encoded once (by the Rust tokenizer, in one batch) and cached. Pieces
-    holding the text of an added token (`<mask>`, `<s>`, ...) and tokenizers of any other kind go to
-    `encode_batch` unchanged.
+    (`regex`) and each distinct word is encoded once (by the Rust BPE model) and cached. Pieces holding the
+    text of an added token (`<mask>`, `<s>`, ...) and tokenizers of any other kind go to `encode_batch`
+    unchanged.
     """
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, max_cache_words: int = 300_000):
         self.backend = tokenizer.backend_tokenizer
         self.max_cache_words = max_cache_words
-        self.cache: dict[str, list[int]] = {}
+        self.cache = _WordIds(self.backend.model)
         self.words = None
         self.added = None
         try:
@@ -339,86 +350,69 @@ class _PieceEncoder:
         contents = sorted({token["content"] for token in state.get("added_tokens", []) if token["content"]})
         self.added = re.compile("|".join(map(re.escape, contents))) if contents else None
 
-    def _add_words(self, word_lists) -> None:
-        cache = self.cache
-        unseen = set(chain.from_iterable(word_lists)).difference(cache)
-        unseen.discard(_START_WORD)
-        unseen.discard(_END_WORD)
-        if unseen:
-            # BPE straight on each new word's byte-level form (what the pre-tokenizer hands the model)
-            tokenize = self.backend.model.tokenize
-            for word in unseen:
-                cache[word] = [token.id for token in tokenize(word.encode().decode("latin-1").translate(_BYTE_TO_UNICODE))]
-
-    def encode_marked(self, documents, start_id: int, end_id: int) -> list[list[int] | None]:
-        r"""Per document `(text, mentions)`: the ids of the text with `start_id`/`end_id` around each mention,
-        the same as `_tokenize_pieces` makes them piece by piece (a mention's piece starts at the space before
-        it), or None where the text holds an added token's text (left to `_tokenize_pieces`).
-
-        The text is split into words once, whole. A piece whose two ends are word boundaries of the whole text
-        has exactly the whole text's words between them (the pattern matches from the same positions, and its
-        only lookahead, `\s+(?!\S)`, ends a word at a boundary either way); a piece with an end inside a word
-        (`[[U.S.]].`) is split on its own. The marker ids are spliced in between the pieces' words."""
-        if self.words is None:
-            return [None] * len(documents)
+    def _bounded_cache(self) -> _WordIds:
         if len(self.cache) > self.max_cache_words:
             self.cache.clear()  # bounded (a few hundred bytes a word): memory stays flat on a whole dump
-        self.cache[_START_WORD], self.cache[_END_WORD] = [start_id], [end_id]
+        return self.cache
+
+    def encode_marked(self, documents, start_id: int, end_id: int) -> list[tuple | None]:
+        """Per document `(text, mentions)`: `(ids, labels, spans)` as `tokenize_with_mentions` returns them, or
+        None where the fast path does not apply (a text holding an added token's text, mentions out of order):
+        those are left to `_tokenize_pieces`.
+
+        The text is cut into the same pieces as `_tokenize_pieces` cuts it (a mention's piece starts at the space
+        before it), each piece is split into words where it lies (`findall(text, begin, end)`, no copy) and the
+        words' cached ids are spliced together, markers in between."""
+        if self.words is None:
+            return [None] * len(documents)
+        lookup = self._bounded_cache().__getitem__
         findall = self.words.findall
-        sequences: list[list | None] = []  # per document: its words with the marker keys spliced in, or None
+        join = chain.from_iterable
+        results: list[tuple | None] = []
         for text, mentions in documents:
             if self.added is not None and self.added.search(text):
-                sequences.append(None)
+                results.append(None)
                 continue
-            words = findall(text)
-            if not mentions:
-                sequences.append(words)
-                continue
-            word_at = dict(zip(itertools.accumulate(map(len, words), initial=0), range(len(words) + 1)))
-
-            def piece_words(begin: int, end: int, words=words, word_at=word_at, text=text) -> list[str]:
-                first, last = word_at.get(begin), word_at.get(end)
-                if first is not None and last is not None:
-                    return words[first:last]
-                return findall(text[begin:end])  # a boundary inside a word: this piece on its own
-
-            sequence: list = []
+            ids: list[int] = []
+            spans: list[tuple[int, int, bool]] = []
+            marks: list[tuple[int, int]] = []
             position = 0
             for mention in mentions:
                 start = mention.start
                 if start < position:
-                    sequence = None
+                    ids = None
                     break
                 if start > position and text[start - 1] == " ":
                     start -= 1
                 if start > position:
-                    sequence += piece_words(position, start)
-                sequence.append(_START_WORD)
-                sequence += piece_words(start, mention.end)
-                sequence.append(_END_WORD)
+                    ids += join(map(lookup, findall(text, position, start)))
+                e_s = len(ids)
+                ids.append(start_id)
+                ids += join(map(lookup, findall(text, start, mention.end)))
+                if mention.entity_id >= 0:
+                    marks.append((e_s, mention.entity_id))
+                spans.append((e_s, len(ids), mention.heuristic))
+                ids.append(end_id)
                 position = mention.end
-            if sequence is not None and position < len(text):
-                sequence += piece_words(position, len(text))
-            sequences.append(sequence)
-        self._add_words(sequence for sequence in sequences if sequence is not None)
-        lookup = self.cache.__getitem__
-        return [list(chain.from_iterable(map(lookup, seq))) if seq is not None else None for seq in sequences]
+            if ids is None:
+                results.append(None)
+                continue
+            if position < len(text):
+                ids += join(map(lookup, findall(text, position)))
+            labels = [IGNORE_INDEX] * len(ids)
+            for e_s, entity_id in marks:
+                labels[e_s] = entity_id
+            results.append((ids, labels, spans))
+        return results
 
     def encode(self, pieces: Sequence[str]) -> list[list[int]]:
         if self.words is None:
             return [encoding.ids for encoding in self.backend.encode_batch(list(pieces), add_special_tokens=False)]
-        if len(self.cache) > self.max_cache_words:
-            self.cache.clear()  # memory stays bounded on a whole dump
-        cache = self.cache
-        split = list(map(self.words.findall, pieces))
-        fallback: list[int] = []
-        if self.added is not None and self.added.search("\n".join(pieces)):
-            fallback = [i for i, piece in enumerate(pieces) if self.added.search(piece)]
-            for index in fallback:
-                split[index] = []
-        self._add_words(split)
-        lookup = cache.__getitem__
-        results = [list(chain.from_iterable(map(lookup, words))) for words in split]
+        lookup = self._bounded_cache().__getitem__
+        findall = self.words.findall
+        added = self.added.search if self.added is not None else lambda piece: None
+        results = [None if added(piece) else list(chain.from_iterable(map(lookup, findall(piece)))) for piece in pieces]
+        fallback = [i for i, ids in enumerate(results) if ids is None]
         if fallback:
             encodings = self.backend.encode_batch([pieces[i] for i in fallback], add_special_tokens=False)
             for index, encoding in zip(fallback, encodings):
@@ -426,7 +420,6 @@ class _PieceEncoder:
         return results
 
 
-_START_WORD, _END_WORD = 0, 1  # keys of the marker ids among the (string) words in `encode_marked`
 _ENCODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -440,21 +433,7 @@ def _piece_encoder(tokenizer: PreTrainedTokenizerBase) -> _PieceEncoder:
 def _tokenize_documents(documents, tokenizer):
     start_id = tokenizer.convert_tokens_to_ids(ENTITY_START_TOKEN)
     end_id = tokenizer.convert_tokens_to_ids(ENTITY_END_TOKEN)
-    marked = _piece_encoder(tokenizer).encode_marked(documents, start_id, end_id)
-    results: list = [None] * len(documents)
-    for index, ((_, mentions), ids) in enumerate(zip(documents, marked)):
-        if ids is None or ids.count(start_id) != len(mentions) or ids.count(end_id) != len(mentions):
-            continue  # piece by piece, below (also if the text itself makes marker ids)
-        labels = [IGNORE_INDEX] * len(ids)
-        spans = []
-        e_e = -1
-        for mention in mentions:
-            e_s = ids.index(start_id, e_e + 1)
-            e_e = ids.index(end_id, e_s)
-            if mention.entity_id >= 0:
-                labels[e_s] = mention.entity_id
-            spans.append((e_s, e_e, mention.heuristic))
-        results[index] = (ids, labels, spans)
+    results = _piece_encoder(tokenizer).encode_marked(documents, start_id, end_id)
     left = [index for index, result in enumerate(results) if result is None]
     if left:
         for index, result in zip(left, _tokenize_pieces([documents[i] for i in left], tokenizer, start_id, end_id)):
