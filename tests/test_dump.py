@@ -158,3 +158,20 @@ def test_fast_path_matches_node_tree_on_real_pages(wikipedia_sample_206):
     assert len(pages) == 206
     for page in pages:
         assert parse_wikitext(page.text) == parse_wikitext(page.text, fast=False), page.title
+
+
+def test_clean_up_matches_its_regex_specification():
+    import random
+
+    from edmem_hf.dump import _CLEANUPS, _clean_up
+
+    def by_the_patterns(text: str) -> str:
+        for pattern, replacement in _CLEANUPS:
+            text = pattern.sub(replacement, text)
+        return text
+
+    rng = random.Random(0)
+    alphabet = [*" \t\u00a0\u2009\u200b\n,.;:!?()x'\ue000", "  ", "( ;", " \n ", "''"]
+    for _ in range(20_000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30)))
+        assert _clean_up(text) == by_the_patterns(text), repr(text)

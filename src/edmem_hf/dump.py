@@ -87,6 +87,7 @@ _REFS_AND_COMMENTS = re.compile(
     r"<!--.*?(?:-->|\Z)|<ref(?:\s[^<>]*)?/>|<ref(?:\s[^<>]*)?>.*?</ref\s*>", re.DOTALL | re.IGNORECASE
 )
 _BRACES = re.compile(r"\{\{|\}\}|\{\||\|\}")
+# Clean-up of the rendered text, in this order (`_clean_up` applies it; the patterns are its specification):
 _CLEANUPS = [
     (re.compile(r"''+"), ""),  # bold/italic quotes (2+): parsed with skip_style_tags (faster), removed here
     # runs of spaces -> one space (a lone " " is left alone: same result, much less work)
@@ -97,6 +98,32 @@ _CLEANUPS = [
     (re.compile(r" +([,.;:!?)])"), r"\1"),
     (re.compile(r" *\n[ \n]*"), "\n"),
 ]
+_ODD_SPACES = ("\t", "\u00a0", "\u2009", "\u200b")
+_SPACED_PUNCTUATION = tuple(f" {char}" for char in ",.;:!?)")
+
+
+def _collapse(text: str, pair: str, single: str) -> str:
+    while pair in text:
+        text = text.replace(pair, single)
+    return text
+
+
+def _clean_up(text: str) -> str:
+    """`_CLEANUPS`, with the three whose patterns start with a space done by `str.replace` instead (`re` tries
+    such a pattern at every space: those three were a fifth of the parse time)."""
+    text = _CLEANUPS[0][0].sub("", text)
+    for space in _ODD_SPACES:  # runs of spaces and odd spaces -> one space
+        if space in text:
+            text = text.replace(space, " ")
+    text = _collapse(text, "  ", " ")
+    if "(" in text:
+        for pattern, replacement in _CLEANUPS[2:5]:
+            text = pattern.sub(replacement, text)
+    for spaced in _SPACED_PUNCTUATION:  # no space before , . ; : ! ? )
+        text = _collapse(text, spaced, spaced[1])
+    if "\n" in text:  # spaces and newlines around a newline -> one newline
+        text = _collapse(_collapse(_collapse(text, " \n", "\n"), "\n ", "\n"), "\n\n", "\n")
+    return text
 
 
 def normalize_title(title: str) -> str:
@@ -359,10 +386,7 @@ def parse_wikitext(wikitext: str, fast: bool = True) -> tuple[str, list[Link]]:
     if not rendered:
         code = mwparserfromhell.parse(source, skip_style_tags=True)
         _render(code.nodes, out, targets, allow_links=True)
-    marked = "".join(out)
-    for pattern, replacement in _CLEANUPS:
-        marked = pattern.sub(replacement, marked)
-    return _unmark(marked.strip(), targets)
+    return _unmark(_clean_up("".join(out)).strip(), targets)
 
 
 def _unmark(marked: str, targets: list[str]) -> tuple[str, list[Link]]:
