@@ -175,3 +175,14 @@ def test_clean_up_matches_its_regex_specification():
     for _ in range(20_000):
         text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30)))
         assert _clean_up(text) == by_the_patterns(text), repr(text)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_character_references_in_link_titles_are_decoded(fast):
+    # MediaWiki decodes them: [[OS&nbsp;X]] links to "OS X" (a no-break space is a space in a title)
+    text, links = parse_wikitext("[[OS&nbsp;X]] and [[Kruskal&ndash;Wallis test|the K-W test]].", fast=fast)
+    assert [(link.anchor, link.target) for link in links] == [
+        ("OS X", "OS X"),  # the clean-up makes the no-break space of the text a space
+        ("the K-W test", "Kruskal\u2013Wallis test"),
+    ]
+    assert text == "OS X and the K-W test."

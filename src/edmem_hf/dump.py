@@ -524,9 +524,24 @@ def _emit_link(
     return True
 
 
+def _title_source(nodes) -> str:
+    """A link title's text with its character references decoded, as MediaWiki reads it (`[[OS&nbsp;X]]` is a
+    link to "OS X"); any other markup is kept as written."""
+    parts = []
+    for node in nodes:
+        if isinstance(node, HTMLEntity):
+            try:
+                parts.append(node.normalize())
+            except ValueError:
+                parts.append(str(node))
+        else:
+            parts.append(str(node))
+    return "".join(parts)
+
+
 def _render_link(node: Wikilink, out: list[str], targets: list[str], allow_links: bool) -> bool:
     """Renders one wikilink; returns True when it opened a link whose trail may follow."""
-    raw_title = str(node.title).strip()
+    raw_title = _title_source(node.title.nodes).strip()
     leading_colon = raw_title.startswith(":")
     if leading_colon:
         raw_title = raw_title[1:].strip()
@@ -588,6 +603,13 @@ def _text_only(nodes: list) -> str:
     raise _TokenFallback("markup where plain text was expected")
 
 
+def _title_text(nodes: list) -> str:
+    """`_title_source` of light nodes: text and character references only, else the node tree decides."""
+    if all(type(node) is str or node[0] == _ENTITY for node in nodes):
+        return "".join(node if type(node) is str else node[1] for node in nodes)
+    raise _TokenFallback("markup in a link title")
+
+
 def _token_nodes(token_list: list, stop: tuple, last: list) -> list:
     """Light nodes until a token of a type in `stop` (popped and put in `last[0]` for the caller)."""
     nodes: list = []
@@ -626,7 +648,7 @@ def _token_nodes(token_list: list, stop: tuple, last: list) -> list:
                 text = _token_nodes(token_list, (_T_LINK_CLOSE, _T_LINK_SEP), last)
                 if type(last[0]) is _T_LINK_SEP:
                     raise _TokenFallback("second link separator")
-            nodes.append((_LINK, _text_only(title), text))
+            nodes.append((_LINK, _title_text(title), text))
         elif kind is _tokens.TemplateOpen:
             _skip_until(token_list, _tokens.TemplateOpen, _tokens.TemplateClose)
             nodes.append(_SKIPPED)
