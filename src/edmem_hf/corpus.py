@@ -2,9 +2,8 @@
 
 The build streams (paper, Appendix A; format in docs/design.md and docs/corpus.md):
 
-1. parse: this process reads the dump (the only pass over the XML) and hands chunks of pages to `num_proc - 1`
-   forked workers (parsing chunks itself when they are busy); plain text + links go, in dump order, to an Arrow
-   cache file as pyarrow record batches;
+1. parse: this process reads the dump (the only pass over the XML) and hands chunks of pages to `num_proc`
+   forked workers; plain text + links go, in dump order, to an Arrow cache file as pyarrow record batches;
 2. count: redirects, inbound link counts, the top-N entity vocabulary and the alias table, read back from the
    cache column by column (memory grows with the number of titles and aliases, not with the text);
 3. label and window: batches of articles go to a second pool of the same kind, which adds heuristic mentions,
@@ -32,6 +31,7 @@ import weakref
 from bisect import bisect_left
 from collections import Counter, defaultdict, deque
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
@@ -673,7 +673,7 @@ def _fork_context():
 @contextlib.contextmanager
 def _worker_pool(num_workers: int, state: dict | None = None):
     """A pool of `num_workers` processes (forked where the platform allows), or None for no worker. `state` is
-    the worker state of the pool's processes and, meanwhile, of this one (which works too, see `_ordered_map`)."""
+    the worker state of the pool's processes and, meanwhile, of this one (which runs the tasks without a pool)."""
     previous = dict(_WORKER_STATE)
     if state is not None:
         _set_worker_state(state)
@@ -693,52 +693,23 @@ def _worker_pool(num_workers: int, state: dict | None = None):
         _set_worker_state(previous)
 
 
-def _start_forked(func, *args):
-    """`func(*args)` in a forked process that inherits `args` (nothing is pickled), or here and now where the
-    platform cannot fork; returns the process, or None."""
-    context = _fork_context()
-    if context is None:
-        func(*args)
-        return None
-    process = context.Process(target=func, args=args, daemon=True)
-    process.start()
-    return process
+def _ordered_map(pool, func, tasks, max_in_flight: int) -> Iterator:
+    """`func(*task)` for each task, results in task order: run by the pool's processes, or here without a pool.
 
-
-def _join_forked(process, what: str) -> None:
-    if process is None:
-        return
-    process.join()
-    if process.exitcode != 0:
-        raise RuntimeError(f"{what} failed in a child process (exit code {process.exitcode}; its error is above)")
-
-
-def _ordered_map(pool, func, tasks, num_workers: int, max_in_flight: int, queued_per_worker: int = 2) -> Iterator:
-    """`func(*task)` for each task, results in task order.
-
-    Tasks go to the pool's `num_workers` processes, which each keep up to `queued_per_worker` tasks queued (so a
-    worker that finishes while this process is busy starts on the next task at once); when their queues are
-    full, this process runs the task itself (so `num_proc` processes work: the pool's and this one, which also
-    reads the input). That also makes the build degrade gracefully on a loaded machine, where extra processes
-    only add hand-over costs. At most `max_in_flight` tasks are pending at a time (unlike `Pool.imap`, which
-    reads its whole input ahead: a dump would end up in memory)."""
+    At most `max_in_flight` tasks are pending at a time (unlike `Pool.imap`, which reads its whole input ahead: a
+    dump would end up in memory). This process only reads the input and collects the results: when it also ran
+    tasks, the workers sat idle whenever their queue ran dry during one of its tasks."""
     if pool is None:
         for task in tasks:
             yield func(*task)
         return
-    pending: deque = deque()  # (AsyncResult, None) or (None, result computed here)
+    pending: deque = deque()
     for task in tasks:
-        queued = sum(1 for handle, _ in pending if handle is not None and not handle.ready())
-        if queued >= num_workers * queued_per_worker:
-            pending.append((None, func(*task)))
-        else:
-            pending.append((pool.apply_async(func, task), None))
-        while pending and (len(pending) >= max_in_flight or pending[0][0] is None or pending[0][0].ready()):
-            handle, result = pending.popleft()
-            yield result if handle is None else handle.get()
+        pending.append(pool.apply_async(func, task))
+        while pending and (len(pending) >= max_in_flight or pending[0].ready()):
+            yield pending.popleft().get()
     while pending:
-        handle, result = pending.popleft()
-        yield result if handle is None else handle.get()
+        yield pending.popleft().get()
 
 
 def _iter_arrow_batches(table, columns: list[str], batch_size: int = 2000) -> Iterator[dict[str, list]]:
@@ -872,7 +843,7 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
     # 1. parse (the only pass over the XML) into an Arrow cache, in dump order
     cache_dir = work_dir / "cache"
     cache_dir.mkdir()
-    workers = num_proc - 1  # and this process
+    workers = num_proc if num_proc > 1 else 0  # this process reads and collects; with one process, does it all
     max_in_flight = _IN_FLIGHT_PER_PROCESS * num_proc
     with _worker_pool(workers) as pool:
         if len(dump_paths) == 1 or num_proc == 1:
@@ -881,12 +852,12 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
             chunks = (chunk for path in dump_paths for chunk in _page_chunks(path))
             with _arrow_file(cache_files[0], _PAGE_SCHEMA) as writer:
                 tasks = ((pages, path, strict) for pages, path in chunks)
-                for batch in _ordered_map(pool, _parse_chunk, tasks, workers, max_in_flight):
+                for batch in _ordered_map(pool, _parse_chunk, tasks, max_in_flight):
                     writer.write_batch(batch)
         else:
             # Several dump files (the split enwiki-...-articlesN files): each process reads and parses whole files.
             tasks = [(path, strict, str(cache_dir / f"pages-{k:05d}.arrow")) for k, path in enumerate(dump_paths)]
-            cache_files = list(_ordered_map(pool, _parse_file, tasks, workers, len(tasks) + 1))
+            cache_files = list(_ordered_map(pool, _parse_file, tasks, len(tasks) + 1))
     pages = datasets.concatenate_datasets([datasets.Dataset.from_file(f) for f in cache_files])
     stage_seconds = {"parse": time.perf_counter() - started}
 
@@ -971,8 +942,8 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
     stage_done("tokenizer")
 
     # 4. mentions and passages: batches of articles to the worker processes, passages back in order. Meanwhile
-    # a forked process writes the vocabulary, alias table and tokenizer (it inherits them: nothing is pickled).
-    writer_process = _start_forked(_write_vocabulary_files, out_dir, vocab, anchors_by_entity, aliases, tokenizer)
+    # a thread of this process (which only collects results) writes the vocabulary, alias table and tokenizer.
+    _piece_encoder(tokenizer)  # made once, before the fork: the workers inherit it
     state = {
         "tokenizer": tokenizer,
         "target_to_entity": target_to_entity,
@@ -990,11 +961,18 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
             if keep:
                 yield ({name: [batch[name][i] for i in keep] for name in columns},)
 
-    with _arrow_file(passages_file, _PASSAGE_SCHEMA) as writer, _worker_pool(workers, state) as pool:
-        for batch in _ordered_map(pool, _passages_task, article_batches(), workers, max_in_flight):
+    with (
+        _arrow_file(passages_file, _PASSAGE_SCHEMA) as writer,
+        _worker_pool(workers, state) as pool,
+        ThreadPoolExecutor(1) as background,  # started after the fork: a forked child gets no thread's locks
+    ):
+        vocabulary_written = background.submit(
+            _write_vocabulary_files, out_dir, vocab, anchors_by_entity, aliases, tokenizer
+        )
+        for batch in _ordered_map(pool, _passages_task, article_batches(), max_in_flight):
             if batch.num_rows:
                 writer.write_batch(batch)
-    _join_forked(writer_process, "writing the entity vocabulary, alias table and tokenizer")
+        vocabulary_written.result()
     passages = datasets.Dataset.from_file(passages_file)
 
     stage_done("passages")
