@@ -218,3 +218,19 @@ def test_whole_text_tokenisation_matches_piece_by_piece(wikipedia_sample_small, 
     documents.append(("no mentions here", []))
     start_id, end_id = tokenizer.convert_tokens_to_ids(["<E_s>", "<E_e>"])
     assert _tokenize_documents(documents, tokenizer) == _tokenize_pieces(documents, tokenizer, start_id, end_id)
+
+
+def test_ascii_word_pattern_matches_the_byte_level_pattern():
+    import random
+    import re
+
+    import regex
+
+    from edmem_hf.corpus import _ASCII_BYTE_LEVEL_WORDS, _BYTE_LEVEL_WORDS
+
+    unicode_words, ascii_words = regex.compile(_BYTE_LEVEL_WORDS), re.compile(_ASCII_BYTE_LEVEL_WORDS)
+    rng = random.Random(0)
+    alphabet = [chr(i) for i in range(128)] + ["'s", "'ll", "  ", "\n\n", " \t "]
+    for _ in range(20_000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12)))
+        assert ascii_words.findall(text) == unicode_words.findall(text), repr(text)

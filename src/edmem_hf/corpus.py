@@ -280,6 +280,13 @@ def tokenize_with_mentions(
 
 # GPT-2's pre-tokenisation pattern, as the `tokenizers` ByteLevel pre-tokenizer applies it (use_regex=True).
 _BYTE_LEVEL_WORDS = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+# The same on ASCII text, for `re` (twice as fast as `regex` there): letters, digits and Unicode White_Space
+# spelled out (`re`'s `\s` also matches \x1c-\x1f, which are not White_Space).
+_ASCII_SPACE = r"\t\n\x0b\x0c\r "
+_ASCII_BYTE_LEVEL_WORDS = (
+    rf"""'s|'t|'re|'ve|'m|'ll|'d| ?[A-Za-z]+| ?[0-9]+| ?[^{_ASCII_SPACE}A-Za-z0-9]+"""
+    rf"""|[{_ASCII_SPACE}]+(?![^{_ASCII_SPACE}])|[{_ASCII_SPACE}]+"""
+)
 
 
 def _byte_to_unicode() -> dict[int, str]:
@@ -347,6 +354,7 @@ class _PieceEncoder:
         ):
             return
         self.words = regex.compile(_BYTE_LEVEL_WORDS)
+        self.ascii_words = re.compile(_ASCII_BYTE_LEVEL_WORDS)
         contents = sorted({token["content"] for token in state.get("added_tokens", []) if token["content"]})
         self.added = re.compile("|".join(map(re.escape, contents))) if contents else None
 
@@ -366,13 +374,19 @@ class _PieceEncoder:
         if self.words is None:
             return [None] * len(documents)
         lookup = self._bounded_cache().__getitem__
-        findall = self.words.findall
+        unicode_findall, ascii_findall = self.words.findall, self.ascii_words.findall
         join = chain.from_iterable
+
+        def mixed_findall(text: str, begin: int = 0, end: int | None = None) -> list[str]:
+            piece = text[begin:end]
+            return ascii_findall(piece) if piece.isascii() else unicode_findall(piece)
+
         results: list[tuple | None] = []
         for text, mentions in documents:
             if self.added is not None and self.added.search(text):
                 results.append(None)
                 continue
+            findall = ascii_findall if text.isascii() else mixed_findall
             ids: list[int] = []
             spans: list[tuple[int, int, bool]] = []
             marks: list[tuple[int, int]] = []
@@ -398,7 +412,7 @@ class _PieceEncoder:
                 results.append(None)
                 continue
             if position < len(text):
-                ids += join(map(lookup, findall(text, position)))
+                ids += join(map(lookup, findall(text, position, len(text))))
             labels = [IGNORE_INDEX] * len(ids)
             for e_s, entity_id in marks:
                 labels[e_s] = entity_id
@@ -409,9 +423,12 @@ class _PieceEncoder:
         if self.words is None:
             return [encoding.ids for encoding in self.backend.encode_batch(list(pieces), add_special_tokens=False)]
         lookup = self._bounded_cache().__getitem__
-        findall = self.words.findall
+        unicode_findall, ascii_findall = self.words.findall, self.ascii_words.findall
         added = self.added.search if self.added is not None else lambda piece: None
-        results = [None if added(piece) else list(chain.from_iterable(map(lookup, findall(piece)))) for piece in pieces]
+        results = [
+            None if added(piece) else list(chain.from_iterable(map(lookup, (ascii_findall if piece.isascii() else unicode_findall)(piece))))
+            for piece in pieces
+        ]
         fallback = [i for i, ids in enumerate(results) if ids is None]
         if fallback:
             encodings = self.backend.encode_batch([pieces[i] for i in fallback], add_special_tokens=False)
