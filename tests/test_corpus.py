@@ -102,6 +102,7 @@ def test_mention_cut_by_boundary_is_unmarked():
     assert 108 not in first["input_ids"] and 109 in first["input_ids"]
     assert second["input_ids"][1:6] == [107, E_S, 109, 110, E_E]  # whole in the second window: marked there
     assert second["input_ids"].count(E_S) == 1 and second["entity_labels"].count(42) == 1
+    assert [first["passage_index"], second["passage_index"]] == [0, 1]
     for passage in (first, second):
         assert len(passage["input_ids"]) == len(passage["entity_labels"])
         for token, label in zip(passage["input_ids"], passage["entity_labels"]):

@@ -561,13 +561,14 @@ def window_passages(
                 else:  # cut by the boundary: unmark
                     drop.add(e_s)
                     drop.add(e_e)
-            if drop:
-                keep = [i for i in range(range_start, range_end) if i not in drop]
-                out_ids.extend(ids[i] for i in keep)
-                out_labels.extend(labels[i] for i in keep)
-            else:
-                out_ids.extend(ids[range_start:range_end])
-                out_labels.extend(labels[range_start:range_end])
+            kept_from = range_start
+            for dropped in sorted(drop):  # the slices between the dropped markers
+                if range_start <= dropped < range_end:
+                    out_ids.extend(ids[kept_from:dropped])
+                    out_labels.extend(labels[kept_from:dropped])
+                    kept_from = dropped + 1
+            out_ids.extend(ids[kept_from:range_end])
+            out_labels.extend(labels[kept_from:range_end])
         out_ids.append(eos_token_id)
         out_labels.append(IGNORE_INDEX)
         passages.append(
