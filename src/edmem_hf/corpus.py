@@ -222,6 +222,35 @@ def label_mentions(
     if not candidate_aliases or not text:
         return sorted(mentions)
     automaton = ahocorasick.Automaton()
+    for entity_id in sorted(candidate_aliases, reverse=True):  # add_word replaces: the lowest id is added last
+        for alias in candidate_aliases[entity_id]:
+            if alias:
+                automaton.add_word(alias, (len(alias), entity_id, _is_word_char(alias[0]), _is_word_char(alias[-1])))
+    if len(automaton) == 0:
+        return sorted(mentions)
+    automaton.make_automaton()
+    # Covered characters: links first, then heuristic matches as they are accepted.
+    covered = bytearray(len(text))
+    for s, e, _ in links:
+        covered[s:e] = b"\x01" * (e - s)
+    matches = []
+    text_end = len(text)
+    for end_index, (length, entity_id, starts_in_word, ends_in_word) in automaton.iter(text):
+        start, end = end_index - length + 1, end_index + 1
+        if starts_in_word and start > 0 and _is_word_char(text[start - 1]):
+            continue
+        if ends_in_word and end < text_end and _is_word_char(text[end]):
+            continue
+        matches.append((start, -length, entity_id))
+    matches.sort()
+    for start, negative_length, entity_id in matches:
+        end = start - negative_length
+        if any(covered[start:end]):
+            continue
+        covered[start:end] = b"\x01" * (end - start)
+        mentions.append(Mention(start, end, entity_id, True))
+    return sorted(mentions)
+    automaton = ahocorasick.Automaton()
     for entity_id in sorted(candidate_aliases):
         for alias in candidate_aliases[entity_id]:
             if alias and alias not in automaton:
