@@ -235,3 +235,8 @@ def test_ascii_word_pattern_matches_the_byte_level_pattern():
     for _ in range(20_000):
         text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12)))
         assert ascii_words.findall(text) == unicode_words.findall(text), repr(text)
+
+
+def test_build_corpus_missing_tokenizer_is_a_clear_error(wikipedia_sample_small, tmp_path):
+    with pytest.raises(FileNotFoundError, match="no-such-tokenizer"):
+        build_corpus(wikipedia_sample_small, tmp_path / "out", num_entities=10, tokenizer=tmp_path / "no-such-tokenizer")

@@ -39,6 +39,7 @@ from typing import NamedTuple
 
 import ahocorasick
 import datasets
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from transformers import HfArgumentParser, PreTrainedTokenizerBase
@@ -112,13 +113,12 @@ def build_entity_vocab(
     """
     if num_entities <= 0:
         raise ValueError(f"num_entities must be positive, got {num_entities}")
-    ranked = sorted(((count, name) for name, count in link_counts.items() if count > 0), key=lambda x: (-x[0], x[1]))
-    ranked = ranked[:num_entities]
+    ranked = sorted((-count, name) for name, count in link_counts.items() if count > 0)[:num_entities]
     names = [name for _, name in ranked]
     alias_lists = None
     if aliases is not None:
         alias_lists = [[a for a, _ in sorted(aliases.get(name, {}).items(), key=lambda x: (-x[1], x[0]))] for name in names]
-    return EntityVocab(names, alias_lists, [count for count, _ in ranked])
+    return EntityVocab(names, alias_lists, [-negative_count for negative_count, _ in ranked])
 
 
 class AliasTable:
@@ -705,8 +705,14 @@ def _set_worker_state(state: dict) -> None:
     _WORKER_STATE.update(state)
 
 
-def _passages_task(batch: dict) -> pa.RecordBatch:
-    return pa.RecordBatch.from_pydict(_make_passages(batch, **_WORKER_STATE), schema=_PASSAGE_SCHEMA)
+def _passages_task(offset: int, length: int) -> pa.RecordBatch:
+    """Passages of the articles among pages `offset..offset+length` of the page table (the workers inherit it,
+    memory-mapped: no text is pickled)."""
+    state = dict(_WORKER_STATE)
+    pages = state.pop("pages").slice(offset, length).to_pydict()
+    keep = [i for i, status in enumerate(pages.pop("status")) if status == "article"]
+    batch = {name: [values[i] for i in keep] for name, values in pages.items()}
+    return pa.RecordBatch.from_pydict(_make_passages(batch, **state), schema=_PASSAGE_SCHEMA)
 
 
 def _fork_context():
@@ -892,7 +898,15 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
     cache_dir.mkdir()
     workers = num_proc if num_proc > 1 else 0  # this process reads and collects; with one process, does it all
     max_in_flight = _IN_FLIGHT_PER_PROCESS * num_proc
-    with _worker_pool(workers) as pool:
+    # A given tokenizer loads in a thread meanwhile (started after the fork: a forked child gets no thread's locks);
+    # an error loading it stops the build at the next parsed chunk, not after the whole dump.
+    with _worker_pool(workers) as pool, ThreadPoolExecutor(1) as loader:
+        loading = loader.submit(extend_tokenizer, tokenizer) if tokenizer is not None else None
+
+        def check_tokenizer() -> None:
+            if loading is not None and loading.done():
+                loading.result()  # raises the loading error
+
         if len(dump_paths) == 1 or num_proc == 1:
             # One reader (this process: decompression and XML) hands chunks of pages to the parsing processes.
             cache_files = [str(cache_dir / "pages.arrow")]
@@ -901,10 +915,14 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
                 tasks = ((pages, path, strict) for pages, path in chunks)
                 for batch in _ordered_map(pool, _parse_chunk, tasks, max_in_flight):
                     writer.write_batch(batch)
+                    check_tokenizer()
         else:
             # Several dump files (the split enwiki-...-articlesN files): each process reads and parses whole files.
             tasks = [(path, strict, str(cache_dir / f"pages-{k:05d}.arrow")) for k, path in enumerate(dump_paths)]
-            cache_files = list(_ordered_map(pool, _parse_file, tasks, len(tasks) + 1))
+            cache_files = []
+            for cache_file in _ordered_map(pool, _parse_file, tasks, len(tasks) + 1):
+                cache_files.append(cache_file)
+                check_tokenizer()
     pages = datasets.concatenate_datasets([datasets.Dataset.from_file(f) for f in cache_files])
     stage_seconds = {"parse": time.perf_counter() - started}
 
@@ -985,7 +1003,7 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
 
         tokenizer = train_tokenizer(texts(), vocab_size=vocab_size)
     else:
-        tokenizer = extend_tokenizer(tokenizer)
+        tokenizer = loading.result()
     stage_done("tokenizer")
 
     # 4. mentions and passages: batches of articles to the worker processes, passages back in order. Meanwhile
@@ -1000,13 +1018,8 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
         "heuristics": heuristic_labels,
     }
     passages_file = str(work_dir / "passages.arrow")
-    columns = ["page_id", "title", "text", "link_starts", "link_ends", "link_targets"]
-
-    def article_batches() -> Iterator[tuple[dict]]:
-        for batch in _iter_arrow_batches(table, ["status", *columns], _PASSAGE_BATCH_DOCS):
-            keep = [i for i, status in enumerate(batch["status"]) if status == "article"]
-            if keep:
-                yield ({name: [batch[name][i] for i in keep] for name in columns},)
+    state["pages"] = table.select(["status", "page_id", "title", "text", "link_starts", "link_ends", "link_targets"])
+    page_ranges = [(offset, _PASSAGE_BATCH_DOCS) for offset in range(0, len(table), _PASSAGE_BATCH_DOCS)]
 
     with (
         _arrow_file(passages_file, _PASSAGE_SCHEMA) as writer,
@@ -1016,7 +1029,7 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
         vocabulary_written = background.submit(
             _write_vocabulary_files, out_dir, vocab, anchors_by_entity, aliases, tokenizer
         )
-        for batch in _ordered_map(pool, _passages_task, article_batches(), max_in_flight):
+        for batch in _ordered_map(pool, _passages_task, page_ranges, max_in_flight):
             if batch.num_rows:
                 writer.write_batch(batch)
         vocabulary_written.result()
@@ -1088,13 +1101,23 @@ def _passage_stats(passages: datasets.Dataset, vocab_size: int) -> dict:
 
 
 def _split(passages: datasets.Dataset, validation_fraction: float, seed: int) -> datasets.DatasetDict:
-    num_validation = round(len(passages) * validation_fraction)
-    if validation_fraction > 0 and num_validation == 0 and len(passages) >= 2:
+    """`validation_fraction` of the passages (at least one when positive), drawn with `seed`; both splits keep
+    the passages' order (training shuffles anyway), so they are slices of the table, not an index mapping that
+    saving would have to gather."""
+    num_passages = len(passages)
+    num_validation = round(num_passages * validation_fraction)
+    if validation_fraction > 0 and num_validation == 0 and num_passages >= 2:
         num_validation = 1
-    if num_validation == 0:
-        return datasets.DatasetDict({"train": passages, "validation": passages.select([])})
-    split = passages.train_test_split(test_size=num_validation, seed=seed, shuffle=True)
-    return datasets.DatasetDict({"train": split["train"], "validation": split["test"]})
+    in_validation = np.zeros(num_passages, dtype=bool)
+    if num_validation:
+        in_validation[np.random.default_rng(seed).choice(num_passages, size=num_validation, replace=False)] = True
+    table = passages.data.table
+    return datasets.DatasetDict(
+        {
+            "train": datasets.Dataset(table.filter(pa.array(~in_validation)), info=passages.info.copy()),
+            "validation": datasets.Dataset(table.filter(pa.array(in_validation)), info=passages.info.copy()),
+        }
+    )
 
 
 def format_stats(stats: dict) -> str:
