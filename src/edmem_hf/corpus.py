@@ -85,6 +85,7 @@ PASSAGE_FEATURES = datasets.Features(
 _PAGE_SCHEMA = PAGE_FEATURES.arrow_schema
 _PASSAGE_SCHEMA = PASSAGE_FEATURES.arrow_schema
 _STATS_COLUMNS = ["num_link_mentions", "num_heuristic_mentions", "num_labeled_mentions"]
+_SAVED_SCHEMA = datasets.Features({k: v for k, v in PASSAGE_FEATURES.items() if k not in _STATS_COLUMNS}).arrow_schema
 
 
 # --- entity vocabulary and aliases ---------------------------------------------------------------------------
@@ -364,6 +365,7 @@ class _PieceEncoder:
         self.backend = tokenizer.backend_tokenizer
         self.max_cache_words = max_cache_words
         self.cache = _WordIds(self.backend.model)
+        self.mention_ids: dict[str, list[int]] = {}
         self.words = None
         self.added = None
         try:
@@ -405,6 +407,9 @@ class _PieceEncoder:
         lookup = self._bounded_cache().__getitem__
         unicode_findall, ascii_findall = self.words.findall, self.ascii_words.findall
         join = chain.from_iterable
+        if len(self.mention_ids) > self.max_cache_words:
+            self.mention_ids.clear()
+        mention_ids = self.mention_ids  # a mention's piece -> its ids: mentions repeat across pages
 
         def mixed_findall(text: str, begin: int = 0, end: int | None = None) -> list[str]:
             piece = text[begin:end]
@@ -420,8 +425,7 @@ class _PieceEncoder:
             spans: list[tuple[int, int, bool]] = []
             marks: list[tuple[int, int]] = []
             position = 0
-            for mention in mentions:
-                start = mention.start
+            for start, end, entity_id, heuristic in mentions:
                 if start < position:
                     ids = None
                     break
@@ -431,12 +435,16 @@ class _PieceEncoder:
                     ids += join(map(lookup, findall(text, position, start)))
                 e_s = len(ids)
                 ids.append(start_id)
-                ids += join(map(lookup, findall(text, start, mention.end)))
-                if mention.entity_id >= 0:
-                    marks.append((e_s, mention.entity_id))
-                spans.append((e_s, len(ids), mention.heuristic))
+                piece = text[start:end]
+                piece_ids = mention_ids.get(piece)
+                if piece_ids is None:
+                    piece_ids = mention_ids[piece] = list(join(map(lookup, mixed_findall(piece))))
+                ids += piece_ids
+                if entity_id >= 0:
+                    marks.append((e_s, entity_id))
+                spans.append((e_s, len(ids), heuristic))
                 ids.append(end_id)
-                position = mention.end
+                position = end
             if ids is None:
                 results.append(None)
                 continue
@@ -1039,8 +1047,7 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
 
     # 5. stats, split, save
     stats = _passage_stats(passages, len(vocab))
-    passages = passages.remove_columns(_STATS_COLUMNS)
-    splits = _split(passages, validation_fraction, seed)
+    splits = _split(passages, validation_fraction, seed, work_dir)
     splits.save_to_disk(str(out_dir / "passages"), num_proc=None)
     stage_done("split_and_save")
     stats.update(
@@ -1100,10 +1107,10 @@ def _passage_stats(passages: datasets.Dataset, vocab_size: int) -> dict:
     }
 
 
-def _split(passages: datasets.Dataset, validation_fraction: float, seed: int) -> datasets.DatasetDict:
-    """`validation_fraction` of the passages (at least one when positive), drawn with `seed`; both splits keep
-    the passages' order (training shuffles anyway), so they are slices of the table, not an index mapping that
-    saving would have to gather."""
+def _split(passages: datasets.Dataset, validation_fraction: float, seed: int, work_dir: Path) -> datasets.DatasetDict:
+    """`validation_fraction` of the passages (at least one when positive), drawn with `seed`. The two splits are
+    written batch by batch to Arrow files (memory stays flat) in the passages' order (training shuffles anyway),
+    without the stats columns."""
     num_passages = len(passages)
     num_validation = round(num_passages * validation_fraction)
     if validation_fraction > 0 and num_validation == 0 and num_passages >= 2:
@@ -1111,13 +1118,17 @@ def _split(passages: datasets.Dataset, validation_fraction: float, seed: int) ->
     in_validation = np.zeros(num_passages, dtype=bool)
     if num_validation:
         in_validation[np.random.default_rng(seed).choice(num_passages, size=num_validation, replace=False)] = True
-    table = passages.data.table
-    return datasets.DatasetDict(
-        {
-            "train": datasets.Dataset(table.filter(pa.array(~in_validation)), info=passages.info.copy()),
-            "validation": datasets.Dataset(table.filter(pa.array(in_validation)), info=passages.info.copy()),
-        }
-    )
+    columns = _SAVED_SCHEMA.names
+    files = {name: str(work_dir / f"{name}.arrow") for name in ("train", "validation")}
+    with _arrow_file(files["train"], _SAVED_SCHEMA) as train, _arrow_file(files["validation"], _SAVED_SCHEMA) as validation:
+        offset = 0
+        for batch in passages.data.table.select(columns).to_batches():
+            batch = pa.RecordBatch.from_arrays(batch.columns, schema=_SAVED_SCHEMA)
+            chosen = pa.array(in_validation[offset : offset + batch.num_rows])
+            offset += batch.num_rows
+            train.write_batch(batch.filter(pc.invert(chosen)))
+            validation.write_batch(batch.filter(chosen))
+    return datasets.DatasetDict({name: datasets.Dataset.from_file(path) for name, path in files.items()})
 
 
 def format_stats(stats: dict) -> str:
