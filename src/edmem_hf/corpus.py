@@ -639,7 +639,7 @@ def build_passages(
 # Pages go from the reader to the parsing processes in chunks of about this many characters of wikitext.
 _PARSE_CHUNK_CHARS = 256_000
 _PARSE_CHUNK_PAGES = 64
-_PASSAGE_BATCH_DOCS = 64
+_PASSAGE_TASK_CHARS = 96_000  # pages go to the passaging processes in ranges of about this much plain text
 _IN_FLIGHT_PER_PROCESS = 4  # chunks queued per process: enough to keep them busy, memory stays flat
 
 
@@ -711,6 +711,19 @@ _WORKER_STATE: dict = {}
 def _set_worker_state(state: dict) -> None:
     _WORKER_STATE.clear()
     _WORKER_STATE.update(state)
+
+
+def _page_ranges(table: pa.Table, max_chars: int) -> list[tuple[int, int]]:
+    """`(offset, length)` ranges of pages holding about `max_chars` characters of text each (at least one page)."""
+    ends = np.cumsum(pc.fill_null(pc.utf8_length(table.column("text")), 0).to_numpy())
+    ranges = []
+    offset = 0
+    while offset < len(table):
+        done = ends[offset - 1] if offset else 0
+        stop = max(int(np.searchsorted(ends, done + max_chars, side="right")), offset + 1)
+        ranges.append((offset, stop - offset))
+        offset = stop
+    return ranges
 
 
 def _passages_task(offset: int, length: int) -> pa.RecordBatch:
@@ -885,6 +898,8 @@ def build_corpus(
         raise ValueError(f"validation_fraction must be in [0, 1), got {validation_fraction}")
     if num_proc < 1:
         raise ValueError(f"num_proc must be at least 1, got {num_proc}")
+    if isinstance(tokenizer, str | os.PathLike) and not os.path.isdir(tokenizer):  # not after parsing the dump
+        raise FileNotFoundError(f"tokenizer directory {os.fspath(tokenizer)!r} does not exist")
     settings = PassageSettings(passage_length, passage_overlap)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -906,15 +921,7 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
     cache_dir.mkdir()
     workers = num_proc if num_proc > 1 else 0  # this process reads and collects; with one process, does it all
     max_in_flight = _IN_FLIGHT_PER_PROCESS * num_proc
-    # A given tokenizer loads in a thread meanwhile (started after the fork: a forked child gets no thread's locks);
-    # an error loading it stops the build at the next parsed chunk, not after the whole dump.
-    with _worker_pool(workers) as pool, ThreadPoolExecutor(1) as loader:
-        loading = loader.submit(extend_tokenizer, tokenizer) if tokenizer is not None else None
-
-        def check_tokenizer() -> None:
-            if loading is not None and loading.done():
-                loading.result()  # raises the loading error
-
+    with _worker_pool(workers) as pool:
         if len(dump_paths) == 1 or num_proc == 1:
             # One reader (this process: decompression and XML) hands chunks of pages to the parsing processes.
             cache_files = [str(cache_dir / "pages.arrow")]
@@ -923,14 +930,10 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
                 tasks = ((pages, path, strict) for pages, path in chunks)
                 for batch in _ordered_map(pool, _parse_chunk, tasks, max_in_flight):
                     writer.write_batch(batch)
-                    check_tokenizer()
         else:
             # Several dump files (the split enwiki-...-articlesN files): each process reads and parses whole files.
             tasks = [(path, strict, str(cache_dir / f"pages-{k:05d}.arrow")) for k, path in enumerate(dump_paths)]
-            cache_files = []
-            for cache_file in _ordered_map(pool, _parse_file, tasks, len(tasks) + 1):
-                cache_files.append(cache_file)
-                check_tokenizer()
+            cache_files = list(_ordered_map(pool, _parse_file, tasks, len(tasks) + 1))
     pages = datasets.concatenate_datasets([datasets.Dataset.from_file(f) for f in cache_files])
     stage_seconds = {"parse": time.perf_counter() - started}
 
@@ -1011,7 +1014,7 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
 
         tokenizer = train_tokenizer(texts(), vocab_size=vocab_size)
     else:
-        tokenizer = loading.result()
+        tokenizer = extend_tokenizer(tokenizer)
     stage_done("tokenizer")
 
     # 4. mentions and passages: batches of articles to the worker processes, passages back in order. Meanwhile
@@ -1027,7 +1030,7 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
     }
     passages_file = str(work_dir / "passages.arrow")
     state["pages"] = table.select(["status", "page_id", "title", "text", "link_starts", "link_ends", "link_targets"])
-    page_ranges = [(offset, _PASSAGE_BATCH_DOCS) for offset in range(0, len(table), _PASSAGE_BATCH_DOCS)]
+    page_ranges = _page_ranges(table, _PASSAGE_TASK_CHARS)
 
     with (
         _arrow_file(passages_file, _PASSAGE_SCHEMA) as writer,
