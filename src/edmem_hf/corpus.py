@@ -796,7 +796,7 @@ class _SearchedAliases(dict):
     the passaging processes, for the entities their pages link to, instead of for the whole vocabulary up
     front in one process."""
 
-    def __init__(self, names: Sequence[str], anchors: dict[int, Counter[str]], max_aliases: int):
+    def __init__(self, names: Sequence[str], anchors: dict[int, dict[str, int]], max_aliases: int):
         super().__init__()
         self.names, self.anchors, self.max_aliases = names, anchors, max_aliases
 
@@ -806,14 +806,20 @@ class _SearchedAliases(dict):
         return aliases
 
 
-def _write_vocabulary_files(out_dir: Path, vocab: EntityVocab, anchors: dict[int, Counter[str]], aliases: AliasTable,
-                            tokenizer: PreTrainedTokenizerBase) -> None:  # fmt: skip
-    """Saves `entity_vocab.json` (each entity's anchors, most frequent first, ties by text), `aliases.json` and
-    the tokenizer."""
+def _write_vocabulary_files(out_dir: Path, vocab: EntityVocab, anchors: dict[int, dict[str, int]],
+                            tokenizer: PreTrainedTokenizerBase) -> int:  # fmt: skip
+    """Saves `entity_vocab.json` (each entity's anchors, most frequent first, ties by text), `aliases.json` (the
+    same counts by anchor) and the tokenizer; returns the number of aliases."""
     ranked = [sorted((anchors.get(i) or {}).items(), key=lambda x: (-x[1], x[0])) for i in range(len(vocab))]
     EntityVocab(vocab.names, [[a for a, _ in pairs] for pairs in ranked], vocab.counts).save(out_dir)
+    aliases = AliasTable()
+    for entity_id, entity_anchors in anchors.items():
+        name = vocab.names[entity_id]
+        for anchor, count in entity_anchors.items():
+            aliases.add(anchor, name, count)
     aliases.save(out_dir / ALIASES_NAME)
     tokenizer.save_pretrained(out_dir / "tokenizer")
+    return len(aliases)
 
 
 def _make_passages(batch: dict, tokenizer, target_to_entity, entity_aliases, entity_by_title, settings, heuristics):
@@ -954,16 +960,8 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
             else:
                 malformed += 1
 
-    resolved: dict[str, str | None] = {}
-
-    def resolve(target: str) -> str | None:
-        if target not in resolved:
-            final = resolve_redirect(target, redirects)
-            resolved[target] = final if (final in articles or not require_existing_pages) else None
-        return resolved[target]
-
     # Links counted in Arrow, grouped by (anchor, target before redirects): Python then sees each distinct pair
-    # once instead of every link. Groups come in order of first occurrence (single-threaded hash grouping).
+    # once instead of every link, and resolves each distinct target once.
     link_pairs = pa.table(
         {
             "anchor": pc.list_flatten(table.column("link_anchors")),
@@ -976,30 +974,31 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
         for batch in pairs.to_batches(max_chunksize=100_000):
             yield from zip(*(batch.column(i).to_pylist() for i in range(3)))
 
-    link_counts: Counter[str] = Counter()
+    resolved: dict[str, str] = {}  # link target -> entity (targets that are no entity are left out)
+    for target in pc.unique(link_pairs.column("target")).to_pylist():
+        final = resolve_redirect(target, redirects)
+        if final in articles or not require_existing_pages:
+            resolved[target] = final
+    link_counts: dict[str, int] = {}
     num_links_to_entities = 0
     for _, target, count in iter_link_pairs(link_pairs):
-        entity = resolve(target)
+        entity = resolved.get(target)
         if entity is not None:
-            link_counts[entity] += count
+            link_counts[entity] = link_counts.get(entity, 0) + count
             num_links_to_entities += count
     vocab = build_entity_vocab(link_counts, num_entities)
     entity_ids = {name: i for i, name in enumerate(vocab.names)}
+    target_to_entity = {target: entity_ids.get(entity, OUT_OF_VOCAB) for target, entity in resolved.items()}
 
-    aliases = AliasTable()
-    anchors_by_entity: dict[int, Counter[str]] = defaultdict(Counter)
+    anchors_by_entity: dict[int, dict[str, int]] = {}  # vocabulary entity id -> anchor -> links
     for anchor, target, count in iter_link_pairs(link_pairs):
-        entity = resolve(target)
-        entity_id = entity_ids.get(entity) if entity is not None else None
-        if entity_id is not None:
-            aliases.add(anchor, entity, count)
-            anchors_by_entity[entity_id][anchor] += count
+        entity_id = target_to_entity.get(target, OUT_OF_VOCAB)
+        if entity_id >= 0:
+            anchors = anchors_by_entity.get(entity_id)
+            if anchors is None:
+                anchors = anchors_by_entity[entity_id] = {}
+            anchors[anchor] = anchors.get(anchor, 0) + count
     del link_pairs
-    target_to_entity = {
-        target: (entity_ids.get(entity, OUT_OF_VOCAB) if entity is not None else NOT_AN_ARTICLE)
-        for target, entity in resolved.items()
-        if entity is not None
-    }
     searched_aliases = _SearchedAliases(vocab.names, anchors_by_entity, max_aliases_per_entity)
 
     stage_done("vocab_and_aliases")
@@ -1037,13 +1036,11 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
         _worker_pool(workers, state) as pool,
         ThreadPoolExecutor(1) as background,  # started after the fork: a forked child gets no thread's locks
     ):
-        vocabulary_written = background.submit(
-            _write_vocabulary_files, out_dir, vocab, anchors_by_entity, aliases, tokenizer
-        )
+        vocabulary_written = background.submit(_write_vocabulary_files, out_dir, vocab, anchors_by_entity, tokenizer)
         for batch in _ordered_map(pool, _passages_task, page_ranges, max_in_flight):
             if batch.num_rows:
                 writer.write_batch(batch)
-        vocabulary_written.result()
+        num_aliases = vocabulary_written.result()
     passages = datasets.Dataset.from_file(passages_file)
 
     stage_done("passages")
@@ -1065,7 +1062,7 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
             "links_to_vocab_entities": sum(link_counts[name] for name in vocab.names),
             "entities_linked": len(link_counts),
             "entity_vocab_size": len(vocab),
-            "aliases": len(aliases),
+            "aliases": num_aliases,
             "train_passages": len(splits["train"]),
             "validation_passages": len(splits["validation"]),
             "tokenizer_size": len(tokenizer),
