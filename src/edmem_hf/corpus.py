@@ -30,7 +30,7 @@ import time
 import weakref
 from bisect import bisect_left
 from collections import Counter, defaultdict, deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import chain
@@ -767,6 +767,12 @@ def _worker_pool(num_workers: int, state: dict | None = None):
         _set_worker_state(previous)
 
 
+def _then(items: Iterable, action: Callable[[], None]) -> Iterator:
+    """`items`, then `action()` once they are exhausted."""
+    yield from items
+    action()
+
+
 def _ordered_map(pool, func, tasks, max_in_flight: int) -> Iterator:
     """`func(*task)` for each task, results in task order: run by the pool's processes, or here without a pool.
 
@@ -927,6 +933,12 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
     cache_dir.mkdir()
     workers = num_proc if num_proc > 1 else 0  # this process reads and collects; with one process, does it all
     max_in_flight = _IN_FLIGHT_PER_PROCESS * num_proc
+    loaded = {}
+
+    def load_tokenizer() -> None:  # a given tokenizer loads once the input is read, while the workers finish
+        if tokenizer is not None and num_proc > 1:
+            loaded["tokenizer"] = extend_tokenizer(tokenizer)
+
     with _worker_pool(workers) as pool:
         if len(dump_paths) == 1 or num_proc == 1:
             # One reader (this process: decompression and XML) hands chunks of pages to the parsing processes.
@@ -934,12 +946,12 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
             chunks = (chunk for path in dump_paths for chunk in _page_chunks(path))
             with _arrow_file(cache_files[0], _PAGE_SCHEMA) as writer:
                 tasks = ((pages, path, strict) for pages, path in chunks)
-                for batch in _ordered_map(pool, _parse_chunk, tasks, max_in_flight):
+                for batch in _ordered_map(pool, _parse_chunk, _then(tasks, load_tokenizer), max_in_flight):
                     writer.write_batch(batch)
         else:
             # Several dump files (the split enwiki-...-articlesN files): each process reads and parses whole files.
             tasks = [(path, strict, str(cache_dir / f"pages-{k:05d}.arrow")) for k, path in enumerate(dump_paths)]
-            cache_files = list(_ordered_map(pool, _parse_file, tasks, len(tasks) + 1))
+            cache_files = list(_ordered_map(pool, _parse_file, _then(tasks, load_tokenizer), len(tasks) + 1))
     pages = datasets.concatenate_datasets([datasets.Dataset.from_file(f) for f in cache_files])
     stage_seconds = {"parse": time.perf_counter() - started}
 
@@ -1013,7 +1025,7 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
 
         tokenizer = train_tokenizer(texts(), vocab_size=vocab_size)
     else:
-        tokenizer = extend_tokenizer(tokenizer)
+        tokenizer = loaded.get("tokenizer") or extend_tokenizer(tokenizer)
     stage_done("tokenizer")
 
     # 4. mentions and passages: batches of articles to the worker processes, passages back in order. Meanwhile
