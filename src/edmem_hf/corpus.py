@@ -684,14 +684,17 @@ def _arrow_file(path: str, schema: pa.Schema):
 
 
 def _page_chunks(path: str) -> Iterator[tuple[list[WikiPage], str]]:
+    """Chunks of pages; the first ones small, so that the workers start while the reader is still warming up."""
     chunk: list[WikiPage] = []
     size = 0
+    max_chars = _PARSE_CHUNK_CHARS // 8
     for page in iter_pages(path):
         chunk.append(page)
         size += len(page.text or "")
-        if size >= _PARSE_CHUNK_CHARS or len(chunk) >= _PARSE_CHUNK_PAGES:
+        if size >= max_chars or len(chunk) >= _PARSE_CHUNK_PAGES:
             yield chunk, path
             chunk, size = [], 0
+            max_chars = min(2 * max_chars, _PARSE_CHUNK_CHARS)
     if chunk:
         yield chunk, path
 
