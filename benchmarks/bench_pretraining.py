@@ -1,6 +1,6 @@
 """Pre-training benchmarks. Corpus part: `edmem build-corpus` speed and memory against wikiextractor.
 
-    python benchmarks/bench_pretraining.py [--dump PATH] [--num-proc 2] [--repeat 10] [--trials 3]
+    python benchmarks/bench_pretraining.py [--dump PATH] [--num-proc 2] [--repeat 10] [--trials 5]
 
 Each build runs in a fresh subprocess that reports its own time and peak RSS (its own and its worker
 processes', `resource.getrusage`), so runs do not see each other's memory. Both tools get the same dump and
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dump", type=Path, default=DEFAULT_DUMP)
     parser.add_argument("--num-proc", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=10, help="size of the big dump, in copies of --dump")
-    parser.add_argument("--trials", type=int, default=3, help="runs of each tool on each dump (interleaved); best")
+    parser.add_argument("--trials", type=int, default=5, help="runs of each tool on each dump (interleaved); best")
     args = parser.parse_args(argv)
     if not args.dump.exists():
         print(f"dump {args.dump} not found", file=sys.stderr)

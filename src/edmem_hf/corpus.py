@@ -151,9 +151,9 @@ class AliasTable:
         if os.path.isdir(path):
             path = os.path.join(path, ALIASES_NAME)
         data = {
-            alias: dict(sorted(entities.items(), key=lambda x: (-x[1], x[0])))  # most linked first, ties by name
+            alias: dict(sorted(entities.items(), key=lambda x: (-x[1], x[0])) if len(entities) > 1 else entities)
             for alias, entities in sorted(self.counts.items())
-        }
+        }  # per alias, the most linked entity first, ties by name
         with open(path, "w", encoding="utf-8") as f:
             f.write(json.dumps(data, ensure_ascii=False))  # json.dump would use the slow pure-Python encoder
         return path
