@@ -1043,6 +1043,7 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
         "heuristics": heuristic_labels,
     }
     passages_file = str(work_dir / "passages.arrow")
+    counts = _PassageCounts()
     state["pages"] = table.select(["status", "page_id", "title", "text", "link_starts", "link_ends", "link_targets"])
     page_ranges = _page_ranges(table, _PASSAGE_TASK_CHARS)
 
@@ -1055,14 +1056,13 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
         for batch in _ordered_map(pool, _passages_task, page_ranges, max_in_flight):
             if batch.num_rows:
                 writer.write_batch(batch)
+                counts.add(batch)
         num_aliases = vocabulary_written.result()
-    passages = datasets.Dataset.from_file(passages_file)
-
     stage_done("passages")
 
     # 5. stats, split, save
-    stats = _passage_stats(passages, len(vocab))
-    splits = _split(passages, validation_fraction, seed, work_dir)
+    stats = counts.stats(len(vocab))
+    splits = _split(passages_file, counts.passages, validation_fraction, seed, work_dir)
     splits.save_to_disk(str(out_dir / "passages"), num_proc=None)
     stage_done("split_and_save")
     stats.update(
@@ -1095,50 +1095,55 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
     return stats
 
 
-def _passage_stats(passages: datasets.Dataset, vocab_size: int) -> dict:
-    table = passages.data
-    num_passages = len(passages)
+class _PassageCounts:
+    """The passages' part of the stats report, counted batch by batch as the passages are written."""
 
-    def column_sum(name: str) -> int:
-        return int(pc.sum(table.column(name)).as_py() or 0) if num_passages else 0
+    def __init__(self):
+        self.passages = self.link_mentions = self.heuristic_mentions = self.labeled = 0
+        self.seen: set[int] = set()
 
-    link_mentions = column_sum("num_link_mentions")
-    heuristic_mentions = column_sum("num_heuristic_mentions")
-    labeled = column_sum("num_labeled_mentions")
-    seen: set[int] = set()
+    def add(self, batch: pa.RecordBatch) -> None:
+        self.passages += batch.num_rows
+        self.link_mentions += int(pc.sum(batch.column("num_link_mentions")).as_py() or 0)
+        self.heuristic_mentions += int(pc.sum(batch.column("num_heuristic_mentions")).as_py() or 0)
+        self.labeled += int(pc.sum(batch.column("num_labeled_mentions")).as_py() or 0)
+        labels = pc.unique(batch.column("entity_labels").flatten())
+        self.seen.update(pc.filter(labels, pc.greater_equal(labels, 0)).to_pylist())
 
-    for chunk in table.column("entity_labels").chunks:
-        unique = pc.unique(chunk.flatten()).to_pylist()
-        seen.update(u for u in unique if u is not None and u >= 0)
-    return {
-        "passages": num_passages,
-        "link_mentions": link_mentions,
-        "heuristic_mentions": heuristic_mentions,
-        "labeled_mentions": labeled,
-        "mentions_per_passage": round((link_mentions + heuristic_mentions) / max(1, num_passages), 3),
-        "labeled_mentions_per_passage": round(labeled / max(1, num_passages), 3),
-        "entities_in_passages": len(seen),
-        "entity_coverage": round(len(seen) / max(1, vocab_size), 4),
-    }
+    def stats(self, vocab_size: int) -> dict:
+        passages = max(1, self.passages)
+        return {
+            "passages": self.passages,
+            "link_mentions": self.link_mentions,
+            "heuristic_mentions": self.heuristic_mentions,
+            "labeled_mentions": self.labeled,
+            "mentions_per_passage": round((self.link_mentions + self.heuristic_mentions) / passages, 3),
+            "labeled_mentions_per_passage": round(self.labeled / passages, 3),
+            "entities_in_passages": len(self.seen),
+            "entity_coverage": round(len(self.seen) / max(1, vocab_size), 4),
+        }
 
 
-def _split(passages: datasets.Dataset, validation_fraction: float, seed: int, work_dir: Path) -> datasets.DatasetDict:
-    """`validation_fraction` of the passages (at least one when positive), drawn with `seed`. The two splits are
-    written batch by batch to Arrow files (memory stays flat) in the passages' order (training shuffles anyway),
-    without the stats columns."""
-    num_passages = len(passages)
+def _split(passages_file: str, num_passages: int, validation_fraction: float, seed: int, work_dir: Path) -> datasets.DatasetDict:
+    """`validation_fraction` of the passages (at least one when positive), drawn with `seed`. The passages are
+    read and the two splits written batch by batch (not memory-mapped: memory stays flat), in the passages'
+    order (training shuffles anyway), without the stats columns."""
     num_validation = round(num_passages * validation_fraction)
     if validation_fraction > 0 and num_validation == 0 and num_passages >= 2:
         num_validation = 1
     in_validation = np.zeros(num_passages, dtype=bool)
     if num_validation:
         in_validation[np.random.default_rng(seed).choice(num_passages, size=num_validation, replace=False)] = True
-    columns = _SAVED_SCHEMA.names
     files = {name: str(work_dir / f"{name}.arrow") for name in ("train", "validation")}
-    with _arrow_file(files["train"], _SAVED_SCHEMA) as train, _arrow_file(files["validation"], _SAVED_SCHEMA) as validation:
+    with (
+        pa.OSFile(passages_file) as source,
+        _arrow_file(files["train"], _SAVED_SCHEMA) as train,
+        _arrow_file(files["validation"], _SAVED_SCHEMA) as validation,
+    ):
         offset = 0
-        for batch in passages.data.table.select(columns).to_batches():
-            batch = pa.RecordBatch.from_arrays(batch.columns, schema=_SAVED_SCHEMA)
+        for batch in pa.ipc.open_stream(source):
+            columns = [batch.column(name) for name in _SAVED_SCHEMA.names]
+            batch = pa.RecordBatch.from_arrays(columns, schema=_SAVED_SCHEMA)
             chosen = pa.array(in_validation[offset : offset + batch.num_rows])
             offset += batch.num_rows
             train.write_batch(batch.filter(pc.invert(chosen)))
