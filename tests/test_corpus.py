@@ -240,3 +240,32 @@ def test_ascii_word_pattern_matches_the_byte_level_pattern():
 def test_build_corpus_missing_tokenizer_is_a_clear_error(wikipedia_sample_small, tmp_path):
     with pytest.raises(FileNotFoundError, match="no-such-tokenizer"):
         build_corpus(wikipedia_sample_small, tmp_path / "out", num_entities=10, tokenizer=tmp_path / "no-such-tokenizer")
+
+
+def test_build_corpus_output_does_not_depend_on_processes_or_dump_files(toy_tokenizer, tmp_path):
+    datasets.disable_progress_bars()
+    xml = render_mediawiki_dump(generate_toy_world(40, seed=3))
+    head, rest = xml.split("<page>", 1)
+    pages = ["<page>" + page for page in rest.split("<page>")]
+    tail = pages[-1][pages[-1].rindex("</page>") + len("</page>") :]
+    pages[-1] = pages[-1][: len(pages[-1]) - len(tail)]
+    whole = tmp_path / "whole.xml"
+    whole.write_text(xml, encoding="utf-8")
+    halves = [tmp_path / "part1.xml", tmp_path / "part2.xml"]
+    middle = len(pages) // 2
+    for path, part in zip(halves, (pages[:middle], pages[middle:])):
+        path.write_text(head + "".join(part) + tail, encoding="utf-8")
+
+    def build(dump, num_proc: int, name: str):
+        out = tmp_path / name
+        stats = build_corpus(dump, out, num_entities=25, tokenizer=toy_tokenizer, num_proc=num_proc, passage_length=32,
+                             validation_fraction=0.1)  # fmt: skip
+        splits = datasets.load_from_disk(str(out / "passages"))
+        files = [(out / f).read_text(encoding="utf-8") for f in ("entity_vocab.json", "aliases.json")]
+        kept = {k: v for k, v in stats.items() if k not in ("stage_seconds", "seconds", "articles_per_second", "num_proc", "dump_files")}  # fmt: skip
+        return {split: splits[split].to_dict() for split in splits}, files, kept
+
+    reference = build(whole, 1, "one-process")
+    assert reference[2]["articles"] == 40 and len(reference[0]["validation"]["doc_id"]) > 0
+    assert build(whole, 2, "two-processes") == reference
+    assert build(halves, 2, "two-files") == reference
