@@ -269,3 +269,18 @@ def test_build_corpus_output_does_not_depend_on_processes_or_dump_files(toy_toke
     assert reference[2]["articles"] == 40 and len(reference[0]["validation"]["doc_id"]) > 0
     assert build(whole, 2, "two-processes") == reference
     assert build(halves, 2, "two-files") == reference
+
+
+def test_build_corpus_without_validation_or_passages(toy_tokenizer, toy_dump, tmp_path):
+    datasets.disable_progress_bars()
+    stats = build_corpus(toy_dump, tmp_path / "all-train", num_entities=10, tokenizer=toy_tokenizer,
+                         validation_fraction=0.0)  # fmt: skip
+    splits = datasets.load_from_disk(str(tmp_path / "all-train" / "passages"))  # an empty split loads back too
+    assert len(splits["validation"]) == 0 and len(splits["train"]) == stats["passages"] > 0
+    assert splits["validation"].column_names == splits["train"].column_names
+    redirects_only = render_mediawiki_dump(generate_toy_world(12, seed=1)).split("<page>")
+    xml = redirects_only[0] + "".join("<page>" + page for page in redirects_only[1:] if "<redirect" in page)
+    dump = tmp_path / "redirects.xml"
+    dump.write_text(xml if xml.rstrip().endswith("</mediawiki>") else xml + "</mediawiki>\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="no passages"):
+        build_corpus(dump, tmp_path / "empty", num_entities=10, tokenizer=toy_tokenizer)

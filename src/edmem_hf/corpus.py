@@ -1061,9 +1061,16 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
     stage_done("passages")
 
     # 5. stats, split, save
+    if counts.passages == 0:
+        raise ValueError(
+            f"{', '.join(dump_paths)}: no passages ({len(pages)} pages, {len(articles)} articles); "
+            "is this a pages-articles dump?"
+        )
     stats = counts.stats(len(vocab))
     splits = _split(passages_file, counts.passages, validation_fraction, seed, work_dir)
-    splits.save_to_disk(str(out_dir / "passages"), num_proc=None)
+    # an empty split is saved as one empty shard (with no shard, `datasets` cannot load it back)
+    num_shards = {name: 1 if len(split) == 0 else None for name, split in splits.items()}
+    splits.save_to_disk(str(out_dir / "passages"), num_proc=None, num_shards=num_shards)
     stage_done("split_and_save")
     stats.update(
         {
