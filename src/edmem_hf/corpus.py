@@ -729,11 +729,25 @@ def _page_ranges(table: pa.Table, max_chars: int) -> list[tuple[int, int]]:
     return ranges
 
 
+_PASSAGE_INPUT_COLUMNS = ["status", "page_id", "title", "text", "link_starts", "link_ends", "link_targets"]
+_PAGE_TABLES: dict[tuple[str, ...], pa.Table] = {}
+
+
+def _page_table(cache_files: Sequence[str]) -> pa.Table:
+    """The parsed pages, memory-mapped from the cache files (opened once per process: no text is pickled, also
+    where workers are spawned rather than forked)."""
+    key = tuple(cache_files)
+    if key not in _PAGE_TABLES:
+        _PAGE_TABLES.clear()
+        tables = [pa.ipc.open_stream(pa.memory_map(path)).read_all() for path in cache_files]
+        _PAGE_TABLES[key] = pa.concat_tables(tables).select(_PASSAGE_INPUT_COLUMNS)
+    return _PAGE_TABLES[key]
+
+
 def _passages_task(offset: int, length: int) -> pa.RecordBatch:
-    """Passages of the articles among pages `offset..offset+length` of the page table (the workers inherit it,
-    memory-mapped: no text is pickled)."""
+    """Passages of the articles among pages `offset..offset+length` of the page cache."""
     state = dict(_WORKER_STATE)
-    pages = state.pop("pages").slice(offset, length).to_pydict()
+    pages = _page_table(state.pop("page_files")).slice(offset, length).to_pydict()
     keep = [i for i, status in enumerate(pages.pop("status")) if status == "article"]
     batch = {name: [values[i] for i in keep] for name, values in pages.items()}
     return pa.RecordBatch.from_pydict(_make_passages(batch, **state), schema=_PASSAGE_SCHEMA)
@@ -1044,7 +1058,7 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
     }
     passages_file = str(work_dir / "passages.arrow")
     counts = _PassageCounts()
-    state["pages"] = table.select(["status", "page_id", "title", "text", "link_starts", "link_ends", "link_targets"])
+    state["page_files"] = cache_files
     page_ranges = _page_ranges(table, _PASSAGE_TASK_CHARS)
 
     with (
@@ -1058,6 +1072,7 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
                 writer.write_batch(batch)
                 counts.add(batch)
         num_aliases = vocabulary_written.result()
+    _PAGE_TABLES.clear()  # this process's view of the page cache (when it made passages itself)
     stage_done("passages")
 
     # 5. stats, split, save
