@@ -251,34 +251,6 @@ def label_mentions(
         covered[start:end] = b"\x01" * (end - start)
         mentions.append(Mention(start, end, entity_id, True))
     return sorted(mentions)
-    automaton = ahocorasick.Automaton()
-    for entity_id in sorted(candidate_aliases):
-        for alias in candidate_aliases[entity_id]:
-            if alias and alias not in automaton:
-                automaton.add_word(alias, (len(alias), entity_id))
-    if len(automaton) == 0:
-        return sorted(mentions)
-    automaton.make_automaton()
-    # Covered characters: links first, then heuristic matches as they are accepted.
-    covered = bytearray(len(text))
-    for s, e, _ in links:
-        covered[s:e] = b"\x01" * (e - s)
-    matches = []
-    for end_index, (length, entity_id) in automaton.iter(text):
-        start, end = end_index - length + 1, end_index + 1
-        if start > 0 and _is_word_char(text[start - 1]) and _is_word_char(text[start]):
-            continue
-        if end < len(text) and _is_word_char(text[end]) and _is_word_char(text[end - 1]):
-            continue
-        matches.append((start, -length, entity_id))
-    matches.sort()
-    for start, negative_length, entity_id in matches:
-        end = start - negative_length
-        if any(covered[start:end]):
-            continue
-        covered[start:end] = b"\x01" * (end - start)
-        mentions.append(Mention(start, end, entity_id, heuristic=True))
-    return sorted(mentions)
 
 
 # --- passages -------------------------------------------------------------------------------------------------
