@@ -103,6 +103,13 @@ def resolve_redirect(title: str, redirects: dict[str, str], max_hops: int = 5) -
     return title
 
 
+def _most_linked_first(counts: dict[str, int]) -> list[tuple[str, int]]:
+    """`(key, count)` pairs, highest count first, ties by key (deterministic orders for every output file)."""
+    if len(counts) < 2:
+        return list(counts.items())
+    return sorted(counts.items(), key=lambda x: (-x[1], x[0]))
+
+
 def build_entity_vocab(
     link_counts: Counter[str] | dict[str, int],
     num_entities: int,
@@ -118,7 +125,7 @@ def build_entity_vocab(
     names = [name for _, name in ranked]
     alias_lists = None
     if aliases is not None:
-        alias_lists = [[a for a, _ in sorted(aliases.get(name, {}).items(), key=lambda x: (-x[1], x[0]))] for name in names]
+        alias_lists = [[a for a, _ in _most_linked_first(aliases.get(name, {}))] for name in names]
     return EntityVocab(names, alias_lists, [-negative_count for negative_count, _ in ranked])
 
 
@@ -139,21 +146,11 @@ class AliasTable:
     def entities(self, alias: str) -> Counter[str]:
         return self.counts.get(alias, Counter())
 
-    def by_entity(self) -> dict[str, Counter[str]]:
-        inverted: dict[str, Counter[str]] = defaultdict(Counter)
-        for alias, entities in self.counts.items():
-            for entity, count in entities.items():
-                inverted[entity][alias] += count
-        return inverted
-
     def save(self, path: str | os.PathLike) -> str:
         path = os.fspath(path)
         if os.path.isdir(path):
             path = os.path.join(path, ALIASES_NAME)
-        data = {
-            alias: dict(sorted(entities.items(), key=lambda x: (-x[1], x[0])) if len(entities) > 1 else entities)
-            for alias, entities in sorted(self.counts.items())
-        }  # per alias, the most linked entity first, ties by name
+        data = {alias: dict(_most_linked_first(entities)) for alias, entities in sorted(self.counts.items())}
         with open(path, "w", encoding="utf-8") as f:
             f.write(json.dumps(data, ensure_ascii=False))  # json.dump would use the slow pure-Python encoder
         return path
@@ -181,8 +178,7 @@ def heuristic_aliases(name: str, anchors: Counter[str] | dict[str, int], max_ali
     short = _PARENTHETICAL.sub("", name)
     if short and short != name:
         result.append(short)
-    ranked = sorted(anchors.items(), key=lambda x: (-x[1], x[0]))
-    for anchor, count in ranked[:max_aliases]:
+    for anchor, count in _most_linked_first(anchors)[:max_aliases]:
         if count < min_count or len(anchor) < 2 or anchor in result:
             continue
         if not any(c.isupper() or c.isdigit() for c in anchor):
@@ -361,10 +357,16 @@ class _PieceEncoder:
         contents = sorted({token["content"] for token in state.get("added_tokens", []) if token["content"]})
         self.added = re.compile("|".join(map(re.escape, contents))) if contents else None
 
-    def _bounded_cache(self) -> _WordIds:
-        if len(self.cache) > self.max_cache_words:
-            self.cache.clear()  # bounded (a few hundred bytes a word): memory stays flat on a whole dump
-        return self.cache
+    def _bound_caches(self) -> None:
+        """Bounded (a few hundred bytes an entry): memory stays flat on a whole dump."""
+        for cache in (self.cache, self.mention_ids):
+            if len(cache) > self.max_cache_words:
+                cache.clear()
+
+    def _split_words(self, text: str, begin: int = 0, end: int | None = None) -> list[str]:
+        """The words of `text[begin:end]`: `re` with the ASCII pattern where that piece is ASCII, else `regex`."""
+        piece = text[begin:end]
+        return self.ascii_words.findall(piece) if piece.isascii() else self.words.findall(piece)
 
     def encode_marked(self, documents, start_id: int, end_id: int) -> list[tuple | None]:
         """Per document `(text, mentions)`: `(ids, labels, spans)` as `tokenize_with_mentions` returns them, or
@@ -376,23 +378,18 @@ class _PieceEncoder:
         words' cached ids are spliced together, markers in between."""
         if self.words is None:
             return [None] * len(documents)
-        lookup = self._bounded_cache().__getitem__
-        unicode_findall, ascii_findall = self.words.findall, self.ascii_words.findall
+        self._bound_caches()
+        lookup = self.cache.__getitem__
+        split_words = self._split_words
         join = chain.from_iterable
-        if len(self.mention_ids) > self.max_cache_words:
-            self.mention_ids.clear()
         mention_ids = self.mention_ids  # a mention's piece -> its ids: mentions repeat across pages
-
-        def mixed_findall(text: str, begin: int = 0, end: int | None = None) -> list[str]:
-            piece = text[begin:end]
-            return ascii_findall(piece) if piece.isascii() else unicode_findall(piece)
-
         results: list[tuple | None] = []
         for text, mentions in documents:
             if self.added is not None and self.added.search(text):
                 results.append(None)
                 continue
-            findall = ascii_findall if text.isascii() else mixed_findall
+            # an ASCII text is split where each piece lies, without copying it (findall with pos/endpos)
+            findall = self.ascii_words.findall if text.isascii() else split_words
             ids: list[int] = []
             spans: list[tuple[int, int, bool]] = []
             marks: list[tuple[int, int]] = []
@@ -410,7 +407,7 @@ class _PieceEncoder:
                 piece = text[start:end]
                 piece_ids = mention_ids.get(piece)
                 if piece_ids is None:
-                    piece_ids = mention_ids[piece] = list(join(map(lookup, mixed_findall(piece))))
+                    piece_ids = mention_ids[piece] = list(join(map(lookup, split_words(piece))))
                 ids += piece_ids
                 if entity_id >= 0:
                     marks.append((e_s, entity_id))
@@ -431,12 +428,11 @@ class _PieceEncoder:
     def encode(self, pieces: Sequence[str]) -> list[list[int]]:
         if self.words is None:
             return [encoding.ids for encoding in self.backend.encode_batch(list(pieces), add_special_tokens=False)]
-        lookup = self._bounded_cache().__getitem__
-        unicode_findall, ascii_findall = self.words.findall, self.ascii_words.findall
+        self._bound_caches()
+        lookup = self.cache.__getitem__
         added = self.added.search if self.added is not None else lambda piece: None
         results = [
-            None if added(piece) else list(chain.from_iterable(map(lookup, (ascii_findall if piece.isascii() else unicode_findall)(piece))))
-            for piece in pieces
+            None if added(piece) else list(chain.from_iterable(map(lookup, self._split_words(piece)))) for piece in pieces
         ]
         fallback = [i for i, ids in enumerate(results) if ids is None]
         if fallback:
@@ -805,8 +801,8 @@ def _write_vocabulary_files(out_dir: Path, vocab: EntityVocab, anchors: dict[int
                             tokenizer: PreTrainedTokenizerBase) -> int:  # fmt: skip
     """Saves `entity_vocab.json` (each entity's anchors, most frequent first, ties by text), `aliases.json` (the
     same counts by anchor) and the tokenizer; returns the number of aliases."""
-    ranked = [sorted((anchors.get(i) or {}).items(), key=lambda x: (-x[1], x[0])) for i in range(len(vocab))]
-    EntityVocab(vocab.names, [[a for a, _ in pairs] for pairs in ranked], vocab.counts).save(out_dir)
+    ranked = [[anchor for anchor, _ in _most_linked_first(anchors.get(i) or {})] for i in range(len(vocab))]
+    EntityVocab(vocab.names, ranked, vocab.counts).save(out_dir)
     aliases = AliasTable()
     for entity_id, entity_anchors in anchors.items():
         name = vocab.names[entity_id]
@@ -925,7 +921,7 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
     loaded = {}
 
     def load_tokenizer() -> None:  # a given tokenizer loads once the input is read, while the workers finish
-        if tokenizer is not None and num_proc > 1:
+        if tokenizer is not None:
             loaded["tokenizer"] = extend_tokenizer(tokenizer)
 
     with _worker_pool(workers) as pool:
@@ -1014,7 +1010,7 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
 
         tokenizer = train_tokenizer(texts(), vocab_size=vocab_size)
     else:
-        tokenizer = loaded.get("tokenizer") or extend_tokenizer(tokenizer)
+        tokenizer = loaded["tokenizer"]
     stage_done("tokenizer")
 
     # 4. mentions and passages: batches of articles to the worker processes, passages back in order. Meanwhile
