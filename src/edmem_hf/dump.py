@@ -488,10 +488,7 @@ def _render(nodes, out: list[str], targets: list[str], allow_links: bool) -> Non
             if node.contents is not None and not node.self_closing:
                 _render(node.contents.nodes, out, targets, allow_links)
         elif isinstance(node, HTMLEntity):
-            try:
-                out.append(node.normalize())
-            except ValueError:
-                out.append(str(node))
+            out.append(_entity_string(node))
         elif isinstance(node, ExternalLink):
             if node.title is not None:
                 _render(node.title.nodes, out, targets, allow_links=False)
@@ -524,19 +521,18 @@ def _emit_link(
     return True
 
 
+def _entity_string(node: HTMLEntity) -> str:
+    """The character a reference stands for, or the reference as written when it names none."""
+    try:
+        return node.normalize()
+    except ValueError:
+        return str(node)
+
+
 def _title_source(nodes) -> str:
     """A link title's text with its character references decoded, as MediaWiki reads it (`[[OS&nbsp;X]]` is a
     link to "OS X"); any other markup is kept as written."""
-    parts = []
-    for node in nodes:
-        if isinstance(node, HTMLEntity):
-            try:
-                parts.append(node.normalize())
-            except ValueError:
-                parts.append(str(node))
-        else:
-            parts.append(str(node))
-    return "".join(parts)
+    return "".join(_entity_string(node) if isinstance(node, HTMLEntity) else str(node) for node in nodes)
 
 
 def _render_link(node: Wikilink, out: list[str], targets: list[str], allow_links: bool) -> bool:
@@ -734,9 +730,7 @@ def _entity_text(token_list: list) -> str:
     if type(token_list.pop()) is not _tokens.HTMLEntityEnd:
         raise _TokenFallback("entity not ended")
     try:
-        return node.normalize()
-    except ValueError:
-        return str(node)
+        return _entity_string(node)
     except Exception as err:  # the node tree path raises it (the page is malformed)
         raise _TokenFallback(repr(err)) from None
 
