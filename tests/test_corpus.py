@@ -284,3 +284,42 @@ def test_build_corpus_without_validation_or_passages(toy_tokenizer, toy_dump, tm
     dump.write_text(xml if xml.rstrip().endswith("</mediawiki>") else xml + "</mediawiki>\n", encoding="utf-8")
     with pytest.raises(ValueError, match="no passages"):
         build_corpus(dump, tmp_path / "empty", num_entities=10, tokenizer=toy_tokenizer)
+
+
+def test_markers_inserted_into_whole_text_tokens_match_piece_by_piece(wikipedia_sample_small):
+    """The build tokenises each article while parsing and puts the markers in afterwards; the result must be
+    what tokenising piece by piece gives, for any mention spans (cuts inside words, after punctuation runs such
+    as "D.C." + ",", after runs of whitespace, empty mentions, unicode)."""
+    import random
+
+    import numpy as np
+
+    from edmem_hf.corpus import _PieceEncoder, _tokenize_pieces, insert_mention_markers
+    from edmem_hf.dump import iter_parsed_pages
+
+    rng = random.Random(0)
+    alphabet = list("abXY019 .,'-()\n\t") + ["  ", "\n\n", " \t ", "'s", "é", "東京", "½", "\u00a0", "U.S.", " Paris", "D.C."]
+    texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 25))) for _ in range(4000)]
+    # trained on these texts, so that runs of whitespace and punctuation are tokens of their own ("ĊĊ", ".,"):
+    # where the pieces' words differ from the whole text's, the ids differ too
+    tokenizer = train_tokenizer(texts, vocab_size=400, min_frequency=2)
+    assert len(tokenizer.backend_tokenizer.encode("\n\n", add_special_tokens=False).ids) == 1
+    start_id, end_id = tokenizer.convert_tokens_to_ids(["<E_s>", "<E_e>"])
+    encoder = _PieceEncoder(tokenizer)
+    documents = []
+    for text in texts:
+        cuts = sorted(rng.sample(range(len(text) + 1), min(len(text) + 1, 2 * rng.randint(0, 4))))
+        mentions = [Mention(cuts[i], cuts[i + 1], rng.choice([-100, 3]), rng.random() < 0.5) for i in range(0, len(cuts) - 1, 2)]
+        documents.append((text, mentions))
+    for page in iter_parsed_pages(wikipedia_sample_small):  # real text, links as mentions
+        if page.text:
+            documents.append((page.text, [Mention(link.start, link.end, 1) for link in page.links]))
+    expected = _tokenize_pieces(documents, tokenizer, start_id, end_id)
+    for (text, mentions), reference in zip(documents, expected):
+        ids, starts = encoder.encode_words(text)
+        assert ids == tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids
+        got = insert_mention_markers(text, np.array(ids, dtype=np.int32), starts, mentions, start_id, end_id, encoder.piece_ids)
+        assert got == reference, (text, mentions)
+    assert encoder.encode_words("a <mask> b") is None  # an added token's text: tokenised with the mentions instead
+    overlapping = [Mention(0, 3, 1), Mention(2, 4, 1)]
+    assert insert_mention_markers("abcdef", np.array([1], dtype=np.int32), np.array([0]), overlapping, 5, 6, encoder.piece_ids) is None

@@ -33,7 +33,7 @@ from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from itertools import chain
+from itertools import accumulate, chain
 from pathlib import Path
 from typing import NamedTuple
 
@@ -42,12 +42,13 @@ import datasets
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from tokenizers import Tokenizer
 from transformers import HfArgumentParser, PreTrainedTokenizerBase
 
 from .configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN
 from .dump import MalformedPageError, WikiPage, iter_pages, parse_page
 from .entity_vocab import EntityVocab
-from .tokenization import DEFAULT_VOCAB_SIZE, extend_tokenizer, train_tokenizer
+from .tokenization import DEFAULT_VOCAB_SIZE, MASK_TOKEN, extend_tokenizer, train_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +69,10 @@ PAGE_FEATURES = datasets.Features(
         "link_ends": datasets.Sequence(datasets.Value("int32")),
         "link_targets": datasets.Sequence(datasets.Value("string")),
         "link_anchors": datasets.Sequence(datasets.Value("string")),
+        # the text's tokens and, per token, where its word starts in the text (`_PieceEncoder.encode_words`),
+        # made while parsing when a tokenizer is given; null otherwise (tokenised with the mentions instead)
+        "token_ids": datasets.Sequence(datasets.Value("int32")),
+        "token_starts": datasets.Sequence(datasets.Value("int32")),
     }
 )
 PASSAGE_FEATURES = datasets.Features(
@@ -129,6 +134,16 @@ def build_entity_vocab(
     return EntityVocab(names, alias_lists, [-negative_count for negative_count, _ in ranked])
 
 
+def _save_alias_counts(counts: dict[str, dict[str, int]], path: str | os.PathLike) -> None:
+    """`aliases.json`: aliases in order, each one's entities the most linked first (ties by name)."""
+    data = {
+        alias: entities if len(entities) < 2 else dict(_most_linked_first(entities))
+        for alias, entities in sorted(counts.items())
+    }
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(json.dumps(data, ensure_ascii=False))  # json.dump would use the slow pure-Python encoder
+
+
 class AliasTable:
     """Anchor text -> entity name -> number of links with that anchor (the paper's alias table T)."""
 
@@ -150,9 +165,7 @@ class AliasTable:
         path = os.fspath(path)
         if os.path.isdir(path):
             path = os.path.join(path, ALIASES_NAME)
-        data = {alias: dict(_most_linked_first(entities)) for alias, entities in sorted(self.counts.items())}
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(json.dumps(data, ensure_ascii=False))  # json.dump would use the slow pure-Python encoder
+        _save_alias_counts(self.counts, path)
         return path
 
     @classmethod
@@ -329,13 +342,19 @@ class _PieceEncoder:
     unchanged.
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, max_cache_words: int = 300_000):
-        self.backend = tokenizer.backend_tokenizer
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase | Tokenizer,
+        max_cache_words: int = 300_000,
+        extra_added: Sequence[str] = (),
+    ):
+        self.backend = tokenizer if isinstance(tokenizer, Tokenizer) else tokenizer.backend_tokenizer
         self.max_cache_words = max_cache_words
         self.cache = _WordIds(self.backend.model)
         self.mention_ids: dict[str, list[int]] = {}
         self.words = None
         self.added = None
+        self.pipeline = None
         try:
             import regex
         except ImportError:  # a dependency of transformers; without it, every piece goes to encode_batch
@@ -343,6 +362,8 @@ class _PieceEncoder:
         state = json.loads(self.backend.to_str())
         pre = state.get("pre_tokenizer") or {}
         model = state.get("model") or {}
+        # what the words' ids depend on (not the added tokens): encoders with equal pipelines give equal words
+        self.pipeline = (state.get("normalizer"), pre, model)
         if (
             state.get("normalizer") is not None
             or pre.get("type") != "ByteLevel"
@@ -354,7 +375,8 @@ class _PieceEncoder:
             return
         self.words = regex.compile(_BYTE_LEVEL_WORDS)
         self.ascii_words = re.compile(_ASCII_BYTE_LEVEL_WORDS)
-        contents = sorted({token["content"] for token in state.get("added_tokens", []) if token["content"]})
+        contents = {token["content"] for token in state.get("added_tokens", []) if token["content"]}
+        contents = sorted(contents | {token for token in extra_added if token})
         self.added = re.compile("|".join(map(re.escape, contents))) if contents else None
 
     def _bound_caches(self) -> None:
@@ -424,6 +446,24 @@ class _PieceEncoder:
                 labels[e_s] = entity_id
             results.append((ids, labels, spans))
         return results
+
+    def encode_words(self, text: str) -> tuple[list[int], np.ndarray] | None:
+        """Token ids of a whole text and, for each token, the character offset where its word starts (int32);
+        None where the fast path does not apply (the text holds an added token's text, or the tokenizer is not
+        a byte-level BPE). `insert_mention_markers` later marks mentions at word starts, without tokenising
+        again."""
+        if self.words is None or (self.added is not None and self.added.search(text)):
+            return None
+        self._bound_caches()
+        words = self.ascii_words.findall(text) if text.isascii() else self.words.findall(text)
+        word_ids = list(map(self.cache.__getitem__, words))
+        starts = np.fromiter(accumulate(map(len, words), initial=0), dtype=np.int32, count=len(words) + 1)
+        counts = np.fromiter(map(len, word_ids), dtype=np.int32, count=len(words))
+        return list(chain.from_iterable(word_ids)), np.repeat(starts[:-1], counts)
+
+    def piece_ids(self, piece: str) -> list[int]:
+        """Token ids of a piece of a text `encode_words` took (so: no added token's text in it)."""
+        return list(chain.from_iterable(map(self.cache.__getitem__, self._split_words(piece))))
 
     def encode(self, pieces: Sequence[str]) -> list[list[int]]:
         if self.words is None:
@@ -505,6 +545,77 @@ def _tokenize_pieces(documents, tokenizer, start_id, end_id):
             labels[e_s] = entity_id
         results.append((ids, labels, spans))
     return results
+
+
+def insert_mention_markers(
+    text: str,
+    ids: np.ndarray,
+    token_starts: np.ndarray,
+    mentions: Sequence[Mention],
+    start_id: int,
+    end_id: int,
+    encode_piece: Callable[[str], list[int]],
+) -> tuple[list[int], list[int], list[tuple[int, int, bool]]] | None:
+    """`tokenize_with_mentions` from the whole text's tokens (`_PieceEncoder.encode_words`: ids and the
+    character offset of each token's word), tokenising again only where the result would differ; None for
+    overlapping or unsorted mentions.
+
+    The reference cuts the text into pieces (a mention's piece starts at the space before it) and tokenises each
+    piece alone. A piece gets the whole text's words exactly when both its ends are word starts of the whole
+    text and it does not end in two or more whitespace characters (alone, such a piece keeps its trailing
+    whitespace as one word; within the text the last character is a word of its own). Other pieces, such as a
+    mention "D.C." followed by a comma (the whole text has the word ".,"), go to `encode_piece`.
+    """
+    cuts = []
+    position = 0
+    for start, end, _, _ in mentions:
+        if start < position:
+            return None
+        if start > position and text[start - 1] == " ":
+            start -= 1
+        cuts.append(start)
+        cuts.append(end)
+        position = end
+    if not cuts:
+        return ids.tolist(), [IGNORE_INDEX] * len(ids), []
+    text_end = len(text)
+    cuts_array = np.array(cuts, dtype=np.int64)
+    at = np.searchsorted(token_starts, cuts_array)
+    aligned = cuts_array == text_end  # past the last word: only the end of the text
+    if len(token_starts):
+        aligned |= (at < len(token_starts)) & (token_starts[np.minimum(at, len(token_starts) - 1)] == cuts_array)
+    ends_in_spaces = [2 <= cut < text_end and text[cut - 1].isspace() and text[cut - 2].isspace() for cut in cuts]
+    labels: list[int]
+    if aligned.all() and not any(ends_in_spaces):  # one vectorised insertion
+        marked = np.insert(ids, at, np.tile(np.array([start_id, end_id], dtype=ids.dtype), len(mentions))).tolist()
+        positions = (at + np.arange(len(at))).tolist()  # of the markers in `marked`
+    else:  # piece by piece, the whole text's tokens where a piece's ends allow
+        words = ids.tolist()
+        token_at, is_aligned = at.tolist(), aligned.tolist()
+        marked, positions = [], []
+        previous = 0  # the cut that ends the previous piece (the text's start: aligned, index 0)
+        previous_aligned, previous_at = True, 0
+        for index, cut in enumerate(cuts + [text_end]):
+            last = index == len(cuts)
+            cut_aligned = True if last else is_aligned[index]
+            cut_at = len(words) if last else token_at[index]
+            if cut > previous or index % 2 == 1:  # a gap before a mention may be empty, a mention not
+                if previous_aligned and cut_aligned and (last or not ends_in_spaces[index]):
+                    marked += words[previous_at:cut_at]
+                else:
+                    marked += encode_piece(text[previous:cut])
+            if not last:
+                positions.append(len(marked))
+                marked.append(start_id if index % 2 == 0 else end_id)
+            previous, previous_aligned, previous_at = cut, cut_aligned, cut_at
+    labels = [IGNORE_INDEX] * len(marked)
+    spans = []
+    for index, mention in enumerate(mentions):
+        e_s = positions[2 * index]
+        if mention.entity_id >= 0:
+            labels[e_s] = mention.entity_id
+        spans.append((e_s, positions[2 * index + 1], mention.heuristic))
+    return marked, labels, spans
 
 
 def window_passages(
@@ -633,14 +744,33 @@ def _parsed_row(page: WikiPage, path: str, strict: bool) -> dict:
     }
 
 
+_TOKEN_COLUMNS = ["token_ids", "token_starts"]
+
+
 def _parse_chunk(pages: list[WikiPage], path: str, strict: bool) -> pa.RecordBatch:
-    """Parsed pages (PAGE_FEATURES), in the order given."""
-    columns: dict[str, list] = {name: [] for name in PAGE_FEATURES}
+    """Parsed pages (PAGE_FEATURES), in the order given; articles also tokenised when the worker state holds a
+    `word_encoder` (the text's words do not depend on the entity vocabulary: only the markers do)."""
+    columns: dict[str, list] = {name: [] for name in PAGE_FEATURES if name not in _TOKEN_COLUMNS}
+    encoder: _PieceEncoder | None = _WORKER_STATE.get("word_encoder")
+    tokens: list[tuple[list[int], np.ndarray] | None] = []
     for page in pages:
         row = _parsed_row(page, path, strict)
         for name, values in columns.items():
             values.append(row[name])
-    return pa.RecordBatch.from_pydict(columns, schema=_PAGE_SCHEMA)
+        tokens.append(encoder.encode_words(row["text"]) if encoder is not None and row["status"] == "article" else None)
+    ids = _int32_list_array([None if t is None else np.array(t[0], dtype=np.int32) for t in tokens])
+    starts = _int32_list_array([None if t is None else t[1] for t in tokens])
+    return pa.RecordBatch.from_pydict({**columns, "token_ids": ids, "token_starts": starts}, schema=_PAGE_SCHEMA)
+
+
+def _int32_list_array(rows: list[np.ndarray | None]) -> pa.Array:
+    """A list<int32> array of int32 arrays (None: null), built from one buffer instead of row by row."""
+    offsets = np.zeros(len(rows) + 1, dtype=np.int32)
+    np.cumsum([0 if row is None else len(row) for row in rows], out=offsets[1:])
+    present = [row for row in rows if row is not None]
+    values = np.concatenate(present) if present else np.zeros(0, dtype=np.int32)
+    mask = pa.array([row is None for row in rows], type=pa.bool_())
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, type=pa.int32()), mask=mask)
 
 
 @contextlib.contextmanager
@@ -697,7 +827,7 @@ def _page_ranges(table: pa.Table, max_chars: int) -> list[tuple[int, int]]:
     return ranges
 
 
-_PASSAGE_INPUT_COLUMNS = ["status", "page_id", "title", "text", "link_starts", "link_ends", "link_targets"]
+_PASSAGE_INPUT_COLUMNS = ["status", "page_id", "title", "text", "link_starts", "link_ends", "link_targets", *_TOKEN_COLUMNS]
 _PAGE_TABLES: dict[tuple[str, ...], pa.Table] = {}
 
 
@@ -715,10 +845,23 @@ def _page_table(cache_files: Sequence[str]) -> pa.Table:
 def _passages_task(offset: int, length: int) -> pa.RecordBatch:
     """Passages of the articles among pages `offset..offset+length` of the page cache."""
     state = dict(_WORKER_STATE)
-    pages = _page_table(state.pop("page_files")).slice(offset, length).to_pydict()
+    table = _page_table(state.pop("page_files")).slice(offset, length)
+    pages = table.drop_columns(_TOKEN_COLUMNS).to_pydict()
     keep = [i for i, status in enumerate(pages.pop("status")) if status == "article"]
     batch = {name: [values[i] for i in keep] for name, values in pages.items()}
+    if state.pop("pretokenized"):
+        words = _int32_list_rows(table.column("token_ids")), _int32_list_rows(table.column("token_starts"))
+        batch["words"] = [None if words[0][i] is None else (words[0][i], words[1][i]) for i in keep]
     return pa.RecordBatch.from_pydict(_make_passages(batch, **state), schema=_PASSAGE_SCHEMA)
+
+
+def _int32_list_rows(column: pa.ChunkedArray) -> list[np.ndarray | None]:
+    """The rows of a list<int32> column as numpy views (None where null)."""
+    array = column.combine_chunks()
+    offsets = array.offsets.to_numpy()  # of this (possibly sliced) array, into the whole `values`
+    values = array.values.to_numpy()
+    valid = array.is_valid().to_numpy(zero_copy_only=False)
+    return [values[offsets[i] : offsets[i + 1]] if valid[i] else None for i in range(len(array))]
 
 
 def _fork_context():
@@ -801,23 +944,30 @@ def _write_vocabulary_files(out_dir: Path, vocab: EntityVocab, anchors: dict[int
                             tokenizer: PreTrainedTokenizerBase) -> int:  # fmt: skip
     """Saves `entity_vocab.json` (each entity's anchors, most frequent first, ties by text), `aliases.json` (the
     same counts by anchor) and the tokenizer; returns the number of aliases."""
-    ranked = [[anchor for anchor, _ in _most_linked_first(anchors.get(i) or {})] for i in range(len(vocab))]
+    ranked = []
+    for entity_id in range(len(vocab)):
+        entity_anchors = anchors.get(entity_id) or {}
+        ranked.append(list(entity_anchors) if len(entity_anchors) < 2 else [a for a, _ in _most_linked_first(entity_anchors)])
     EntityVocab(vocab.names, ranked, vocab.counts).save(out_dir)
-    aliases = AliasTable()
+    by_alias: dict[str, dict[str, int]] = {}  # the alias table, as plain dicts: anchor -> entity -> links
     for entity_id, entity_anchors in anchors.items():
         name = vocab.names[entity_id]
         for anchor, count in entity_anchors.items():
-            aliases.add(anchor, name, count)
-    aliases.save(out_dir / ALIASES_NAME)
+            entities = by_alias.get(anchor)
+            if entities is None:
+                by_alias[anchor] = {name: count}
+            else:
+                entities[name] = count  # each (anchor, entity) pair once: names are unique
+    _save_alias_counts(by_alias, out_dir / ALIASES_NAME)
     tokenizer.save_pretrained(out_dir / "tokenizer")
-    return len(aliases)
+    return len(by_alias)
 
 
 def _make_passages(batch: dict, tokenizer, target_to_entity, entity_aliases, entity_by_title, settings, heuristics):
     documents = []
     for text, title, starts, ends, targets in zip(
         batch["text"], batch["title"], batch["link_starts"], batch["link_ends"], batch["link_targets"]
-    ):
+    ):  # fmt: skip
         links = []
         candidates: dict[int, Sequence[str]] = {}
         for start, end, target in zip(starts, ends, targets):
@@ -832,7 +982,18 @@ def _make_passages(batch: dict, tokenizer, target_to_entity, entity_aliases, ent
             candidates[own_id] = entity_aliases[own_id]
         documents.append((text, label_mentions(text, links, candidates)))
     output = {name: [] for name in PASSAGE_FEATURES}
-    tokenized = _tokenize_documents(documents, tokenizer)
+    tokenized: list[tuple | None] = [None] * len(documents)
+    if batch.get("words") is not None:  # tokenised while parsing: only the markers go in
+        start_id, end_id = tokenizer.convert_tokens_to_ids([ENTITY_START_TOKEN, ENTITY_END_TOKEN])
+        encoder = _piece_encoder(tokenizer)
+        for index, ((text, mentions), words) in enumerate(zip(documents, batch["words"])):
+            if words is not None:
+                tokenized[index] = insert_mention_markers(
+                    text, words[0], words[1], mentions, start_id, end_id, encoder.piece_ids
+                )
+    left = [index for index, result in enumerate(tokenized) if result is None]
+    for index, result in zip(left, _tokenize_documents([documents[i] for i in left], tokenizer)):
+        tokenized[index] = result
     for doc_id, (ids, labels, spans) in zip(batch["page_id"], tokenized):
         for passage in window_passages(ids, labels, spans, settings, tokenizer.bos_token_id, tokenizer.eos_token_id):
             passage["doc_id"] = doc_id
@@ -857,6 +1018,26 @@ def _quiet_gc():
         gc.set_threshold(*threshold)
         if not was_frozen:
             gc.unfreeze()
+
+
+def _word_encoder(tokenizer: str | os.PathLike | PreTrainedTokenizerBase | None) -> _PieceEncoder | None:
+    """The encoder of a given tokenizer's words, for the parsing processes, or None: no tokenizer given (one is
+    trained on the parsed text), no `tokenizer.json`, not a byte-level BPE, or workers that would not inherit
+    it (spawned, not forked). Reads only `tokenizer.json` (a fraction of a full load); `<E_s>`, `<E_e>` and
+    `<mask>` count as added tokens even when the file lacks them, as `extend_tokenizer` adds them."""
+    if tokenizer is None or _fork_context() is None:
+        return None
+    if isinstance(tokenizer, PreTrainedTokenizerBase):
+        if not tokenizer.is_fast:
+            return None
+        backend = tokenizer.backend_tokenizer
+    else:
+        path = Path(tokenizer) / "tokenizer.json"
+        if not path.is_file():
+            return None
+        backend = Tokenizer.from_file(str(path))
+    encoder = _PieceEncoder(backend, extra_added=(ENTITY_START_TOKEN, ENTITY_END_TOKEN, MASK_TOKEN))
+    return encoder if encoder.words is not None else None
 
 
 def build_corpus(
@@ -924,7 +1105,10 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
         if tokenizer is not None:
             loaded["tokenizer"] = extend_tokenizer(tokenizer)
 
-    with _worker_pool(workers) as pool:
+    # A given tokenizer's words are made while parsing (where the workers have time to spare, waiting for the
+    # reader), so that after the vocabulary only the markers go in.
+    word_encoder = _word_encoder(tokenizer)
+    with _worker_pool(workers, {"word_encoder": word_encoder}) as pool:
         if len(dump_paths) == 1 or num_proc == 1:
             # One reader (this process: decompression and XML) hands chunks of pages to the parsing processes.
             cache_files = [str(cache_dir / "pages.arrow")]
@@ -1015,8 +1199,10 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
 
     # 4. mentions and passages: batches of articles to the worker processes, passages back in order. Meanwhile
     # a thread of this process (which only collects results) writes the vocabulary, alias table and tokenizer.
-    _piece_encoder(tokenizer)  # made once, before the fork: the workers inherit it
+    encoder = _piece_encoder(tokenizer)  # made once, before the fork: the workers inherit it
     state = {
+        # the words made while parsing are used when the loaded tokenizer makes the same words
+        "pretokenized": word_encoder is not None and word_encoder.pipeline == encoder.pipeline,
         "tokenizer": tokenizer,
         "target_to_entity": target_to_entity,
         "entity_aliases": searched_aliases,
