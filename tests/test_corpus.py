@@ -323,3 +323,20 @@ def test_markers_inserted_into_whole_text_tokens_match_piece_by_piece(wikipedia_
     assert encoder.encode_words("a <mask> b") is None  # an added token's text: tokenised with the mentions instead
     overlapping = [Mention(0, 3, 1), Mention(2, 4, 1)]
     assert insert_mention_markers("abcdef", np.array([1], dtype=np.int32), np.array([0]), overlapping, 5, 6, encoder.piece_ids) is None
+
+
+def test_word_split_by_lines_matches_the_byte_level_pattern(toy_tokenizer):
+    import random
+
+    import regex
+    from transformers import AutoTokenizer
+
+    from edmem_hf.corpus import _BYTE_LEVEL_WORDS, _PieceEncoder
+
+    encoder = _PieceEncoder(AutoTokenizer.from_pretrained(toy_tokenizer, local_files_only=True))
+    words = regex.compile(_BYTE_LEVEL_WORDS)
+    rng = random.Random(1)
+    alphabet = ["\n", "\n", " ", "a", "Z", "1", ".", "'s", "é", "東", "½", "\u00a0", "\u2028", "\x1c", "\x85", "\t", "😀"]
+    for _ in range(20_000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 14)))
+        assert encoder._split_words(text) == words.findall(text), repr(text)

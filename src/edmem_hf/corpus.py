@@ -300,6 +300,10 @@ _ASCII_BYTE_LEVEL_WORDS = (
 )
 
 
+# A newline between two non-space characters (`re`'s `\s` is a superset of the pattern's: never a wrong split).
+_LONE_NEWLINE = re.compile(r"(?<=\S)\n(?=\S)")
+
+
 def _byte_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character table (`tokenizers`' ByteLevel alphabet), keyed by Latin-1 code point."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1), *range(ord("\u00ae"), 256)]
@@ -386,9 +390,20 @@ class _PieceEncoder:
                 cache.clear()
 
     def _split_words(self, text: str, begin: int = 0, end: int | None = None) -> list[str]:
-        """The words of `text[begin:end]`: `re` with the ASCII pattern where that piece is ASCII, else `regex`."""
+        """The words of `text[begin:end]`: `re` with the ASCII pattern on ASCII lines, else `regex`. A text is
+        split into lines only at a newline between two non-space characters: there the newline is a word of its
+        own and the words on either side do not depend on the other side."""
         piece = text[begin:end]
-        return self.ascii_words.findall(piece) if piece.isascii() else self.words.findall(piece)
+        if piece.isascii():
+            return self.ascii_words.findall(piece)
+        if "\n" not in piece:
+            return self.words.findall(piece)
+        words: list[str] = []
+        for index, line in enumerate(_LONE_NEWLINE.split(piece)):
+            if index:
+                words.append("\n")
+            words += self.ascii_words.findall(line) if line.isascii() else self.words.findall(line)
+        return words
 
     def encode_marked(self, documents, start_id: int, end_id: int) -> list[tuple | None]:
         """Per document `(text, mentions)`: `(ids, labels, spans)` as `tokenize_with_mentions` returns them, or
@@ -455,7 +470,7 @@ class _PieceEncoder:
         if self.words is None or (self.added is not None and self.added.search(text)):
             return None
         self._bound_caches()
-        words = self.ascii_words.findall(text) if text.isascii() else self.words.findall(text)
+        words = self._split_words(text)
         word_ids = list(map(self.cache.__getitem__, words))
         starts = np.fromiter(accumulate(map(len, words), initial=0), dtype=np.int32, count=len(words) + 1)
         counts = np.fromiter(map(len, word_ids), dtype=np.int32, count=len(words))
@@ -1320,10 +1335,13 @@ def _split(passages_file: str, num_passages: int, validation_fraction: float, se
         for batch in pa.ipc.open_stream(source):
             columns = [batch.column(name) for name in _SAVED_SCHEMA.names]
             batch = pa.RecordBatch.from_arrays(columns, schema=_SAVED_SCHEMA)
-            chosen = pa.array(in_validation[offset : offset + batch.num_rows])
+            chosen = in_validation[offset : offset + batch.num_rows]
             offset += batch.num_rows
-            train.write_batch(batch.filter(pc.invert(chosen)))
-            validation.write_batch(batch.filter(chosen))
+            if not chosen.any():  # most batches: written as they are, no copy
+                train.write_batch(batch)
+                continue
+            train.write_batch(batch.filter(pa.array(~chosen)))
+            validation.write_batch(batch.filter(pa.array(chosen)))
     return datasets.DatasetDict({name: datasets.Dataset.from_file(path) for name, path in files.items()})
 
 
