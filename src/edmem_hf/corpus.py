@@ -766,7 +766,7 @@ def _parse_chunk(pages: list[WikiPage], path: str, strict: bool) -> pa.RecordBat
     """Parsed pages (PAGE_FEATURES), in the order given; articles also tokenised when the worker state holds a
     `word_encoder` (the text's words do not depend on the entity vocabulary: only the markers do)."""
     columns: dict[str, list] = {name: [] for name in PAGE_FEATURES if name not in _TOKEN_COLUMNS}
-    encoder: _PieceEncoder | None = _WORKER_STATE.get("word_encoder")
+    encoder = _stage_word_encoder()
     tokens: list[tuple[list[int], np.ndarray] | None] = []
     for page in pages:
         row = _parsed_row(page, path, strict)
@@ -776,6 +776,19 @@ def _parse_chunk(pages: list[WikiPage], path: str, strict: bool) -> pa.RecordBat
     ids = _int32_list_array([None if t is None else np.array(t[0], dtype=np.int32) for t in tokens])
     starts = _int32_list_array([None if t is None else t[1] for t in tokens])
     return pa.RecordBatch.from_pydict({**columns, "token_ids": ids, "token_starts": starts}, schema=_PAGE_SCHEMA)
+
+
+def _stage_word_encoder() -> _PieceEncoder | None:
+    """The word encoder of the worker state's `word_tokenizer` (`_word_encoder`), made on first use."""
+    if "word_encoder" not in _WORKER_STATE:
+        _WORKER_STATE["word_encoder"] = _word_encoder(_WORKER_STATE.get("word_tokenizer"))
+    return _WORKER_STATE["word_encoder"]
+
+
+def _start_parse_worker(state: dict) -> None:
+    """Parsing processes load their word encoder as they start, while this process reads the first pages."""
+    _set_worker_state(state)
+    _stage_word_encoder()
 
 
 def _int32_list_array(rows: list[np.ndarray | None]) -> pa.Array:
@@ -852,9 +865,13 @@ def _page_table(cache_files: Sequence[str]) -> pa.Table:
     key = tuple(cache_files)
     if key not in _PAGE_TABLES:
         _PAGE_TABLES.clear()
-        tables = [pa.ipc.open_stream(pa.memory_map(path)).read_all() for path in cache_files]
-        _PAGE_TABLES[key] = pa.concat_tables(tables).select(_PASSAGE_INPUT_COLUMNS)
+        _PAGE_TABLES[key] = _read_page_cache(cache_files).select(_PASSAGE_INPUT_COLUMNS)
     return _PAGE_TABLES[key]
+
+
+def _read_page_cache(cache_files: Sequence[str]) -> pa.Table:
+    """The page cache, memory-mapped (pyarrow alone: a `datasets.Dataset` would hash its files first)."""
+    return pa.concat_tables([pa.ipc.open_stream(pa.memory_map(path)).read_all() for path in cache_files])
 
 
 def _passages_task(offset: int, length: int) -> pa.RecordBatch:
@@ -888,9 +905,10 @@ def _fork_context():
 
 
 @contextlib.contextmanager
-def _worker_pool(num_workers: int, state: dict | None = None):
+def _worker_pool(num_workers: int, state: dict | None = None, start: Callable[[dict], None] = _set_worker_state):
     """A pool of `num_workers` processes (forked where the platform allows), or None for no worker. `state` is
-    the worker state of the pool's processes and, meanwhile, of this one (which runs the tasks without a pool)."""
+    the worker state of the pool's processes (set by `start`) and, meanwhile, of this one (which runs the tasks
+    without a pool)."""
     previous = dict(_WORKER_STATE)
     if state is not None:
         _set_worker_state(state)
@@ -898,7 +916,7 @@ def _worker_pool(num_workers: int, state: dict | None = None):
     try:
         if num_workers >= 1:
             context = _fork_context() or multiprocessing.get_context()
-            initializer, initargs = (_set_worker_state, (state,)) if state is not None else (None, ())
+            initializer, initargs = (start, (state,)) if state is not None else (None, ())
             pool = context.Pool(num_workers, initializer=initializer, initargs=initargs)
         yield pool
         if pool is not None:
@@ -1119,11 +1137,12 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
     def load_tokenizer() -> None:  # a given tokenizer loads once the input is read, while the workers finish
         if tokenizer is not None:
             loaded["tokenizer"] = extend_tokenizer(tokenizer)
+            _piece_encoder(loaded["tokenizer"])  # cached: ready for the passaging processes to inherit
+            loaded["word_encoder"] = _stage_word_encoder()  # what the parsing processes made their words with
 
     # A given tokenizer's words are made while parsing (where the workers have time to spare, waiting for the
     # reader), so that after the vocabulary only the markers go in.
-    word_encoder = _word_encoder(tokenizer)
-    with _worker_pool(workers, {"word_encoder": word_encoder}) as pool:
+    with _worker_pool(workers, {"word_tokenizer": tokenizer}, start=_start_parse_worker) as pool:
         if len(dump_paths) == 1 or num_proc == 1:
             # One reader (this process: decompression and XML) hands chunks of pages to the parsing processes.
             cache_files = [str(cache_dir / "pages.arrow")]
@@ -1136,7 +1155,7 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
             # Several dump files (the split enwiki-...-articlesN files): each process reads and parses whole files.
             tasks = [(path, strict, str(cache_dir / f"pages-{k:05d}.arrow")) for k, path in enumerate(dump_paths)]
             cache_files = list(_ordered_map(pool, _parse_file, _then(tasks, load_tokenizer), len(tasks) + 1))
-    pages = datasets.concatenate_datasets([datasets.Dataset.from_file(f) for f in cache_files])
+    table = _read_page_cache(cache_files)
     stage_seconds = {"parse": time.perf_counter() - started}
 
     def stage_done(name: str) -> None:
@@ -1146,7 +1165,6 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
     articles: set[str] = set()
     redirects: dict[str, str] = {}
     malformed = 0
-    table = pages.data.table
     for batch in _iter_arrow_batches(table, ["title", "status", "redirect"]):
         for title, status, redirect in zip(batch["title"], batch["status"], batch["redirect"]):
             if status == "article":
@@ -1217,7 +1235,7 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
     encoder = _piece_encoder(tokenizer)  # made once, before the fork: the workers inherit it
     state = {
         # the words made while parsing are used when the loaded tokenizer makes the same words
-        "pretokenized": word_encoder is not None and word_encoder.pipeline == encoder.pipeline,
+        "pretokenized": loaded.get("word_encoder") is not None and loaded["word_encoder"].pipeline == encoder.pipeline,
         "tokenizer": tokenizer,
         "target_to_entity": target_to_entity,
         "entity_aliases": searched_aliases,
@@ -1247,7 +1265,7 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
     # 5. stats, split, save
     if counts.passages == 0:
         raise ValueError(
-            f"{', '.join(dump_paths)}: no passages ({len(pages)} pages, {len(articles)} articles); "
+            f"{', '.join(dump_paths)}: no passages ({len(table)} pages, {len(articles)} articles); "
             "is this a pages-articles dump?"
         )
     stats = counts.stats(len(vocab))
@@ -1259,7 +1277,7 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
     stats.update(
         {
             "dump_files": dump_paths,
-            "pages": len(pages),
+            "pages": len(table),
             "articles": len(articles),
             "redirects": len(redirects),
             "malformed_pages": malformed,
