@@ -733,7 +733,7 @@ def build_passages(
 # Pages go from the reader to the parsing processes in chunks of about this many characters of wikitext.
 _PARSE_CHUNK_CHARS = 256_000
 _PARSE_CHUNK_PAGES = 64
-_PASSAGE_TASK_CHARS = 96_000  # pages go to the passaging processes in ranges of about this much plain text
+_PASSAGE_TASK_CHARS = 256_000  # pages go to the passaging processes in ranges of about this much plain text
 _IN_FLIGHT_PER_PROCESS = 4  # chunks queued per process: enough to keep them busy, memory stays flat
 
 
@@ -825,6 +825,13 @@ def _page_chunks(path: str) -> Iterator[tuple[list[WikiPage], str]]:
         yield chunk, path
 
 
+def _parse_chunk_to_file(pages: list[WikiPage], path: str, strict: bool, out_path: str) -> str:
+    """`_parse_chunk` written to `out_path` (through a file, not the pool's pipe: see `_passages_task`)."""
+    with _arrow_file(out_path, _PAGE_SCHEMA) as writer:
+        writer.write_batch(_parse_chunk(pages, path, strict))
+    return out_path
+
+
 def _parse_file(path: str, strict: bool, cache_file: str) -> str:
     """Parses a whole dump file into an Arrow file (one task when several dump files are given)."""
     with _arrow_file(cache_file, _PAGE_SCHEMA) as writer:
@@ -874,8 +881,18 @@ def _read_page_cache(cache_files: Sequence[str]) -> pa.Table:
     return pa.concat_tables([pa.ipc.open_stream(pa.memory_map(path)).read_all() for path in cache_files])
 
 
-def _passages_task(offset: int, length: int) -> pa.RecordBatch:
-    """Passages of the articles among pages `offset..offset+length` of the page cache."""
+def _passages_task(offset: int, length: int, out_path: str) -> tuple[str, dict]:
+    """Writes the passages of the articles among pages `offset..offset+length` of the page cache to `out_path`;
+    returns it with their counts (`_PassageCounts.summary`). Passages go through a file, not the pool's pipe:
+    a worker sending a large result waits until this process's result thread reads it, which waits for the
+    GIL while this process reads the dump or writes the vocabulary."""
+    batch = _passage_batch(offset, length)
+    with _arrow_file(out_path, _PASSAGE_SCHEMA) as writer:
+        writer.write_batch(batch)
+    return out_path, _PassageCounts.summary(batch)
+
+
+def _passage_batch(offset: int, length: int) -> pa.RecordBatch:
     state = dict(_WORKER_STATE)
     table = _page_table(state.pop("page_files")).slice(offset, length)
     pages = table.drop_columns(_TOKEN_COLUMNS).to_pydict()
@@ -1148,8 +1165,9 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
             cache_files = [str(cache_dir / "pages.arrow")]
             chunks = (chunk for path in dump_paths for chunk in _page_chunks(path))
             with _arrow_file(cache_files[0], _PAGE_SCHEMA) as writer:
-                tasks = ((pages, path, strict) for pages, path in chunks)
-                for batch in _ordered_map(pool, _parse_chunk, _then(tasks, load_tokenizer), max_in_flight):
+                tasks = ((pages, path, strict, str(cache_dir / f"chunk-{k:06d}.arrow")) for k, (pages, path) in enumerate(chunks))
+                chunk_files = _ordered_map(pool, _parse_chunk_to_file, _then(tasks, load_tokenizer), max_in_flight)
+                for batch in _read_and_remove(chunk_files):
                     writer.write_batch(batch)
         else:
             # Several dump files (the split enwiki-...-articlesN files): each process reads and parses whole files.
@@ -1243,21 +1261,21 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
         "settings": settings,
         "heuristics": heuristic_labels,
     }
-    passages_file = str(work_dir / "passages.arrow")
+    passage_files = []  # in document order
     counts = _PassageCounts()
     state["page_files"] = cache_files
-    page_ranges = _page_ranges(table, _PASSAGE_TASK_CHARS)
+    passage_dir = work_dir / "passages"
+    passage_dir.mkdir()
+    tasks = [(*pages, str(passage_dir / f"{k:06d}.arrow")) for k, pages in enumerate(_page_ranges(table, _PASSAGE_TASK_CHARS))]
 
     with (
-        _arrow_file(passages_file, _PASSAGE_SCHEMA) as writer,
         _worker_pool(workers, state) as pool,
         ThreadPoolExecutor(1) as background,  # started after the fork: a forked child gets no thread's locks
     ):
         vocabulary_written = background.submit(_write_vocabulary_files, out_dir, vocab, anchors_by_entity, tokenizer)
-        for batch in _ordered_map(pool, _passages_task, page_ranges, max_in_flight):
-            if batch.num_rows:
-                writer.write_batch(batch)
-                counts.add(batch)
+        for passage_file, summary in _ordered_map(pool, _passages_task, tasks, max_in_flight):
+            passage_files.append(passage_file)
+            counts.add(summary)
         num_aliases = vocabulary_written.result()
     _PAGE_TABLES.clear()  # this process's view of the page cache (when it made passages itself)
     stage_done("passages")
@@ -1269,7 +1287,7 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
             "is this a pages-articles dump?"
         )
     stats = counts.stats(len(vocab))
-    splits = _split(passages_file, counts.passages, validation_fraction, seed, work_dir)
+    splits = _split(passage_files, counts.passages, validation_fraction, seed, work_dir)
     # an empty split is saved as one empty shard (with no shard, `datasets` cannot load it back)
     num_shards = {name: 1 if len(split) == 0 else None for name, split in splits.items()}
     splits.save_to_disk(str(out_dir / "passages"), num_proc=None, num_shards=num_shards)
@@ -1311,13 +1329,22 @@ class _PassageCounts:
         self.passages = self.link_mentions = self.heuristic_mentions = self.labeled = 0
         self.seen: set[int] = set()
 
-    def add(self, batch: pa.RecordBatch) -> None:
-        self.passages += batch.num_rows
-        self.link_mentions += int(pc.sum(batch.column("num_link_mentions")).as_py() or 0)
-        self.heuristic_mentions += int(pc.sum(batch.column("num_heuristic_mentions")).as_py() or 0)
-        self.labeled += int(pc.sum(batch.column("num_labeled_mentions")).as_py() or 0)
-        labels = pc.unique(batch.column("entity_labels").flatten())
-        self.seen.update(pc.filter(labels, pc.greater_equal(labels, 0)).to_pylist())
+    @staticmethod
+    def summary(batch: pa.RecordBatch) -> dict:
+        """A batch's counts (made where the batch is made: only this small summary travels)."""
+        labels = pc.unique(batch.column("entity_labels").flatten()).to_numpy()
+        return {
+            "passages": batch.num_rows,
+            **{name: int(pc.sum(batch.column(name)).as_py() or 0) for name in _STATS_COLUMNS},
+            "seen": labels[labels >= 0],
+        }
+
+    def add(self, summary: dict) -> None:
+        self.passages += summary["passages"]
+        self.link_mentions += summary["num_link_mentions"]
+        self.heuristic_mentions += summary["num_heuristic_mentions"]
+        self.labeled += summary["num_labeled_mentions"]
+        self.seen.update(summary["seen"].tolist())
 
     def stats(self, vocab_size: int) -> dict:
         passages = max(1, self.passages)
@@ -1333,10 +1360,10 @@ class _PassageCounts:
         }
 
 
-def _split(passages_file: str, num_passages: int, validation_fraction: float, seed: int, work_dir: Path) -> datasets.DatasetDict:
+def _split(passage_files: list[str], num_passages: int, validation_fraction: float, seed: int, work_dir: Path) -> datasets.DatasetDict:
     """`validation_fraction` of the passages (at least one when positive), drawn with `seed`. The passages are
-    read and the two splits written batch by batch (not memory-mapped: memory stays flat), in the passages'
-    order (training shuffles anyway), without the stats columns."""
+    read (each file removed once read) and the two splits written batch by batch (memory stays flat), in the
+    passages' order (training shuffles anyway), without the stats columns."""
     num_validation = round(num_passages * validation_fraction)
     if validation_fraction > 0 and num_validation == 0 and num_passages >= 2:
         num_validation = 1
@@ -1345,12 +1372,11 @@ def _split(passages_file: str, num_passages: int, validation_fraction: float, se
         in_validation[np.random.default_rng(seed).choice(num_passages, size=num_validation, replace=False)] = True
     files = {name: str(work_dir / f"{name}.arrow") for name in ("train", "validation")}
     with (
-        pa.OSFile(passages_file) as source,
         _arrow_file(files["train"], _SAVED_SCHEMA) as train,
         _arrow_file(files["validation"], _SAVED_SCHEMA) as validation,
     ):
         offset = 0
-        for batch in pa.ipc.open_stream(source):
+        for batch in _read_and_remove(passage_files):
             columns = [batch.column(name) for name in _SAVED_SCHEMA.names]
             batch = pa.RecordBatch.from_arrays(columns, schema=_SAVED_SCHEMA)
             chosen = in_validation[offset : offset + batch.num_rows]
@@ -1361,6 +1387,14 @@ def _split(passages_file: str, num_passages: int, validation_fraction: float, se
             train.write_batch(batch.filter(pa.array(~chosen)))
             validation.write_batch(batch.filter(pa.array(chosen)))
     return datasets.DatasetDict({name: datasets.Dataset.from_file(path) for name, path in files.items()})
+
+
+def _read_and_remove(paths: Iterable[str]) -> Iterator[pa.RecordBatch]:
+    """The record batches of Arrow stream files, in order; each file is removed once read."""
+    for path in paths:
+        with pa.OSFile(path) as source:
+            yield from pa.ipc.open_stream(source)
+        os.remove(path)
 
 
 def format_stats(stats: dict) -> str:
