@@ -3,15 +3,17 @@
 The build streams (paper, Appendix A; format in docs/design.md and docs/corpus.md):
 
 1. parse: this process reads the dump (the only pass over the XML) and hands chunks of pages to `num_proc`
-   forked workers; plain text + links go, in dump order, to an Arrow cache file as pyarrow record batches;
+   forked workers; plain text + links (and, when a tokenizer is given, the text's tokens: `encode_words`) go,
+   in dump order, to an Arrow cache file as pyarrow record batches;
 2. count: redirects, inbound link counts, the top-N entity vocabulary and the alias table, read back from the
    cache column by column (memory grows with the number of titles and aliases, not with the text);
 3. label and window: batches of articles go to a second pool of the same kind, which adds heuristic mentions,
-   tokenises with `<E_s>`/`<E_e>` around every mention (`_PieceEncoder`: byte-level BPE with a word cache) and
-   cuts 128-token passages with a 10-token overlap, written to a second Arrow file;
+   puts `<E_s>`/`<E_e>` around every mention (`insert_mention_markers` into the tokens made while parsing, or
+   `_PieceEncoder`: byte-level BPE with a word cache) and cuts 128-token passages with a 10-token overlap;
 4. split off 0.5% validation passages and save (`datasets.DatasetDict.save_to_disk`).
 
-At most a few chunks per process are in flight at any time, so memory stays flat as the dump grows.
+At most a few chunks per process are in flight at any time, so memory stays flat as the dump grows. Workers
+hand their results over in files, not through the pool's pipe.
 """
 
 from __future__ import annotations
