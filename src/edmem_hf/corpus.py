@@ -602,7 +602,6 @@ def insert_mention_markers(
     if len(token_starts):
         aligned |= (at < len(token_starts)) & (token_starts[np.minimum(at, len(token_starts) - 1)] == cuts_array)
     ends_in_spaces = [2 <= cut < text_end and text[cut - 1].isspace() and text[cut - 2].isspace() for cut in cuts]
-    labels: list[int]
     if aligned.all() and not any(ends_in_spaces):  # one vectorised insertion
         marked = np.insert(ids, at, np.tile(np.array([start_id, end_id], dtype=ids.dtype), len(mentions))).tolist()
         positions = (at + np.arange(len(at))).tolist()  # of the markers in `marked`
@@ -765,8 +764,9 @@ _TOKEN_COLUMNS = ["token_ids", "token_starts"]
 
 
 def _parse_chunk(pages: list[WikiPage], path: str, strict: bool) -> pa.RecordBatch:
-    """Parsed pages (PAGE_FEATURES), in the order given; articles also tokenised when the worker state holds a
-    `word_encoder` (the text's words do not depend on the entity vocabulary: only the markers do)."""
+    """Parsed pages (PAGE_FEATURES), in the order given; articles also tokenised when the worker state has a
+    `word_tokenizer` (`_word_encoder`: the text's words do not depend on the entity vocabulary, only the markers
+    do)."""
     columns: dict[str, list] = {name: [] for name in PAGE_FEATURES if name not in _TOKEN_COLUMNS}
     encoder = _stage_word_encoder()
     tokens: list[tuple[list[int], np.ndarray] | None] = []
