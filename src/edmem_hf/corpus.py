@@ -138,10 +138,7 @@ def build_entity_vocab(
 
 def _save_alias_counts(counts: dict[str, dict[str, int]], path: str | os.PathLike) -> None:
     """`aliases.json`: aliases in order, each one's entities the most linked first (ties by name)."""
-    data = {
-        alias: entities if len(entities) < 2 else dict(_most_linked_first(entities))
-        for alias, entities in sorted(counts.items())
-    }
+    data = {alias: dict(_most_linked_first(entities)) for alias, entities in sorted(counts.items())}
     with open(path, "w", encoding="utf-8") as f:
         f.write(json.dumps(data, ensure_ascii=False))  # json.dump would use the slow pure-Python encoder
 
@@ -996,10 +993,7 @@ def _write_vocabulary_files(out_dir: Path, vocab: EntityVocab, anchors: dict[int
                             tokenizer: PreTrainedTokenizerBase) -> int:  # fmt: skip
     """Saves `entity_vocab.json` (each entity's anchors, most frequent first, ties by text), `aliases.json` (the
     same counts by anchor) and the tokenizer; returns the number of aliases."""
-    ranked = []
-    for entity_id in range(len(vocab)):
-        entity_anchors = anchors.get(entity_id) or {}
-        ranked.append(list(entity_anchors) if len(entity_anchors) < 2 else [a for a, _ in _most_linked_first(entity_anchors)])
+    ranked = [[anchor for anchor, _ in _most_linked_first(anchors.get(i) or {})] for i in range(len(vocab))]
     EntityVocab(vocab.names, ranked, vocab.counts).save(out_dir)
     by_alias: dict[str, dict[str, int]] = {}  # the alias table, as plain dicts: anchor -> entity -> links
     for entity_id, entity_anchors in anchors.items():
