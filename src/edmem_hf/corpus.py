@@ -1081,7 +1081,10 @@ def _word_encoder(tokenizer: str | os.PathLike | PreTrainedTokenizerBase | None)
         path = Path(tokenizer) / "tokenizer.json"
         if not path.is_file():
             return None
-        backend = Tokenizer.from_file(str(path))
+        try:
+            backend = Tokenizer.from_file(str(path))
+        except Exception:  # never raised in a pool initializer (the pool would restart the worker for ever):
+            return None  # `extend_tokenizer` reports the broken file when it loads the tokenizer
     encoder = _PieceEncoder(backend, extra_added=(ENTITY_START_TOKEN, ENTITY_END_TOKEN, MASK_TOKEN))
     return encoder if encoder.words is not None else None
 

@@ -97,7 +97,10 @@ def extend_tokenizer(path_or_tokenizer: str | os.PathLike | PreTrainedTokenizerB
         path = os.fspath(path_or_tokenizer)
         if not os.path.isdir(path):
             raise FileNotFoundError(f"tokenizer directory {path!r} does not exist (only local directories are read)")
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        except Exception as err:
+            raise ValueError(f"tokenizer directory {path!r} could not be loaded: {err}") from err
     vocab = tokenizer.get_vocab()
     if tokenizer.mask_token is None:
         tokenizer.add_special_tokens({"mask_token": _marker(MASK_TOKEN)})
