@@ -343,9 +343,8 @@ def test_word_split_by_lines_matches_the_byte_level_pattern(toy_tokenizer):
 
 
 def test_build_corpus_broken_tokenizer_is_a_clear_error(toy_tokenizer, toy_dump, tmp_path, capfd):
-    """A tokenizer.json that does not load stops the build with an error naming the directory. The parsing
-    workers, which read it as they start, leave the error to the full load: raised in a pool's initializer, it
-    would kill each worker as it starts and the pool would start another, for ever, on a dump big enough."""
+    """A tokenizer.json that does not load stops the build with an error naming the directory, before the dump
+    is read and before any worker starts (the tokenizer is loaded first; the parsing workers inherit it)."""
     import shutil
 
     broken = tmp_path / "broken-tokenizer"
@@ -354,3 +353,4 @@ def test_build_corpus_broken_tokenizer_is_a_clear_error(toy_tokenizer, toy_dump,
     with pytest.raises(ValueError, match="broken-tokenizer"):
         build_corpus(toy_dump, tmp_path / "out", num_entities=10, tokenizer=broken, num_proc=2)
     assert "Traceback" not in capfd.readouterr().err  # no worker died
+    assert not (tmp_path / "out" / "passages").exists()

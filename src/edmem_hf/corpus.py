@@ -50,7 +50,7 @@ from transformers import HfArgumentParser, PreTrainedTokenizerBase
 from .configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN
 from .dump import MalformedPageError, WikiPage, iter_pages, parse_page
 from .entity_vocab import EntityVocab
-from .tokenization import DEFAULT_VOCAB_SIZE, MASK_TOKEN, extend_tokenizer, train_tokenizer
+from .tokenization import DEFAULT_VOCAB_SIZE, extend_tokenizer, train_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -349,7 +349,6 @@ class _PieceEncoder:
         self,
         tokenizer: PreTrainedTokenizerBase | Tokenizer,
         max_cache_words: int = 300_000,
-        extra_added: Sequence[str] = (),
     ):
         self.backend = tokenizer if isinstance(tokenizer, Tokenizer) else tokenizer.backend_tokenizer
         self.max_cache_words = max_cache_words
@@ -357,7 +356,6 @@ class _PieceEncoder:
         self.mention_ids: dict[str, list[int]] = {}
         self.words = None
         self.added = None
-        self.pipeline = None
         try:
             import regex
         except ImportError:  # a dependency of transformers; without it, every piece goes to encode_batch
@@ -365,8 +363,6 @@ class _PieceEncoder:
         state = json.loads(self.backend.to_str())
         pre = state.get("pre_tokenizer") or {}
         model = state.get("model") or {}
-        # what the words' ids depend on (not the added tokens): encoders with equal pipelines give equal words
-        self.pipeline = (state.get("normalizer"), pre, model)
         if (
             state.get("normalizer") is not None
             or pre.get("type") != "ByteLevel"
@@ -378,8 +374,7 @@ class _PieceEncoder:
             return
         self.words = regex.compile(_BYTE_LEVEL_WORDS)
         self.ascii_words = re.compile(_ASCII_BYTE_LEVEL_WORDS)
-        contents = {token["content"] for token in state.get("added_tokens", []) if token["content"]}
-        contents = sorted(contents | {token for token in extra_added if token})
+        contents = sorted({token["content"] for token in state.get("added_tokens", []) if token["content"]})
         self.added = re.compile("|".join(map(re.escape, contents))) if contents else None
 
     def _bound_caches(self) -> None:
@@ -762,10 +757,10 @@ _TOKEN_COLUMNS = ["token_ids", "token_starts"]
 
 def _parse_chunk(pages: list[WikiPage], path: str, strict: bool) -> pa.RecordBatch:
     """Parsed pages (PAGE_FEATURES), in the order given; articles also tokenised when the worker state has a
-    `word_tokenizer` (`_word_encoder`: the text's words do not depend on the entity vocabulary, only the markers
+    `word_encoder` (`_word_encoder`: the text's words do not depend on the entity vocabulary, only the markers
     do)."""
     columns: dict[str, list] = {name: [] for name in PAGE_FEATURES if name not in _TOKEN_COLUMNS}
-    encoder = _stage_word_encoder()
+    encoder = _WORKER_STATE.get("word_encoder")
     tokens: list[tuple[list[int], np.ndarray] | None] = []
     for page in pages:
         row = _parsed_row(page, path, strict)
@@ -775,19 +770,6 @@ def _parse_chunk(pages: list[WikiPage], path: str, strict: bool) -> pa.RecordBat
     ids = _int32_list_array([None if t is None else np.array(t[0], dtype=np.int32) for t in tokens])
     starts = _int32_list_array([None if t is None else t[1] for t in tokens])
     return pa.RecordBatch.from_pydict({**columns, "token_ids": ids, "token_starts": starts}, schema=_PAGE_SCHEMA)
-
-
-def _stage_word_encoder() -> _PieceEncoder | None:
-    """The word encoder of the worker state's `word_tokenizer` (`_word_encoder`), made on first use."""
-    if "word_encoder" not in _WORKER_STATE:
-        _WORKER_STATE["word_encoder"] = _word_encoder(_WORKER_STATE.get("word_tokenizer"))
-    return _WORKER_STATE["word_encoder"]
-
-
-def _start_parse_worker(state: dict) -> None:
-    """Parsing processes load their word encoder as they start, while this process reads the first pages."""
-    _set_worker_state(state)
-    _stage_word_encoder()
 
 
 def _int32_list_array(rows: list[np.ndarray | None]) -> pa.Array:
@@ -944,12 +926,6 @@ def _worker_pool(num_workers: int, state: dict | None = None, start: Callable[[d
         _set_worker_state(previous)
 
 
-def _then(items: Iterable, action: Callable[[], None]) -> Iterator:
-    """`items`, then `action()` once they are exhausted."""
-    yield from items
-    action()
-
-
 def _ordered_map(pool, func, tasks, max_in_flight: int) -> Iterator:
     """`func(*task)` for each task, results in task order: run by the pool's processes, or here without a pool.
 
@@ -1066,26 +1042,13 @@ def _quiet_gc():
             gc.unfreeze()
 
 
-def _word_encoder(tokenizer: str | os.PathLike | PreTrainedTokenizerBase | None) -> _PieceEncoder | None:
-    """The encoder of a given tokenizer's words, for the parsing processes, or None: no tokenizer given (one is
-    trained on the parsed text), no `tokenizer.json`, not a byte-level BPE, or workers that would not inherit
-    it (spawned, not forked). Reads only `tokenizer.json` (a fraction of a full load); `<E_s>`, `<E_e>` and
-    `<mask>` count as added tokens even when the file lacks them, as `extend_tokenizer` adds them."""
-    if tokenizer is None or _fork_context() is None:
+def _word_encoder(tokenizer: PreTrainedTokenizerBase | None) -> _PieceEncoder | None:
+    """The encoder that tokenises the articles' words while they are parsed, or None: no tokenizer given (one is
+    trained on the parsed text), not a byte-level BPE, or parsing processes that would not inherit it (spawned,
+    not forked)."""
+    if tokenizer is None or not tokenizer.is_fast or _fork_context() is None:
         return None
-    if isinstance(tokenizer, PreTrainedTokenizerBase):
-        if not tokenizer.is_fast:
-            return None
-        backend = tokenizer.backend_tokenizer
-    else:
-        path = Path(tokenizer) / "tokenizer.json"
-        if not path.is_file():
-            return None
-        try:
-            backend = Tokenizer.from_file(str(path))
-        except Exception:  # never raised in a pool initializer (the pool would restart the worker for ever):
-            return None  # `extend_tokenizer` reports the broken file when it loads the tokenizer
-    encoder = _PieceEncoder(backend, extra_added=(ENTITY_START_TOKEN, ENTITY_END_TOKEN, MASK_TOKEN))
+    encoder = _piece_encoder(tokenizer)
     return encoder if encoder.words is not None else None
 
 
@@ -1148,30 +1111,25 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
     cache_dir.mkdir()
     workers = num_proc if num_proc > 1 else 0  # this process reads and collects; with one process, does it all
     max_in_flight = _IN_FLIGHT_PER_PROCESS * num_proc
-    loaded = {}
-
-    def load_tokenizer() -> None:  # a given tokenizer loads once the input is read, while the workers finish
-        if tokenizer is not None:
-            loaded["tokenizer"] = extend_tokenizer(tokenizer)
-            _piece_encoder(loaded["tokenizer"])  # cached: ready for the passaging processes to inherit
-            loaded["word_encoder"] = _stage_word_encoder()  # what the parsing processes made their words with
-
-    # A given tokenizer's words are made while parsing (where the workers have time to spare, waiting for the
-    # reader), so that after the vocabulary only the markers go in.
-    with _worker_pool(workers, {"word_tokenizer": tokenizer}, start=_start_parse_worker) as pool:
+    # A given tokenizer is loaded first (a broken one stops the build before the dump is read), and its words are
+    # made while parsing, by the forked parsing processes that inherit it (they have time to spare, waiting for
+    # the reader), so that after the vocabulary only the markers go in.
+    if tokenizer is not None:
+        tokenizer = extend_tokenizer(tokenizer)
+    word_encoder = _word_encoder(tokenizer)
+    with _worker_pool(workers, {"word_encoder": word_encoder}) as pool:
         if len(dump_paths) == 1 or num_proc == 1:
             # One reader (this process: decompression and XML) hands chunks of pages to the parsing processes.
             cache_files = [str(cache_dir / "pages.arrow")]
             chunks = (chunk for path in dump_paths for chunk in _page_chunks(path))
             with _arrow_file(cache_files[0], _PAGE_SCHEMA) as writer:
                 tasks = ((pages, path, strict, str(cache_dir / f"chunk-{k:06d}.arrow")) for k, (pages, path) in enumerate(chunks))
-                chunk_files = _ordered_map(pool, _parse_chunk_to_file, _then(tasks, load_tokenizer), max_in_flight)
-                for batch in _read_and_remove(chunk_files):
+                for batch in _read_and_remove(_ordered_map(pool, _parse_chunk_to_file, tasks, max_in_flight)):
                     writer.write_batch(batch)
         else:
             # Several dump files (the split enwiki-...-articlesN files): each process reads and parses whole files.
             tasks = [(path, strict, str(cache_dir / f"pages-{k:05d}.arrow")) for k, path in enumerate(dump_paths)]
-            cache_files = list(_ordered_map(pool, _parse_file, _then(tasks, load_tokenizer), len(tasks) + 1))
+            cache_files = list(_ordered_map(pool, _parse_file, tasks, len(tasks) + 1))
     table = _read_page_cache(cache_files)
     stage_seconds = {"parse": time.perf_counter() - started}
 
@@ -1243,16 +1201,13 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
                 yield from (t for t in batch["text"] if t)
 
         tokenizer = train_tokenizer(texts(), vocab_size=vocab_size)
-    else:
-        tokenizer = loaded["tokenizer"]
     stage_done("tokenizer")
 
     # 4. mentions and passages: batches of articles to the worker processes, passages back in order. Meanwhile
     # a thread of this process (which only collects results) writes the vocabulary, alias table and tokenizer.
-    encoder = _piece_encoder(tokenizer)  # made once, before the fork: the workers inherit it
+    _piece_encoder(tokenizer)  # made once, before the fork: the workers inherit it
     state = {
-        # the words made while parsing are used when the loaded tokenizer makes the same words
-        "pretokenized": loaded.get("word_encoder") is not None and loaded["word_encoder"].pipeline == encoder.pipeline,
+        "pretokenized": word_encoder is not None,  # the words were made while parsing
         "tokenizer": tokenizer,
         "target_to_entity": target_to_entity,
         "entity_aliases": searched_aliases,
