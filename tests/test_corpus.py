@@ -317,12 +317,44 @@ def test_markers_inserted_into_whole_text_tokens_match_piece_by_piece(wikipedia_
     expected = _tokenize_pieces(documents, tokenizer, start_id, end_id)
     for (text, mentions), reference in zip(documents, expected):
         ids, starts = encoder.encode_words(text)
-        assert ids == tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids
-        got = insert_mention_markers(text, np.array(ids, dtype=np.int32), starts, mentions, start_id, end_id, encoder.piece_ids)
+        assert ids.tolist() == tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids
+        got = insert_mention_markers(text, ids, starts, mentions, start_id, end_id, encoder.piece_ids)
         assert got == reference, (text, mentions)
     assert encoder.encode_words("a <mask> b") is None  # an added token's text: tokenised with the mentions instead
     overlapping = [Mention(0, 3, 1), Mention(2, 4, 1)]
     assert insert_mention_markers("abcdef", np.array([1], dtype=np.int32), np.array([0]), overlapping, 5, 6, encoder.piece_ids) is None
+
+
+def test_whole_text_ids_gathered_from_the_word_table_as_it_grows_and_is_cleared(toy_tokenizer):
+    """`encode_words` gathers ids from flat per-word arrays that grow as new words come (past their first
+    capacities here) and are emptied when the cache bound is reached: the ids and word starts stay exact."""
+    import random
+    from itertools import accumulate
+
+    import regex
+    from transformers import AutoTokenizer
+
+    from edmem_hf.corpus import _BYTE_LEVEL_WORDS, _PieceEncoder
+
+    tokenizer = AutoTokenizer.from_pretrained(toy_tokenizer, local_files_only=True)
+    pattern = regex.compile(_BYTE_LEVEL_WORDS)
+    rng = random.Random(1)
+    letters = "abcdefghijklmnopqrstuvwxyzé東"
+    for bound in (100_000, 3_000):
+        encoder = _PieceEncoder(tokenizer, max_cache_words=bound)
+        for _ in range(12):
+            words = ["".join(rng.choice(letters) for _ in range(rng.randint(1, 12))) for _ in range(2_500)]
+            text = " ".join(words) + rng.choice(["", " ", ".\n", "  "])
+            ids, starts = encoder.encode_words(text)
+            encoding = tokenizer.backend_tokenizer.encode(text, add_special_tokens=False)
+            assert ids.tolist() == encoding.ids
+            text_words = pattern.findall(text)
+            word_starts = list(accumulate(map(len, text_words), initial=0))
+            assert starts.tolist() == [word_starts[w] for w in encoding.word_ids]
+        assert len(encoder.table) <= bound + 2_600
+    assert len(encoder.table.flat) > 1 << 16 or len(encoder.table.offsets) > 1 << 14 or bound == 3_000
+    empty_ids, empty_starts = encoder.encode_words("")
+    assert len(empty_ids) == 0 and len(empty_starts) == 0
 
 
 def test_word_split_by_lines_matches_the_byte_level_pattern(toy_tokenizer):

@@ -35,7 +35,7 @@ from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from itertools import accumulate, chain
+from itertools import chain
 from pathlib import Path
 from typing import NamedTuple
 
@@ -334,6 +334,39 @@ class _WordIds(dict):
         return ids
 
 
+class _WordTable(dict):
+    """Pre-tokenised word -> its row in flat arrays (its token ids, their count, its length in characters), so that
+    a text's ids are gathered with numpy instead of joined as Python lists. A missed word's ids come from `ids`
+    (a `_WordIds`)."""
+
+    def __init__(self, ids: _WordIds):
+        super().__init__()
+        self.ids = ids
+        self.clear()
+
+    def clear(self) -> None:
+        super().clear()
+        self.flat = np.zeros(1 << 16, dtype=np.int32)  # every row's token ids, one after another
+        self.size = 0  # of `flat` in use
+        self.offsets = np.zeros(1 << 14, dtype=np.int64)  # per row: where its ids start in `flat`
+        self.lengths = np.zeros(1 << 14, dtype=np.int64)  # per row: how many ids
+        self.chars = np.zeros(1 << 14, dtype=np.int64)  # per row: the word's length in characters
+
+    def __missing__(self, word: str) -> int:
+        ids = self.ids[word]
+        row = len(self)
+        if row == len(self.offsets):
+            self.offsets, self.lengths, self.chars = (np.resize(a, 2 * len(a)) for a in (self.offsets, self.lengths, self.chars))
+        end = self.size + len(ids)
+        if end > len(self.flat):
+            self.flat = np.resize(self.flat, max(2 * len(self.flat), end))
+        self.flat[self.size : end] = ids
+        self.offsets[row], self.lengths[row], self.chars[row] = self.size, len(ids), len(word)
+        self.size = end
+        self[word] = row
+        return row
+
+
 class _PieceEncoder:
     """Token ids of text pieces, the same as `backend_tokenizer.encode_batch(pieces, add_special_tokens=False)`
     but several times faster for byte-level BPE tokenizers.
@@ -353,6 +386,7 @@ class _PieceEncoder:
         self.backend = tokenizer if isinstance(tokenizer, Tokenizer) else tokenizer.backend_tokenizer
         self.max_cache_words = max_cache_words
         self.cache = _WordIds(self.backend.model)
+        self.table = _WordTable(self.cache)
         self.mention_ids: dict[str, list[int]] = {}
         self.words = None
         self.added = None
@@ -379,7 +413,7 @@ class _PieceEncoder:
 
     def _bound_caches(self) -> None:
         """Bounded (a few hundred bytes an entry): memory stays flat on a whole dump."""
-        for cache in (self.cache, self.mention_ids):
+        for cache in (self.cache, self.table, self.mention_ids):
             if len(cache) > self.max_cache_words:
                 cache.clear()
 
@@ -456,8 +490,8 @@ class _PieceEncoder:
             results.append((ids, labels, spans))
         return results
 
-    def encode_words(self, text: str) -> tuple[list[int], np.ndarray] | None:
-        """Token ids of a whole text and, for each token, the character offset where its word starts (int32);
+    def encode_words(self, text: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """Token ids of a whole text and, for each token, the character offset where its word starts (both int32);
         None where the fast path does not apply (the text holds an added token's text, or the tokenizer is not
         a byte-level BPE). `insert_mention_markers` later marks mentions at word starts, without tokenising
         again."""
@@ -465,10 +499,14 @@ class _PieceEncoder:
             return None
         self._bound_caches()
         words = self._split_words(text)
-        word_ids = list(map(self.cache.__getitem__, words))
-        starts = np.fromiter(accumulate(map(len, words), initial=0), dtype=np.int32, count=len(words) + 1)
-        counts = np.fromiter(map(len, word_ids), dtype=np.int32, count=len(words))
-        return list(chain.from_iterable(word_ids)), np.repeat(starts[:-1], counts)
+        table = self.table
+        rows = np.fromiter(map(table.__getitem__, words), dtype=np.int64, count=len(words))
+        lengths = table.lengths[rows]
+        ends = np.cumsum(lengths)
+        # token k of word w is flat[offsets[w] + k]: one arange, shifted per word
+        gather = np.arange(int(ends[-1]) if len(ends) else 0) + np.repeat(table.offsets[rows] - ends + lengths, lengths)
+        word_starts = np.cumsum(table.chars[rows]) - table.chars[rows]
+        return table.flat[gather], np.repeat(word_starts, lengths).astype(np.int32)
 
     def piece_ids(self, piece: str) -> list[int]:
         """Token ids of a piece of a text `encode_words` took (so: no added token's text in it)."""
@@ -761,13 +799,13 @@ def _parse_chunk(pages: list[WikiPage], path: str, strict: bool) -> pa.RecordBat
     do)."""
     columns: dict[str, list] = {name: [] for name in PAGE_FEATURES if name not in _TOKEN_COLUMNS}
     encoder = _WORKER_STATE.get("word_encoder")
-    tokens: list[tuple[list[int], np.ndarray] | None] = []
+    tokens: list[tuple[np.ndarray, np.ndarray] | None] = []
     for page in pages:
         row = _parsed_row(page, path, strict)
         for name, values in columns.items():
             values.append(row[name])
         tokens.append(encoder.encode_words(row["text"]) if encoder is not None and row["status"] == "article" else None)
-    ids = _int32_list_array([None if t is None else np.array(t[0], dtype=np.int32) for t in tokens])
+    ids = _int32_list_array([None if t is None else t[0] for t in tokens])
     starts = _int32_list_array([None if t is None else t[1] for t in tokens])
     return pa.RecordBatch.from_pydict({**columns, "token_ids": ids, "token_starts": starts}, schema=_PAGE_SCHEMA)
 
