@@ -109,6 +109,66 @@ def test_mention_cut_by_boundary_is_unmarked():
             assert label == -100 or token == E_S
 
 
+def _reference_windows(ids, labels, spans, settings, bos, eos):
+    """Windowing written out token list by token list (the specification `window_passages` is held to)."""
+    content = settings.passage_length - 2
+    stride = content - settings.passage_overlap
+    n = len(ids)
+    ranges_per_window = []
+    start = 0
+    while n:
+        end = start + content
+        if end >= n:
+            ranges_per_window.append([(start, n)] + ([(0, end - n)] if end > n and n > content else []))
+            break
+        ranges_per_window.append([(start, end)])
+        start += stride
+    passages = []
+    for index, ranges in enumerate(ranges_per_window):
+        out_ids, out_labels, counts = [bos], [-100], [0, 0, 0]
+        for low, high in ranges:
+            drop = set()
+            for e_s, e_e, heuristic in spans:
+                inside = [p for p in (e_s, e_e) if low <= p < high]
+                if len(inside) == 2:
+                    counts[1 if heuristic else 0] += 1
+                    counts[2] += labels[e_s] != -100
+                else:
+                    drop.update(inside)
+            kept = [p for p in range(low, high) if p not in drop]
+            out_ids += [ids[p] for p in kept]
+            out_labels += [labels[p] for p in kept]
+        passages.append({"input_ids": out_ids + [eos], "entity_labels": out_labels + [-100], "passage_index": index,
+                         "num_link_mentions": counts[0], "num_heuristic_mentions": counts[1],
+                         "num_labeled_mentions": counts[2]})  # fmt: skip
+    return passages
+
+
+def test_windows_match_the_token_by_token_reference():
+    """`window_passages` (all windows of a document at once, as arrays) against the reference, on random
+    documents: lengths around the window size, mentions cut by boundaries and by the top-up, short mentions."""
+    import random
+
+    rng = random.Random(3)
+    for trial in range(1500):
+        settings = PassageSettings(passage_length=rng.randint(8, 20), passage_overlap=0)
+        settings = PassageSettings(settings.passage_length, rng.randint(0, settings.passage_length - 3))
+        n = rng.choice([0, 1, rng.randint(2, 60), settings.passage_length - 2, settings.passage_length - 1])
+        ids, labels, spans = [100 + i for i in range(n)], [-100] * n, []
+        position = 0
+        while n and position < n - 1:  # mentions as marker pairs in order, not overlapping
+            e_s = rng.randint(position, n - 1)
+            e_e = rng.randint(e_s + 1, min(n - 1, e_s + rng.randint(1, 6))) if e_s < n - 1 else None
+            if e_e is None:
+                break
+            ids[e_s], ids[e_e] = E_S, E_E
+            labels[e_s] = rng.choice([-100, 7, 8])
+            spans.append((e_s, e_e, rng.random() < 0.5))
+            position = e_e + 1
+        got = window_passages(ids, labels, spans, settings, BOS, EOS)
+        assert got == _reference_windows(ids, labels, spans, settings, BOS, EOS), (trial, n, spans, settings)
+
+
 @pytest.fixture(scope="module")
 def toy_dump(tmp_path_factory):
     return write_mediawiki_dump(generate_toy_world(60, seed=0), tmp_path_factory.mktemp("toy") / "toy.xml.bz2")
@@ -318,8 +378,8 @@ def test_markers_inserted_into_whole_text_tokens_match_piece_by_piece(wikipedia_
     for (text, mentions), reference in zip(documents, expected):
         ids, starts = encoder.encode_words(text)
         assert ids.tolist() == tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids
-        got = insert_mention_markers(text, ids, starts, mentions, start_id, end_id, encoder.piece_ids)
-        assert got == reference, (text, mentions)
+        got_ids, got_labels, got_spans = insert_mention_markers(text, ids, starts, mentions, start_id, end_id, encoder.piece_ids)
+        assert (got_ids.tolist(), got_labels.tolist(), [tuple(span) for span in got_spans.tolist()]) == reference, (text, mentions)
     assert encoder.encode_words("a <mask> b") is None  # an added token's text: tokenised with the mentions instead
     overlapping = [Mention(0, 3, 1), Mention(2, 4, 1)]
     assert insert_mention_markers("abcdef", np.array([1], dtype=np.int32), np.array([0]), overlapping, 5, 6, encoder.piece_ids) is None

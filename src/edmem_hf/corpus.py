@@ -30,7 +30,6 @@ import sys
 import tempfile
 import time
 import weakref
-from bisect import bisect_left
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -602,8 +601,8 @@ def insert_mention_markers(
     start_id: int,
     end_id: int,
     encode_piece: Callable[[str], list[int]],
-) -> tuple[list[int], list[int], list[tuple[int, int, bool]]] | None:
-    """`tokenize_with_mentions` from the whole text's tokens (`_PieceEncoder.encode_words`: ids and the
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """`tokenize_with_mentions` as arrays (`_document_arrays`), from the whole text's tokens (`_PieceEncoder.encode_words`: ids and the
     character offset of each token's word), tokenising again only where the result would differ; None for
     overlapping or unsorted mentions.
 
@@ -624,7 +623,7 @@ def insert_mention_markers(
         cuts.append(end)
         position = end
     if not cuts:
-        return ids.tolist(), [IGNORE_INDEX] * len(ids), []
+        return _document_arrays(ids, None, ())
     text_end = len(text)
     cuts_array = np.array(cuts, dtype=np.int64)
     at = np.searchsorted(token_starts, cuts_array)
@@ -633,8 +632,8 @@ def insert_mention_markers(
         aligned |= (at < len(token_starts)) & (token_starts[np.minimum(at, len(token_starts) - 1)] == cuts_array)
     ends_in_spaces = [2 <= cut < text_end and text[cut - 1].isspace() and text[cut - 2].isspace() for cut in cuts]
     if aligned.all() and not any(ends_in_spaces):  # one vectorised insertion
-        marked = np.insert(ids, at, np.tile(np.array([start_id, end_id], dtype=ids.dtype), len(mentions))).tolist()
-        positions = (at + np.arange(len(at))).tolist()  # of the markers in `marked`
+        marked = np.insert(ids, at, np.tile(np.array([start_id, end_id], dtype=ids.dtype), len(mentions)))
+        positions = at + np.arange(len(at))  # of the markers in `marked`
     else:  # piece by piece, the whole text's tokens where a piece's ends allow
         words = ids.tolist()
         token_at, is_aligned = at.tolist(), aligned.tolist()
@@ -654,14 +653,33 @@ def insert_mention_markers(
                 positions.append(len(marked))
                 marked.append(start_id if index % 2 == 0 else end_id)
             previous, previous_aligned, previous_at = cut, cut_aligned, cut_at
-    labels = [IGNORE_INDEX] * len(marked)
-    spans = []
-    for index, mention in enumerate(mentions):
-        e_s = positions[2 * index]
-        if mention.entity_id >= 0:
-            labels[e_s] = mention.entity_id
-        spans.append((e_s, positions[2 * index + 1], mention.heuristic))
-    return marked, labels, spans
+    positions = np.asarray(positions, dtype=np.int64)
+    spans = np.empty((len(mentions), 3), dtype=np.int64)  # <E_s>, <E_e> positions, heuristic
+    spans[:, 0], spans[:, 1] = positions[0::2], positions[1::2]
+    spans[:, 2] = [mention.heuristic for mention in mentions]
+    labels = np.full(len(marked), IGNORE_INDEX, dtype=np.int64)
+    entity_ids = np.array([mention.entity_id for mention in mentions], dtype=np.int64)
+    labelled = entity_ids >= 0
+    labels[spans[labelled, 0]] = entity_ids[labelled]
+    return np.asarray(marked, dtype=np.int32), labels, spans
+
+
+def _document_arrays(ids, labels, spans) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A tokenised document as arrays: ids (int32), entity labels (int64; None: no label), spans (int64,
+    `(mentions, 3)`: the `<E_s>` and `<E_e>` positions and whether the mention is heuristic)."""
+    ids = np.asarray(ids, dtype=np.int32)
+    labels = np.full(len(ids), IGNORE_INDEX, dtype=np.int64) if labels is None else np.asarray(labels, dtype=np.int64)
+    return ids, labels, np.array(spans, dtype=np.int64).reshape(-1, 3)
+
+
+class _Windows(NamedTuple):
+    """Passages as flat arrays, the parts of their Arrow columns."""
+
+    ids: np.ndarray  # int32: every passage's tokens, one passage after another
+    labels: np.ndarray  # int64, aligned with `ids`
+    lengths: np.ndarray  # int64: tokens per passage
+    passage_index: np.ndarray  # int32: position of each passage in its document
+    counts: np.ndarray  # int32, (passages, 3): link mentions, heuristic mentions, labelled mentions
 
 
 def window_passages(
@@ -677,73 +695,70 @@ def window_passages(
     Consecutive windows share `passage_overlap` tokens. The last window is topped up with tokens from the
     start of the same document (a document shorter than one window gives one shorter passage). A mention
     that a window boundary cuts keeps its words but loses its markers in that window, so such a passage is
-    one or two tokens shorter.
+    one or two tokens shorter. `spans` are the mentions' `(<E_s> position, <E_e> position, heuristic)`.
     """
+    windows = _window_arrays(*_document_arrays(ids, labels, spans), settings, bos_token_id, eos_token_id)
+    ends = np.cumsum(windows.lengths).tolist()
+    out_ids, out_labels = windows.ids.tolist(), windows.labels.tolist()
+    return [
+        {
+            "input_ids": out_ids[end - length : end],
+            "entity_labels": out_labels[end - length : end],
+            "passage_index": index,
+            "num_link_mentions": counts[0],
+            "num_heuristic_mentions": counts[1],
+            "num_labeled_mentions": counts[2],
+        }
+        for index, (end, length, counts) in enumerate(zip(ends, windows.lengths.tolist(), windows.counts.tolist()))
+    ]
+
+
+def _window_arrays(
+    ids: np.ndarray, labels: np.ndarray, spans: np.ndarray, settings: PassageSettings, bos_token_id: int, eos_token_id: int
+) -> _Windows:
+    """`window_passages` on arrays (`_document_arrays`), all windows at once: a `(windows, width)` grid of
+    token positions, and a mask that drops the markers of mentions the window does not hold whole."""
     content = settings.passage_length - 2
     stride = content - settings.passage_overlap
     n = len(ids)
     if n == 0:
-        return []
-    windows: list[list[tuple[int, int]]] = []
-    if n <= content:
-        windows.append([(0, n)])
-    else:
-        start = 0
-        while True:
-            end = start + content
-            if end >= n:
-                windows.append([(start, n), (0, end - n)] if end > n else [(start, n)])
-                break
-            windows.append([(start, end)])
-            start += stride
-    # Spans in order and not overlapping (as tokenize_with_mentions makes them): each window looks only at the
-    # spans it can touch (found by bisection) instead of all of the document's.
-    starts = [e_s for e_s, _, _ in spans]
-    ends = [e_e for _, e_e, _ in spans]
-    in_order = starts == sorted(starts) and ends == sorted(ends)
-    passages = []
-    for index, ranges in enumerate(windows):
-        out_ids = [bos_token_id]
-        out_labels = [IGNORE_INDEX]
-        counts = [0, 0, 0]  # link, heuristic, labelled
-        for range_start, range_end in ranges:
-            if range_end <= range_start:
-                continue
-            drop = set()
-            if in_order:
-                touching = spans[bisect_left(ends, range_start) : bisect_left(starts, range_end)]
-            else:
-                touching = spans
-            for e_s, e_e, heuristic in touching:
-                if e_e < range_start or e_s >= range_end:
-                    continue
-                if range_start <= e_s and e_e < range_end:
-                    counts[1 if heuristic else 0] += 1
-                    counts[2] += labels[e_s] != IGNORE_INDEX
-                else:  # cut by the boundary: unmark
-                    drop.add(e_s)
-                    drop.add(e_e)
-            kept_from = range_start
-            for dropped in sorted(drop):  # the slices between the dropped markers
-                if range_start <= dropped < range_end:
-                    out_ids.extend(ids[kept_from:dropped])
-                    out_labels.extend(labels[kept_from:dropped])
-                    kept_from = dropped + 1
-            out_ids.extend(ids[kept_from:range_end])
-            out_labels.extend(labels[kept_from:range_end])
-        out_ids.append(eos_token_id)
-        out_labels.append(IGNORE_INDEX)
-        passages.append(
-            {
-                "input_ids": out_ids,
-                "entity_labels": out_labels,
-                "passage_index": index,
-                "num_link_mentions": counts[0],
-                "num_heuristic_mentions": counts[1],
-                "num_labeled_mentions": counts[2],
-            }
-        )
-    return passages
+        return _Windows(np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int32),
+                        np.zeros((0, 3), np.int32))  # fmt: skip
+    width = min(content, n)
+    num_windows = 1 if n <= content else 1 - (-(n - content) // stride)  # the last one reaches the end
+    starts = np.arange(num_windows, dtype=np.int64)[:, None] * stride
+    grid = starts + np.arange(width)
+    wrapped = grid >= n  # the last window's top-up from the document's start
+    positions = grid - n * wrapped
+    window_ids = np.empty((num_windows, width + 2), dtype=np.int32)
+    window_ids[:, 0], window_ids[:, -1] = bos_token_id, eos_token_id
+    window_ids[:, 1:-1] = ids[positions]
+    window_labels = np.full((num_windows, width + 2), IGNORE_INDEX, dtype=np.int64)
+    window_labels[:, 1:-1] = labels[positions]
+    counts = np.zeros((num_windows, 3), dtype=np.int32)
+    lengths = np.full(num_windows, width + 2, dtype=np.int64)
+    if len(spans):
+        # A marker stays where the window's range that holds it (the top-up is a range of its own) also holds
+        # its partner: the mention is whole there.
+        partner = np.full(n, -1, dtype=np.int64)
+        partner[spans[:, 0]], partner[spans[:, 1]] = spans[:, 1], spans[:, 0]
+        other = partner[positions]
+        low = np.where(wrapped, 0, starts)
+        high = np.where(wrapped, starts + content - n, np.minimum(starts + content, n))
+        keep = (other < 0) | ((other >= low) & (other < high))
+        kind = np.zeros(n, dtype=np.int8)  # at each <E_s>: 1 link, 2 heuristic mention
+        kind[spans[:, 0]] = 1 + (spans[:, 2] != 0)
+        whole = np.where(keep, kind[positions], 0)
+        counts[:, 0] = (whole == 1).sum(axis=1)
+        counts[:, 1] = (whole == 2).sum(axis=1)
+        counts[:, 2] = ((whole > 0) & (window_labels[:, 1:-1] != IGNORE_INDEX)).sum(axis=1)
+        if not keep.all():
+            mask = np.ones((num_windows, width + 2), dtype=bool)
+            mask[:, 1:-1] = keep
+            lengths = mask.sum(axis=1)
+            return _Windows(window_ids[mask], window_labels[mask], lengths, np.arange(num_windows, dtype=np.int32),
+                            counts)  # fmt: skip
+    return _Windows(window_ids.ravel(), window_labels.ravel(), lengths, np.arange(num_windows, dtype=np.int32), counts)
 
 
 def build_passages(
@@ -920,7 +935,7 @@ def _passage_batch(offset: int, length: int) -> pa.RecordBatch:
     if state.pop("pretokenized"):
         words = _int32_list_rows(table.column("token_ids")), _int32_list_rows(table.column("token_starts"))
         batch["words"] = [None if words[0][i] is None else (words[0][i], words[1][i]) for i in keep]
-    return pa.RecordBatch.from_pydict(_make_passages(batch, **state), schema=_PASSAGE_SCHEMA)
+    return _make_passages(batch, **state)
 
 
 def _int32_list_rows(column: pa.ChunkedArray) -> list[np.ndarray | None]:
@@ -1023,7 +1038,9 @@ def _write_vocabulary_files(out_dir: Path, vocab: EntityVocab, anchors: dict[int
     return len(by_alias)
 
 
-def _make_passages(batch: dict, tokenizer, target_to_entity, entity_aliases, entity_by_title, settings, heuristics):
+def _make_passages(batch: dict, tokenizer, target_to_entity, entity_aliases, entity_by_title, settings,
+                   heuristics) -> pa.RecordBatch:  # fmt: skip
+    """The passages of a batch of articles (`PASSAGE_FEATURES`), built from arrays (no Python list per token)."""
     documents = []
     for text, title, starts, ends, targets in zip(
         batch["text"], batch["title"], batch["link_starts"], batch["link_ends"], batch["link_targets"]
@@ -1041,7 +1058,6 @@ def _make_passages(batch: dict, tokenizer, target_to_entity, entity_aliases, ent
         if own_id is not None and heuristics:
             candidates[own_id] = entity_aliases[own_id]
         documents.append((text, label_mentions(text, links, candidates)))
-    output = {name: [] for name in PASSAGE_FEATURES}
     tokenized: list[tuple | None] = [None] * len(documents)
     if batch.get("words") is not None:  # tokenised while parsing: only the markers go in
         start_id, end_id = tokenizer.convert_tokens_to_ids([ENTITY_START_TOKEN, ENTITY_END_TOKEN])
@@ -1053,13 +1069,24 @@ def _make_passages(batch: dict, tokenizer, target_to_entity, entity_aliases, ent
                 )
     left = [index for index, result in enumerate(tokenized) if result is None]
     for index, result in zip(left, _tokenize_documents([documents[i] for i in left], tokenizer)):
-        tokenized[index] = result
-    for doc_id, (ids, labels, spans) in zip(batch["page_id"], tokenized):
-        for passage in window_passages(ids, labels, spans, settings, tokenizer.bos_token_id, tokenizer.eos_token_id):
-            passage["doc_id"] = doc_id
-            for name in output:
-                output[name].append(passage[name])
-    return output
+        tokenized[index] = _document_arrays(*result)
+    windows = [_window_arrays(*document, settings, tokenizer.bos_token_id, tokenizer.eos_token_id) for document in tokenized]
+    num_passages = [len(w.lengths) for w in windows]
+    offsets = np.zeros(sum(num_passages) + 1, dtype=np.int32)
+    np.cumsum(np.concatenate([w.lengths for w in windows] or [np.zeros(0, np.int64)]), out=offsets[1:])
+    counts = np.concatenate([w.counts for w in windows] or [np.zeros((0, 3), np.int32)])
+
+    def column(part: str, dtype) -> np.ndarray:
+        return np.concatenate([getattr(w, part) for w in windows] or [np.zeros(0, dtype)])
+
+    arrays = {
+        "input_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(column("ids", np.int32))),
+        "entity_labels": pa.ListArray.from_arrays(pa.array(offsets), pa.array(column("labels", np.int64))),
+        "doc_id": pa.array(np.repeat(np.asarray(batch["page_id"], dtype=np.int64), num_passages)),
+        "passage_index": pa.array(column("passage_index", np.int32)),
+        **{name: pa.array(counts[:, k]) for k, name in enumerate(_STATS_COLUMNS)},
+    }
+    return pa.RecordBatch.from_arrays([arrays[name] for name in _PASSAGE_SCHEMA.names], schema=_PASSAGE_SCHEMA)
 
 
 @contextlib.contextmanager
