@@ -101,9 +101,14 @@ _CLEANUPS = [
 _ODD_SPACES = ("\t", "\u00a0", "\u2009", "\u200b")
 
 
+_NEWLINE_RUN = re.compile(r"\n[ \n]*")
+_SPACED_PUNCTUATION = [(" " + mark, mark) for mark in ",.;:!?)"]
+
+
 def _clean_up(text: str) -> str:
-    """`_CLEANUPS`, with runs of spaces collapsed by `str.replace` instead of the regex (`re` tries that pattern
-    at every space, and most spaces are single)."""
+    """`_CLEANUPS`, with `str.replace` where the patterns would be tried at every space: runs of spaces are
+    collapsed first, and while the text holds single spaces only, a space before punctuation or a newline is
+    one space (`re` tries ` +` and ` *` at every position; most spaces are single)."""
     text = _CLEANUPS[0][0].sub("", text)
     for space in _ODD_SPACES:
         if space in text:
@@ -113,8 +118,18 @@ def _clean_up(text: str) -> str:
     if "(" in text:
         for pattern, replacement in _CLEANUPS[2:5]:
             text = pattern.sub(replacement, text)
-    for pattern, replacement in _CLEANUPS[5:]:
-        text = pattern.sub(replacement, text)
+        if "  " in text:  # left by an emptied "( ; )": the patterns as they are
+            for pattern, replacement in _CLEANUPS[5:]:
+                text = pattern.sub(replacement, text)
+            return text
+    for spaced, mark in _SPACED_PUNCTUATION:
+        if spaced in text:
+            text = text.replace(spaced, mark)
+    if "\n" in text:
+        # " *\n[ \n]*" -> "\n" is: drop the space before each newline, then collapse newline runs
+        text = text.replace(" \n", "\n")
+        if "\n\n" in text or "\n " in text:
+            text = _NEWLINE_RUN.sub("\n", text)
     return text
 
 
