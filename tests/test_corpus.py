@@ -412,7 +412,8 @@ def test_whole_text_ids_gathered_from_the_word_table_as_it_grows_and_is_cleared(
             word_starts = list(accumulate(map(len, text_words), initial=0))
             assert starts.tolist() == [word_starts[w] for w in encoding.word_ids]
         assert len(encoder.table) <= bound + 2_600
-    assert len(encoder.table.flat) > 1 << 16 or len(encoder.table.offsets) > 1 << 14 or bound == 3_000
+        if bound == 100_000:  # no clearing: the arrays grew past their first capacities
+            assert len(encoder.table.flat) > 1 << 16 and len(encoder.table.rows) > 1 << 14
     empty_ids, empty_starts = encoder.encode_words("")
     assert len(empty_ids) == 0 and len(empty_starts) == 0
 

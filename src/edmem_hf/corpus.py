@@ -336,7 +336,8 @@ class _WordIds(dict):
 class _WordTable(dict):
     """Pre-tokenised word -> its row in flat arrays (its token ids, their count, its length in characters), so that
     a text's ids are gathered with numpy instead of joined as Python lists. A missed word's ids come from `ids`
-    (a `_WordIds`)."""
+    (a `_WordIds`); new rows wait in Python lists until `arrays()` writes them into the arrays (a numpy write per
+    word would cost more than the lookup)."""
 
     def __init__(self, ids: _WordIds):
         super().__init__()
@@ -346,24 +347,31 @@ class _WordTable(dict):
     def clear(self) -> None:
         super().clear()
         self.flat = np.zeros(1 << 16, dtype=np.int32)  # every row's token ids, one after another
-        self.size = 0  # of `flat` in use
-        self.offsets = np.zeros(1 << 14, dtype=np.int64)  # per row: where its ids start in `flat`
-        self.lengths = np.zeros(1 << 14, dtype=np.int64)  # per row: how many ids
-        self.chars = np.zeros(1 << 14, dtype=np.int64)  # per row: the word's length in characters
+        self.rows = np.zeros((1 << 14, 3), dtype=np.int64)  # per row: where its ids start in `flat`, how many, chars
+        self.written = self.size = 0  # rows and ids in the arrays
+        self.new_ids: list[int] = []
+        self.new_rows: list[tuple[int, int, int]] = []
 
     def __missing__(self, word: str) -> int:
         ids = self.ids[word]
-        row = len(self)
-        if row == len(self.offsets):
-            self.offsets, self.lengths, self.chars = (np.resize(a, 2 * len(a)) for a in (self.offsets, self.lengths, self.chars))
-        end = self.size + len(ids)
-        if end > len(self.flat):
-            self.flat = np.resize(self.flat, max(2 * len(self.flat), end))
-        self.flat[self.size : end] = ids
-        self.offsets[row], self.lengths[row], self.chars[row] = self.size, len(ids), len(word)
-        self.size = end
-        self[word] = row
+        self.new_rows.append((self.size + len(self.new_ids), len(ids), len(word)))
+        self.new_ids += ids
+        row = self[word] = len(self)
         return row
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """`flat` and `rows`, with every row looked up so far."""
+        if self.new_rows:
+            rows, size = self.written + len(self.new_rows), self.size + len(self.new_ids)
+            if rows > len(self.rows):
+                self.rows = np.resize(self.rows, (max(2 * len(self.rows), rows), 3))
+            if size > len(self.flat):
+                self.flat = np.resize(self.flat, max(2 * len(self.flat), size))
+            self.rows[self.written : rows] = self.new_rows
+            self.flat[self.size : size] = self.new_ids
+            self.written, self.size = rows, size
+            self.new_rows, self.new_ids = [], []
+        return self.flat, self.rows
 
 
 class _PieceEncoder:
@@ -500,12 +508,12 @@ class _PieceEncoder:
         words = self._split_words(text)
         table = self.table
         rows = np.fromiter(map(table.__getitem__, words), dtype=np.int64, count=len(words))
-        lengths = table.lengths[rows]
+        flat, row_data = table.arrays()
+        offsets, lengths, chars = row_data[rows].T
         ends = np.cumsum(lengths)
         # token k of word w is flat[offsets[w] + k]: one arange, shifted per word
-        gather = np.arange(int(ends[-1]) if len(ends) else 0) + np.repeat(table.offsets[rows] - ends + lengths, lengths)
-        word_starts = np.cumsum(table.chars[rows]) - table.chars[rows]
-        return table.flat[gather], np.repeat(word_starts, lengths).astype(np.int32)
+        gather = np.arange(int(ends[-1]) if len(ends) else 0) + np.repeat(offsets - ends + lengths, lengths)
+        return flat[gather], np.repeat(np.cumsum(chars) - chars, lengths).astype(np.int32)
 
     def piece_ids(self, piece: str) -> list[int]:
         """Token ids of a piece of a text `encode_words` took (so: no added token's text in it)."""
