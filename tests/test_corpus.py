@@ -46,6 +46,19 @@ def test_heuristic_aliases_filter_lowercase_words():
     assert aliases == ["Mercury (planet)", "Mercury"]
 
 
+def test_upper_or_digit_check_matches_str_methods():
+    """The ASCII shortcut of the anchor filter agrees with `str.isupper`/`str.isdigit` on every text."""
+    import random
+
+    from edmem_hf.corpus import _has_upper_or_digit
+
+    rng = random.Random(0)
+    alphabet = list("aZz09 _-.'") + ["ǅ", "Ⅻ", "²", "é", "東", "Ⓐ", "İ", "٣"]
+    for _ in range(20_000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 5)))
+        assert _has_upper_or_digit(text) == any(c.isupper() or c.isdigit() for c in text), repr(text)
+
+
 def test_label_mentions_longest_match_word_boundaries_no_overlap():
     text = "New York City is in New York. Newark is not New York City. York."
     links = [(0, 13, 7)]  # "New York City" linked to entity 7

@@ -176,6 +176,13 @@ class AliasTable:
 
 
 _PARENTHETICAL = re.compile(r"\s*\([^()]*\)$")
+_ASCII_UPPER_OR_DIGIT = re.compile("[A-Z0-9]")
+
+
+def _has_upper_or_digit(text: str) -> bool:
+    if text.isascii():
+        return _ASCII_UPPER_OR_DIGIT.search(text) is not None
+    return any(c.isupper() or c.isdigit() for c in text)
 
 
 def heuristic_aliases(name: str, anchors: Counter[str] | dict[str, int], max_aliases: int = 10, min_count: int = 1) -> list[str]:
@@ -186,13 +193,11 @@ def heuristic_aliases(name: str, anchors: Counter[str] | dict[str, int], max_ali
     such words are mostly not mentions of the page's entities.
     """
     result = [name]
-    short = _PARENTHETICAL.sub("", name)
+    short = _PARENTHETICAL.sub("", name) if name.endswith(")") else name
     if short and short != name:
         result.append(short)
     for anchor, count in _most_linked_first(anchors)[:max_aliases]:
-        if count < min_count or len(anchor) < 2 or anchor in result:
-            continue
-        if not any(c.isupper() or c.isdigit() for c in anchor):
+        if count < min_count or len(anchor) < 2 or anchor in result or not _has_upper_or_digit(anchor):
             continue
         result.append(anchor)
     return result
