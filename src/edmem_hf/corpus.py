@@ -44,6 +44,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from tokenizers import Tokenizer
+from tokenizers.models import BPE
 from transformers import HfArgumentParser, PreTrainedTokenizerBase
 
 from .configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN
@@ -137,7 +138,10 @@ def build_entity_vocab(
 
 def _save_alias_counts(counts: dict[str, dict[str, int]], path: str | os.PathLike) -> None:
     """`aliases.json`: aliases in order, each one's entities the most linked first (ties by name)."""
-    data = {alias: dict(_most_linked_first(entities)) for alias, entities in sorted(counts.items())}
+    data = {}
+    for alias in sorted(counts):
+        entities = counts[alias]  # most aliases link to one entity: that dict is already in order
+        data[alias] = entities if len(entities) < 2 else dict(_most_linked_first(entities))
     with open(path, "w", encoding="utf-8") as f:
         f.write(json.dumps(data, ensure_ascii=False))  # json.dump would use the slow pure-Python encoder
 
@@ -324,6 +328,11 @@ def _byte_to_unicode() -> dict[int, str]:
 _BYTE_TO_UNICODE = _byte_to_unicode()
 
 
+def _word_ids(tokenize: Callable, word: str) -> list[int]:
+    """BPE straight on a pre-tokenised word's byte-level form (what the ByteLevel pre-tokenizer hands the model)."""
+    return [token.id for token in tokenize(word.encode().decode("latin-1").translate(_BYTE_TO_UNICODE))]
+
+
 class _WordIds(dict):
     """Pre-tokenised word -> its token ids: a dict (looked up in C) that runs the BPE model on a word it misses."""
 
@@ -332,21 +341,19 @@ class _WordIds(dict):
         self.tokenize = model.tokenize
 
     def __missing__(self, word: str) -> list[int]:
-        # BPE straight on the word's byte-level form (what the ByteLevel pre-tokenizer hands the model)
-        tokens = self.tokenize(word.encode().decode("latin-1").translate(_BYTE_TO_UNICODE))
-        ids = self[word] = [token.id for token in tokens]
+        ids = self[word] = _word_ids(self.tokenize, word)
         return ids
 
 
 class _WordTable(dict):
     """Pre-tokenised word -> its row in flat arrays (its token ids, their count, its length in characters), so that
-    a text's ids are gathered with numpy instead of joined as Python lists. A missed word's ids come from `ids`
-    (a `_WordIds`); new rows wait in Python lists until `arrays()` writes them into the arrays (a numpy write per
-    word would cost more than the lookup)."""
+    a text's ids are gathered with numpy instead of joined as Python lists. A missed word goes through the BPE
+    model; new rows wait in Python lists until `arrays()` writes them into the arrays (a numpy write per word
+    would cost more than the lookup)."""
 
-    def __init__(self, ids: _WordIds):
+    def __init__(self, model):
         super().__init__()
-        self.ids = ids
+        self.tokenize = model.tokenize
         self.clear()
 
     def clear(self) -> None:
@@ -358,7 +365,7 @@ class _WordTable(dict):
         self.new_rows: list[tuple[int, int, int]] = []
 
     def __missing__(self, word: str) -> int:
-        ids = self.ids[word]
+        ids = _word_ids(self.tokenize, word)
         self.new_rows.append((self.size + len(self.new_ids), len(ids), len(word)))
         self.new_ids += ids
         row = self[word] = len(self)
@@ -398,7 +405,7 @@ class _PieceEncoder:
         self.backend = tokenizer if isinstance(tokenizer, Tokenizer) else tokenizer.backend_tokenizer
         self.max_cache_words = max_cache_words
         self.cache = _WordIds(self.backend.model)
-        self.table = _WordTable(self.cache)
+        self.table = _WordTable(self.backend.model)
         self.mention_ids: dict[str, list[int]] = {}
         self.words = None
         self.added = None
@@ -406,21 +413,22 @@ class _PieceEncoder:
             import regex
         except ImportError:  # a dependency of transformers; without it, every piece goes to encode_batch
             return
-        state = json.loads(self.backend.to_str())
-        pre = state.get("pre_tokenizer") or {}
-        model = state.get("model") or {}
+        # what the words' ids depend on, read from the parts (not the whole tokenizer's JSON: vocabulary and merges)
+        pre_tokenizer = self.backend.pre_tokenizer
+        pre = json.loads(pre_tokenizer.__getstate__()) if pre_tokenizer is not None else {}
+        model = self.backend.model
         if (
-            state.get("normalizer") is not None
+            self.backend.normalizer is not None
             or pre.get("type") != "ByteLevel"
             or pre.get("add_prefix_space")
             or not pre.get("use_regex", True)
-            or model.get("type") != "BPE"
-            or model.get("dropout")
+            or not isinstance(model, BPE)
+            or model.dropout
         ):
             return
         self.words = regex.compile(_BYTE_LEVEL_WORDS)
         self.ascii_words = re.compile(_ASCII_BYTE_LEVEL_WORDS)
-        contents = sorted({token["content"] for token in state.get("added_tokens", []) if token["content"]})
+        contents = sorted({token.content for token in self.backend.get_added_tokens_decoder().values() if token.content})
         self.added = re.compile("|".join(map(re.escape, contents))) if contents else None
 
     def _bound_caches(self) -> None:
@@ -1035,7 +1043,10 @@ def _write_vocabulary_files(out_dir: Path, vocab: EntityVocab, anchors: dict[int
                             tokenizer: PreTrainedTokenizerBase) -> int:  # fmt: skip
     """Saves `entity_vocab.json` (each entity's anchors, most frequent first, ties by text), `aliases.json` (the
     same counts by anchor) and the tokenizer; returns the number of aliases."""
-    ranked = [[anchor for anchor, _ in _most_linked_first(anchors.get(i) or {})] for i in range(len(vocab))]
+    ranked = []
+    for entity_id in range(len(vocab)):
+        entity_anchors = anchors.get(entity_id) or {}
+        ranked.append(list(entity_anchors) if len(entity_anchors) < 2 else [a for a, _ in _most_linked_first(entity_anchors)])
     EntityVocab(vocab.names, ranked, vocab.counts).save(out_dir)
     by_alias: dict[str, dict[str, int]] = {}  # the alias table, as plain dicts: anchor -> entity -> links
     for entity_id, entity_anchors in anchors.items():
