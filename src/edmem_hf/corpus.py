@@ -623,9 +623,9 @@ def insert_mention_markers(
     end_id: int,
     encode_piece: Callable[[str], list[int]],
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """`tokenize_with_mentions` as arrays (`_document_arrays`), from the whole text's tokens (`_PieceEncoder.encode_words`: ids and the
-    character offset of each token's word), tokenising again only where the result would differ; None for
-    overlapping or unsorted mentions.
+    """`tokenize_with_mentions` as arrays (`_document_arrays`), from the whole text's tokens
+    (`_PieceEncoder.encode_words`: ids and the character offset of each token's word), tokenising again only
+    where the result would differ; None for overlapping or unsorted mentions.
 
     The reference cuts the text into pieces (a mention's piece starts at the space before it) and tokenises each
     piece alone. A piece gets the whole text's words exactly when both its ends are word starts of the whole
