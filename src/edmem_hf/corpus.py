@@ -43,7 +43,6 @@ import datasets
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from tokenizers import Tokenizer
 from tokenizers.models import BPE
 from transformers import HfArgumentParser, PreTrainedTokenizerBase
 
@@ -117,6 +116,12 @@ def _most_linked_first(counts: dict[str, int]) -> list[tuple[str, int]]:
     return sorted(counts.items(), key=lambda x: (-x[1], x[0]))
 
 
+def _in_link_order(counts: dict[str, int]) -> dict[str, int]:
+    """`counts` as a dict in `_most_linked_first` order; a dict of one key is returned as it is (most are: the
+    vocabulary and alias files would otherwise copy tens of thousands of them)."""
+    return counts if len(counts) < 2 else dict(_most_linked_first(counts))
+
+
 def build_entity_vocab(
     link_counts: Counter[str] | dict[str, int],
     num_entities: int,
@@ -138,10 +143,7 @@ def build_entity_vocab(
 
 def _save_alias_counts(counts: dict[str, dict[str, int]], path: str | os.PathLike) -> None:
     """`aliases.json`: aliases in order, each one's entities the most linked first (ties by name)."""
-    data = {}
-    for alias in sorted(counts):
-        entities = counts[alias]  # most aliases link to one entity: that dict is already in order
-        data[alias] = entities if len(entities) < 2 else dict(_most_linked_first(entities))
+    data = {alias: _in_link_order(counts[alias]) for alias in sorted(counts)}
     with open(path, "w", encoding="utf-8") as f:
         f.write(json.dumps(data, ensure_ascii=False))  # json.dump would use the slow pure-Python encoder
 
@@ -397,12 +399,8 @@ class _PieceEncoder:
     unchanged.
     """
 
-    def __init__(
-        self,
-        tokenizer: PreTrainedTokenizerBase | Tokenizer,
-        max_cache_words: int = 300_000,
-    ):
-        self.backend = tokenizer if isinstance(tokenizer, Tokenizer) else tokenizer.backend_tokenizer
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, max_cache_words: int = 300_000):
+        self.backend = tokenizer.backend_tokenizer
         self.max_cache_words = max_cache_words
         self.cache = _WordIds(self.backend.model)
         self.table = _WordTable(self.backend.model)
@@ -758,6 +756,7 @@ def _window_arrays(
     window_labels[:, 1:-1] = labels[positions]
     counts = np.zeros((num_windows, 3), dtype=np.int32)
     lengths = np.full(num_windows, width + 2, dtype=np.int64)
+    out_ids, out_labels = window_ids.ravel(), window_labels.ravel()
     if len(spans):
         # A marker stays where the window's range that holds it (the top-up is a range of its own) also holds
         # its partner: the mention is whole there.
@@ -777,9 +776,8 @@ def _window_arrays(
             mask = np.ones((num_windows, width + 2), dtype=bool)
             mask[:, 1:-1] = keep
             lengths = mask.sum(axis=1)
-            return _Windows(window_ids[mask], window_labels[mask], lengths, np.arange(num_windows, dtype=np.int32),
-                            counts)  # fmt: skip
-    return _Windows(window_ids.ravel(), window_labels.ravel(), lengths, np.arange(num_windows, dtype=np.int32), counts)
+            out_ids, out_labels = window_ids[mask], window_labels[mask]
+    return _Windows(out_ids, out_labels, lengths, np.arange(num_windows, dtype=np.int32), counts)
 
 
 def build_passages(
@@ -977,10 +975,9 @@ def _fork_context():
 
 
 @contextlib.contextmanager
-def _worker_pool(num_workers: int, state: dict | None = None, start: Callable[[dict], None] = _set_worker_state):
+def _worker_pool(num_workers: int, state: dict | None = None):
     """A pool of `num_workers` processes (forked where the platform allows), or None for no worker. `state` is
-    the worker state of the pool's processes (set by `start`) and, meanwhile, of this one (which runs the tasks
-    without a pool)."""
+    the worker state of the pool's processes and, meanwhile, of this one (which runs the tasks without a pool)."""
     previous = dict(_WORKER_STATE)
     if state is not None:
         _set_worker_state(state)
@@ -988,7 +985,7 @@ def _worker_pool(num_workers: int, state: dict | None = None, start: Callable[[d
     try:
         if num_workers >= 1:
             context = _fork_context() or multiprocessing.get_context()
-            initializer, initargs = (start, (state,)) if state is not None else (None, ())
+            initializer, initargs = (_set_worker_state, (state,)) if state is not None else (None, ())
             pool = context.Pool(num_workers, initializer=initializer, initargs=initargs)
         yield pool
         if pool is not None:
@@ -1043,10 +1040,7 @@ def _write_vocabulary_files(out_dir: Path, vocab: EntityVocab, anchors: dict[int
                             tokenizer: PreTrainedTokenizerBase) -> int:  # fmt: skip
     """Saves `entity_vocab.json` (each entity's anchors, most frequent first, ties by text), `aliases.json` (the
     same counts by anchor) and the tokenizer; returns the number of aliases."""
-    ranked = []
-    for entity_id in range(len(vocab)):
-        entity_anchors = anchors.get(entity_id) or {}
-        ranked.append(list(entity_anchors) if len(entity_anchors) < 2 else [a for a, _ in _most_linked_first(entity_anchors)])
+    ranked = [list(_in_link_order(anchors.get(entity_id) or {})) for entity_id in range(len(vocab))]
     EntityVocab(vocab.names, ranked, vocab.counts).save(out_dir)
     by_alias: dict[str, dict[str, int]] = {}  # the alias table, as plain dicts: anchor -> entity -> links
     for entity_id, entity_anchors in anchors.items():
