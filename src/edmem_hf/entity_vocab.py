@@ -33,14 +33,22 @@ class EntityVocab:
             raise ValueError(f"EntityVocab: {len(counts)} counts for {len(names)} names")
         self.names = names
         self.aliases = [list(a) for a in aliases] if aliases is not None else [[] for _ in names]
-        self.counts = [int(c) for c in counts] if counts is not None else [0] * len(names)
-        self._ids: dict[str, int] = {}
-        for i, name in enumerate(names):
+        self.counts = list(map(int, counts)) if counts is not None else [0] * len(names)
+        if not set(map(type, names)) <= {str}:
+            self._check_names()
+        self._ids: dict[str, int] = dict(zip(names, range(len(names))))
+        if len(self._ids) != len(names) or "" in self._ids:
+            self._check_names()
+
+    def _check_names(self) -> None:
+        """Raises a ValueError naming the first bad name (the constructor's checks, one name at a time)."""
+        seen: dict[str, int] = {}
+        for i, name in enumerate(self.names):
             if not isinstance(name, str) or not name:
                 raise ValueError(f"EntityVocab: entity {i} has an empty or non-string name: {name!r}")
-            if name in self._ids:
-                raise ValueError(f"EntityVocab: duplicate entity name {name!r} (ids {self._ids[name]} and {i})")
-            self._ids[name] = i
+            if name in seen:
+                raise ValueError(f"EntityVocab: duplicate entity name {name!r} (ids {seen[name]} and {i})")
+            seen[name] = i
 
     @classmethod
     def from_names(cls, names: Iterable[str]) -> EntityVocab:
@@ -63,6 +71,11 @@ class EntityVocab:
             and self.aliases == other.aliases
             and self.counts == other.counts
         )
+
+    @property
+    def ids(self) -> dict[str, int]:
+        """Name -> id, for many lookups (`id_of` raises on an unknown name; `ids.get` returns None). Read it only."""
+        return self._ids
 
     def id_of(self, name: str) -> int:
         try:
