@@ -41,6 +41,59 @@ def test_entity_vocab_top_n():
         build_entity_vocab(Counter(), 0)
 
 
+def test_link_counts_in_arrow_rank_as_build_entity_vocab():
+    """`_count_links` (Arrow) against Python: redirects and their chains, red links, ties broken by name in code
+    point order (also beyond ASCII), the vocabulary cut, each entity's anchors most linked first."""
+    import pyarrow as pa
+
+    from edmem_hf.corpus import OUT_OF_VOCAB, _count_links
+
+    pages = [  # title, status, redirect, [(anchor, target)]
+        ("Zed", "article", None, [("zed", "Éclair"), ("Z", "Zed"), ("a", "Apple"), ("e", "Eclair")]),
+        ("Apple", "article", None, [("the apple", "Apple"), ("Z", "Zed"), ("éc", "Éclair"), ("x", "Nowhere")]),
+        ("Éclair", "article", None, [("ec", "Nowhere"), ("東", "東京"), ("b", "Banana"), ("b", "Banana")]),
+        ("Eclair", "redirect", "Éclair", [("ignored", "Apple")]),
+        ("Banana", "redirect", "Apple", []),  # a chain: Banana -> Apple
+        ("東京", "article", None, [("Z", "Zed"), ("A", "Apple")]),
+        ("Broken", "malformed", None, []),
+    ]
+    table = pa.table(
+        {
+            "title": [p[0] for p in pages],
+            "status": [p[1] for p in pages],
+            "redirect": [p[2] for p in pages],
+            "link_anchors": [[a for a, _ in p[3]] for p in pages],
+            "link_targets": [[t for _, t in p[3]] for p in pages],
+        }
+    )
+    redirects = {p[0]: p[2] for p in pages if p[1] == "redirect"}
+    articles = {p[0] for p in pages if p[1] == "article"}
+    for require_existing_pages in (False, True):
+        for num_entities in (1, 2, 3, 10):
+            links = _count_links(table, num_entities, require_existing_pages)
+            counts: Counter[str] = Counter()
+            anchors: dict[str, Counter[str]] = {}
+            target_entity = {}
+            for page in pages:
+                for anchor, target in page[3]:
+                    entity = resolve_redirect(target, redirects)
+                    if require_existing_pages and entity not in articles:
+                        continue
+                    target_entity[target] = entity
+                    counts[entity] += 1
+                    anchors.setdefault(entity, Counter())[anchor] += 1
+            expected = build_entity_vocab(counts, num_entities, anchors)
+            assert links.vocab.names == expected.names and links.vocab.counts == expected.counts
+            assert [links.anchors.ranked(i) for i in range(len(expected))] == expected.aliases
+            ids = {name: i for i, name in enumerate(expected.names)}
+            assert links.target_to_entity == {t: ids.get(e, OUT_OF_VOCAB) for t, e in target_entity.items()}
+            assert links.stats["links"] == 15 and links.stats["malformed_pages"] == 1
+            assert links.stats["links_to_entities"] == sum(counts.values())
+            assert links.stats["links_to_vocab_entities"] == sum(expected.counts)
+            assert links.stats["entities_linked"] == len(counts)
+    assert _count_links(table, 3, True).vocab.names == ["Apple", "Zed", "Éclair"]  # 6, 3, 3 links: "Z" < "É"
+
+
 def test_heuristic_aliases_filter_lowercase_words():
     aliases = heuristic_aliases("Mercury (planet)", Counter({"Mercury": 5, "planet": 9, "here": 3, "X": 1}))
     assert aliases == ["Mercury (planet)", "Mercury"]
@@ -449,8 +502,8 @@ def test_word_split_by_lines_matches_the_byte_level_pattern(toy_tokenizer):
 
 
 def test_build_corpus_broken_tokenizer_is_a_clear_error(toy_tokenizer, toy_dump, tmp_path, capfd):
-    """A tokenizer.json that does not load stops the build with an error naming the directory, before the dump
-    is read and before any worker starts (the tokenizer is loaded first; the parsing workers inherit it)."""
+    """A tokenizer.json that does not load stops the build with an error naming the directory, after only the
+    first pages are read and before any worker starts (the parsing workers inherit the loaded tokenizer)."""
     import shutil
 
     broken = tmp_path / "broken-tokenizer"

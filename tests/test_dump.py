@@ -1,4 +1,5 @@
 import bz2
+import os
 
 import pytest
 
@@ -186,3 +187,106 @@ def test_character_references_in_link_titles_are_decoded(fast):
         ("the K-W test", "Kruskal\u2013Wallis test"),
     ]
     assert text == "OS X and the K-W test."
+
+
+def _decompress_threads() -> list:
+    import threading
+
+    return [thread for thread in threading.enumerate() if thread.name == "edmem-bz2-decompress"]
+
+
+def test_threaded_bz2_reader_reads_like_bz2_open(tmp_path):
+    """Several concatenated streams and trailing zero bytes read as `bz2.open` reads them, in small blocks (the
+    decompression loop goes round many times); a truncated stream is an error, not a short text."""
+    import random
+
+    from edmem_hf.dump import _ThreadedBZ2Reader
+
+    rng = random.Random(0)
+    parts = [bytes(rng.choice(b"abc <>\n") for _ in range(size)) for size in (50_000, 0, 123_457, 999)]
+    path = tmp_path / "streams.bz2"
+    path.write_bytes(b"".join(bz2.compress(part) for part in parts) + b"\0" * 10)
+    with bz2.open(path) as f:
+        expected = f.read()
+    assert expected == b"".join(parts)
+    for block_size, max_output in ((1 << 14, 1 << 17), (100, 1000), (7, 50_000)):
+        reader = _ThreadedBZ2Reader(str(path), block_size=block_size, max_output=max_output, max_blocks=3)
+        chunks = []
+        while chunk := reader.read(4096):
+            chunks.append(chunk)
+        reader.close()
+        assert b"".join(chunks) == expected, (block_size, max_output)
+    truncated = tmp_path / "truncated.bz2"
+    truncated.write_bytes(bz2.compress(parts[0])[:-20])
+    reader = _ThreadedBZ2Reader(str(truncated), block_size=1000)
+    with pytest.raises(EOFError):
+        while reader.read(4096):
+            pass
+    reader.close()
+    assert not _decompress_threads()
+
+
+_FORK_PROBE = {"armed": False, "threads_after_fork": None}
+
+
+def _record_threads_after_fork() -> None:
+    if _FORK_PROBE["armed"]:
+        _FORK_PROBE["threads_after_fork"] = len(_decompress_threads())
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_parent=_record_threads_after_fork)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_dump_reader_stops_its_thread_for_a_fork(tmp_path):
+    """A dump being read has no decompressing thread while the process forks (a forked child would inherit its
+    locks); reading goes on afterwards, nothing lost. Hooks run after the fork in registration order: this test's
+    runs after the reader's own and sees whether a thread was restarted before the next read."""
+    from edmem_hf.dump import open_dump
+
+    payload = bytes(range(256)) * 20_000
+    path = tmp_path / "data.bz2"
+    path.write_bytes(bz2.compress(payload))
+    with open_dump(path) as stream:
+        head = stream.read(1000)
+        assert _decompress_threads()  # decompressing ahead of the reader
+        _FORK_PROBE["armed"] = True
+        try:
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0)
+            os.waitpid(pid, 0)
+        finally:
+            _FORK_PROBE["armed"] = False
+        assert _FORK_PROBE["threads_after_fork"] == 0
+        rest = stream.read()
+    assert head + rest == payload
+    assert not _decompress_threads()
+
+
+def test_failed_build_closes_the_dump(tmp_path, monkeypatch):
+    """A build that fails while the dump is still being read closes it: its thread must not outlive the build (at
+    interpreter exit a daemon thread holding the file's lock made the clean-up abort the process)."""
+    import edmem_hf.corpus as corpus
+    import edmem_hf.dump as dump_module
+    from edmem_hf.toy_world import generate_toy_world, write_mediawiki_dump
+
+    dump = write_mediawiki_dump(generate_toy_world(200, seed=0), tmp_path / "toy.xml.bz2")
+    opened = []
+
+    class RecordedReader(dump_module._ThreadedBZ2Reader):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            opened.append(self)
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("parsing failed")
+
+    monkeypatch.setattr(dump_module, "_ThreadedBZ2Reader", RecordedReader)
+    monkeypatch.setattr(corpus, "_parse_chunk", fail)
+    with pytest.raises(RuntimeError, match="parsing failed") as failure:
+        corpus.build_corpus(dump, tmp_path / "out", num_entities=10, num_proc=1)
+    # closed while the error (and the frames it holds, as at the top level of a script) is still alive
+    assert failure.traceback and len(opened) == 1 and opened[0].closed
+    assert not _decompress_threads()

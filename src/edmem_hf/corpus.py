@@ -296,12 +296,18 @@ def heuristic_aliases(name: str, anchors: Counter[str] | dict[str, int], max_ali
     Anchors shorter than 2 characters or without any upper-case letter or digit ("here", "his") are left out:
     such words are mostly not mentions of the page's entities.
     """
+    ranked = _most_linked_first(anchors)[:max_aliases]
+    return _searched_aliases(name, [anchor for anchor, count in ranked if count >= min_count])
+
+
+def _searched_aliases(name: str, anchors: Iterable[str]) -> list[str]:
+    """`heuristic_aliases` from the anchors already ranked, cut and counted."""
     result = [name]
     short = _PARENTHETICAL.sub("", name) if name.endswith(")") else name
     if short and short != name:
         result.append(short)
-    for anchor, count in _most_linked_first(anchors)[:max_aliases]:
-        if count < min_count or len(anchor) < 2 or anchor in result or not _has_upper_or_digit(anchor):
+    for anchor in anchors:
+        if len(anchor) < 2 or anchor in result or not _has_upper_or_digit(anchor):
             continue
         result.append(anchor)
     return result
@@ -1131,8 +1137,9 @@ class _SearchedAliases(dict):
         self.names, self.anchors, self.max_aliases = names, anchors, max_aliases
 
     def __missing__(self, entity_id: int) -> list[str]:
-        anchors = self.anchors.counts_of(entity_id)
-        aliases = self[entity_id] = heuristic_aliases(self.names[entity_id], anchors, self.max_aliases)
+        # heuristic_aliases(name, counts, max_aliases): the anchors are ranked already
+        anchors = self.anchors.ranked(entity_id)[: self.max_aliases]
+        aliases = self[entity_id] = _searched_aliases(self.names[entity_id], anchors)
         return aliases
 
 
@@ -1292,19 +1299,30 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
     cache_dir.mkdir()
     workers = num_proc if num_proc > 1 else 0  # this process reads and collects; with one process, does it all
     max_in_flight = _IN_FLIGHT_PER_PROCESS * num_proc
-    # A given tokenizer is loaded first (a broken one stops the build before the dump is read), and its words are
-    # made while parsing, by the forked parsing processes that inherit it (they have time to spare, waiting for
-    # the reader), so that after the vocabulary only the markers go in.
-    if tokenizer is not None:
-        tokenizer = extend_tokenizer(tokenizer)
-    word_encoder = _word_encoder(tokenizer)
-    with _worker_pool(workers, {"word_encoder": word_encoder}) as pool:
-        if len(dump_paths) == 1 or num_proc == 1:
+    one_reader = len(dump_paths) == 1 or num_proc == 1
+    with contextlib.ExitStack() as parsing:
+        if one_reader:
             # One reader (this process: decompression and XML) hands chunks of pages to the parsing processes.
+            # It reads the first chunk now: the dump then decompresses (a thread) while the tokenizer loads. The
+            # chunks are closed on an error too (an open dump's thread must not outlive the build).
+            chunks = parsing.enter_context(
+                contextlib.closing(chunk for path in dump_paths for chunk in _page_chunks(path))
+            )
+            first_chunk = next(chunks, None)
+        # A given tokenizer's words are made while parsing, by the forked parsing processes that inherit it (they
+        # have time to spare, waiting for the reader), so that after the vocabulary only the markers go in.
+        if tokenizer is not None:
+            tokenizer = extend_tokenizer(tokenizer)
+        word_encoder = _word_encoder(tokenizer)
+        pool = parsing.enter_context(_worker_pool(workers, {"word_encoder": word_encoder}))
+        if one_reader:
             cache_files = [str(cache_dir / "pages.arrow")]
-            chunks = (chunk for path in dump_paths for chunk in _page_chunks(path))
             with _arrow_file(cache_files[0], _PAGE_SCHEMA) as writer:
-                tasks = ((pages, path, strict, str(cache_dir / f"chunk-{k:06d}.arrow")) for k, (pages, path) in enumerate(chunks))
+                all_chunks = chain([first_chunk] if first_chunk is not None else [], chunks)
+                tasks = (
+                    (pages, path, strict, str(cache_dir / f"chunk-{k:06d}.arrow"))
+                    for k, (pages, path) in enumerate(all_chunks)
+                )
                 for batch in _read_and_remove(_ordered_map(pool, _parse_chunk_to_file, tasks, max_in_flight)):
                     writer.write_batch(batch)
         else:

@@ -16,10 +16,11 @@ import bz2
 import io
 import logging
 import os
-import queue
 import re
 import threading
+import weakref
 import xml.etree.ElementTree as ElementTree
+from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -184,57 +185,100 @@ def open_dump(path: str | os.PathLike):
 
 class _ThreadedBZ2Reader(io.RawIOBase):
     """A `.bz2` file (one or several concatenated streams, like `bz2.open`) decompressed by a background thread
-    a block at a time; at most `max_blocks` decompressed blocks wait in memory."""
+    a block at a time; at most `max_blocks` decompressed blocks wait in memory.
 
-    def __init__(self, path: str, block_size: int = 1 << 16, max_blocks: int = 128):
+    The thread never runs across a fork of this process: it stops after its current block before `os.fork` and
+    starts again when the stream is read next, so that a forked child inherits no thread holding a lock. So a
+    reader can be opened early (decompressing while the process does something else) and the process can still
+    fork its workers. Blocks are small (`max_output` bytes: a millisecond's work), so stopping waits little.
+    """
+
+    def __init__(self, path: str, block_size: int = 1 << 14, max_output: int = 1 << 17, max_blocks: int = 256):
         super().__init__()
         self._file = open(path, "rb")
-        self._blocks: queue.Queue = queue.Queue(maxsize=max_blocks)
+        self._block_size, self._max_output, self._max_blocks = block_size, max_output, max_blocks
+        self._decompressor = bz2.BZ2Decompressor()
+        self._compressed = b""  # read from the file, not given to the decompressor yet
+        self._in_stream = False  # some bytes of the current stream given to the decompressor
+        self._streams = 0  # streams ended
+        self._blocks: deque = deque()  # decompressed blocks; then None (the end) or the error
+        self._changed = threading.Condition()
+        self._halting = self._ended = self._fork_pending = self._forked = False
+        self._thread: threading.Thread | None = None
         self._pending = memoryview(b"")
         self._done = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._decompress, args=(block_size,), daemon=True)
-        self._thread.start()
+        _DECOMPRESSING.add(self)
+        self._run()
 
-    def _put(self, item) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._blocks.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
+    def _run(self) -> None:
+        """Starts the thread, unless it runs, has decompressed the whole file or a fork is under way."""
+        with self._changed:
+            if self._thread is None and not (self._ended or self._fork_pending or self._forked or self.closed):
+                self._halting = False
+                self._thread = threading.Thread(target=self._decompress, name="edmem-bz2-decompress", daemon=True)
+                self._thread.start()
 
-    def _decompress(self, block_size: int) -> None:
+    def _halt(self, for_fork: bool = False) -> None:
+        """Stops the thread after the block it is decompressing, and waits for it."""
+        with self._changed:
+            self._halting = True
+            self._fork_pending |= for_fork
+            thread = self._thread
+            self._changed.notify_all()
+        if thread is not None:
+            thread.join()
+            with self._changed:
+                if self._thread is thread:
+                    self._thread = None
+
+    def _decompress(self) -> None:
         try:
-            decompressor = bz2.BZ2Decompressor()
-            started = False  # bytes of the current stream seen
             while True:
-                data = self._file.read(block_size)
-                if not data:
-                    if started and not decompressor.eof:
-                        raise EOFError("Compressed file ended before the end-of-stream marker was reached")
-                    break
-                while data:
-                    fresh = False
-                    if decompressor.eof:
-                        decompressor, fresh = bz2.BZ2Decompressor(), True
-                    started = True
-                    try:
-                        out = decompressor.decompress(data)
-                    except OSError:
-                        if fresh:  # trailing bytes after the last stream are ignored, as bz2.open does
-                            self._put(None)
-                            return
-                        raise
-                    data = decompressor.unused_data if decompressor.eof else b""
-                    if decompressor.eof:
-                        started = False
-                    if out and not self._put(out):
+                with self._changed:
+                    while len(self._blocks) >= self._max_blocks and not self._halting:
+                        self._changed.wait()
+                    if self._halting:
                         return
-            self._put(None)
+                block = self._next_block()
+                with self._changed:
+                    self._blocks.append(block)
+                    self._ended = block is None
+                    self._changed.notify_all()
+                if block is None:
+                    return
         except BaseException as err:  # handed to the reading thread
-            self._put(err)
+            with self._changed:
+                self._blocks.append(err)
+                self._ended = True
+                self._changed.notify_all()
+
+    def _next_block(self) -> bytes | None:
+        """The next decompressed bytes (at most `max_output`); None at the end of the file."""
+        while True:
+            if self._decompressor.eof:  # another stream may follow (concatenated streams, as bz2.open reads them)
+                self._compressed = self._decompressor.unused_data
+                self._decompressor = bz2.BZ2Decompressor()
+                self._in_stream = False
+                self._streams += 1
+            data = b""
+            if self._decompressor.needs_input:
+                if not self._compressed:
+                    self._compressed = self._file.read(self._block_size)
+                    if not self._compressed:
+                        if self._in_stream:
+                            raise EOFError("Compressed file ended before the end-of-stream marker was reached")
+                        return None
+                data, self._compressed = self._compressed, b""
+            fresh = not self._in_stream and self._streams > 0
+            self._in_stream = True
+            try:
+                out = self._decompressor.decompress(data, self._max_output)
+            except OSError:
+                if fresh:  # trailing bytes after the last stream are ignored, as bz2.open does
+                    return None
+                raise
+            if out:
+                return out
 
     def readable(self) -> bool:
         return True
@@ -243,7 +287,14 @@ class _ThreadedBZ2Reader(io.RawIOBase):
         while not self._pending:
             if self._done:
                 return 0
-            item = self._blocks.get()
+            with self._changed:
+                while not self._blocks:
+                    if self._forked:
+                        raise RuntimeError("a dump being read cannot be read on in a forked child process")
+                    self._run()  # stopped for a fork
+                    self._changed.wait()
+                item = self._blocks.popleft()
+                self._changed.notify_all()
             if item is None:
                 self._done = True
                 return 0
@@ -258,10 +309,37 @@ class _ThreadedBZ2Reader(io.RawIOBase):
 
     def close(self) -> None:
         if not self.closed:
-            self._stop.set()
-            self._thread.join()
+            _DECOMPRESSING.discard(self)
+            self._halt()
             self._file.close()
         super().close()
+
+
+# The open readers: their threads stop before a fork of this process and start again after it.
+_DECOMPRESSING: weakref.WeakSet[_ThreadedBZ2Reader] = weakref.WeakSet()
+
+
+def _halt_before_fork() -> None:
+    for reader in list(_DECOMPRESSING):
+        reader._halt(for_fork=True)
+
+
+def _forked_parent() -> None:
+    """A reader waiting for a block (in another thread) starts the thread again; the others do when read next."""
+    for reader in list(_DECOMPRESSING):
+        with reader._changed:
+            reader._fork_pending = False
+            reader._changed.notify_all()
+
+
+def _forked_child() -> None:
+    for reader in list(_DECOMPRESSING):
+        reader._forked = True
+    _DECOMPRESSING.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_halt_before_fork, after_in_parent=_forked_parent, after_in_child=_forked_child)
 
 
 def iter_pages(

@@ -101,10 +101,16 @@ def extend_tokenizer(path_or_tokenizer: str | os.PathLike | PreTrainedTokenizerB
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         except Exception as err:
             raise ValueError(f"tokenizer directory {path!r} could not be loaded: {err}") from err
-    vocab = tokenizer.get_vocab()
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:  # a look-up per token, not the whole vocabulary as a dict (50K entries for BART)
+        in_vocab = [backend.token_to_id(t) is not None for t in (ENTITY_START_TOKEN, ENTITY_END_TOKEN)]
+    else:
+        vocab = tokenizer.get_vocab()
+        in_vocab = [t in vocab for t in (ENTITY_START_TOKEN, ENTITY_END_TOKEN)]
     if tokenizer.mask_token is None:
         tokenizer.add_special_tokens({"mask_token": _marker(MASK_TOKEN)})
-    missing = [t for t in (ENTITY_START_TOKEN, ENTITY_END_TOKEN) if t not in vocab or t not in tokenizer.all_special_tokens]
+    special = tokenizer.all_special_tokens
+    missing = [t for t, known in zip((ENTITY_START_TOKEN, ENTITY_END_TOKEN), in_vocab) if not known or t not in special]
     if missing:
         tokenizer.add_special_tokens(
             {"extra_special_tokens": [_marker(t) for t in missing]}, replace_extra_special_tokens=False
