@@ -46,7 +46,7 @@ def test_link_counts_in_arrow_rank_as_build_entity_vocab():
     point order (also beyond ASCII), the vocabulary cut, each entity's anchors most linked first."""
     import pyarrow as pa
 
-    from edmem_hf.corpus import OUT_OF_VOCAB, _count_links
+    from edmem_hf.corpus import NOT_AN_ARTICLE, OUT_OF_VOCAB, _count_links
 
     pages = [  # title, status, redirect, [(anchor, target)]
         ("Zed", "article", None, [("zed", "Éclair"), ("Z", "Zed"), ("a", "Apple"), ("e", "Eclair")]),
@@ -86,7 +86,13 @@ def test_link_counts_in_arrow_rank_as_build_entity_vocab():
             assert links.vocab.names == expected.names and links.vocab.counts == expected.counts
             assert [links.anchors.ranked(i) for i in range(len(expected))] == expected.aliases
             ids = {name: i for i, name in enumerate(expected.names)}
-            assert links.target_to_entity == {t: ids.get(e, OUT_OF_VOCAB) for t, e in target_entity.items()}
+            target_ids = dict(zip(links.targets.to_pylist(), links.target_ids.to_pylist()))
+            assert target_ids == {
+                t: ids.get(target_entity[t], OUT_OF_VOCAB) if t in target_entity else NOT_AN_ARTICLE
+                for t in target_ids
+            }
+            assert set(target_ids) == {t for page in pages for _, t in page[3]}
+            assert links.anchor_table.column("anchor").to_pylist() == [a for r in expected.aliases for a in r]
             assert links.stats["links"] == 15 and links.stats["malformed_pages"] == 1
             assert links.stats["links_to_entities"] == sum(counts.values())
             assert links.stats["links_to_vocab_entities"] == sum(expected.counts)

@@ -145,7 +145,7 @@ class _EntityAnchors:
     """Each vocabulary entity's anchors and their link counts, most linked first (ties by text), in flat lists:
     entity `e`'s are at `starts[e]:starts[e + 1]` (one dict per entity would cost more to make than to use)."""
 
-    def __init__(self, entity_ids: np.ndarray, anchors: list[str], counts: list[int], num_entities: int):
+    def __init__(self, entity_ids: np.ndarray, anchors: list[str], counts: list[int] | None, num_entities: int):
         self.anchors, self.counts = anchors, counts
         self.starts = np.searchsorted(entity_ids, np.arange(num_entities + 1)).tolist()
 
@@ -161,8 +161,10 @@ class _EntityLinks(NamedTuple):
     """The entity vocabulary and what the passages need of the links (`_count_links`)."""
 
     vocab: EntityVocab
-    target_to_entity: dict[str, int]  # link target (before redirects) -> vocabulary id or OUT_OF_VOCAB; no red links
+    targets: pa.Array  # the distinct link targets (before redirects)
+    target_ids: pa.Array  # int32, per target: its vocabulary id, OUT_OF_VOCAB, or NOT_AN_ARTICLE (a red link)
     anchors: _EntityAnchors
+    anchor_table: pa.Table  # the same anchors as Arrow columns: entity_id, anchor, count
     stats: dict
 
 
@@ -206,11 +208,9 @@ def _count_links(table: pa.Table, num_entities: int, require_existing_pages: boo
     )
     vocab = EntityVocab(ranked.column("entity").to_pylist(), None, ranked.column("count_sum").to_pylist())
     target_ids = pc.index_in(entities_array, value_set=ranked.column("entity"))  # null: red link or outside
-    target_to_entity = {
-        target: OUT_OF_VOCAB if entity_id is None else entity_id
-        for target, entity, entity_id in zip(target_names, entities, target_ids.to_pylist())
-        if entity is not None
-    }
+    target_codes = pc.if_else(
+        pc.is_valid(entities_array), pc.fill_null(target_ids, OUT_OF_VOCAB), pa.scalar(NOT_AN_ARTICLE, pa.int32())
+    )
     # anchors of the vocabulary entities: (entity id, anchor) groups, in id order, each entity's most linked first
     pair_ids = target_ids.take(pair_target)
     anchors = (
@@ -219,11 +219,13 @@ def _count_links(table: pa.Table, num_entities: int, require_existing_pages: boo
         .group_by(["entity_id", "anchor"], use_threads=False)
         .aggregate([("count", "sum")])
         .sort_by([("entity_id", "ascending"), ("count_sum", "descending"), ("anchor", "ascending")])
+        .select(["entity_id", "anchor", "count_sum"])
+        .rename_columns(["entity_id", "anchor", "count"])
     )
     entity_anchors = _EntityAnchors(
         anchors.column("entity_id").to_numpy(),
         anchors.column("anchor").to_pylist(),
-        anchors.column("count_sum").to_pylist(),
+        anchors.column("count").to_pylist(),
         len(vocab),
     )
     stats = {
@@ -236,7 +238,7 @@ def _count_links(table: pa.Table, num_entities: int, require_existing_pages: boo
         "entities_linked": per_entity.num_rows,
         "entity_vocab_size": len(vocab),
     }
-    return _EntityLinks(vocab, target_to_entity, entity_anchors, stats)
+    return _EntityLinks(vocab, targets, target_codes, entity_anchors, anchors, stats)
 
 
 def _save_alias_counts(counts: dict[str, dict[str, int]], path: str | os.PathLike) -> None:
@@ -1021,46 +1023,105 @@ def _page_ranges(table: pa.Table, max_chars: int) -> list[tuple[int, int]]:
     return ranges
 
 
-_PASSAGE_INPUT_COLUMNS = ["status", "page_id", "title", "text", "link_starts", "link_ends", "link_targets", *_TOKEN_COLUMNS]
-_PAGE_TABLES: dict[tuple[str, ...], pa.Table] = {}
+_PASSAGE_INPUT_COLUMNS = ["status", "page_id", "text", "link_starts", "link_ends", *_TOKEN_COLUMNS]
+_LINK_ENTITY_SCHEMA = pa.schema([("link_entities", pa.list_(pa.int32())), ("own_entity", pa.int32())])
 
 
-def _page_table(cache_files: Sequence[str]) -> pa.Table:
-    """The parsed pages, memory-mapped from the cache files (opened once per process: no text is pickled, also
-    where workers are spawned rather than forked)."""
-    key = tuple(cache_files)
-    if key not in _PAGE_TABLES:
-        _PAGE_TABLES.clear()
-        _PAGE_TABLES[key] = _read_page_cache(cache_files).select(_PASSAGE_INPUT_COLUMNS)
-    return _PAGE_TABLES[key]
+@dataclass
+class _PassageJob:
+    """What a passage task reads, besides its pages: files written once by this process and memory-mapped by each
+    worker (so that the workers of the parse, which already hold the tokenizer, make the passages too; nothing
+    large is pickled or copied per worker)."""
+
+    page_files: list[str]  # the page cache
+    link_file: str  # per page of the cache: its links' entity ids (`_LINK_ENTITY_SCHEMA`)
+    name_file: str  # the vocabulary's names, in id order
+    anchor_file: str  # each entity's anchors, most linked first (`_EntityLinks.anchor_table`)
+    settings: PassageSettings
+    heuristics: bool
+    pretokenized: bool  # the articles' words were made while parsing
+    max_aliases: int
 
 
-def _read_page_cache(cache_files: Sequence[str]) -> pa.Table:
-    """The page cache, memory-mapped (pyarrow alone: a `datasets.Dataset` would hash its files first)."""
-    return pa.concat_tables([pa.ipc.open_stream(pa.memory_map(path)).read_all() for path in cache_files])
+def _write_passage_inputs(work_dir: Path, table: pa.Table, page_files: list[str], links: _EntityLinks,
+                          **options) -> _PassageJob:  # fmt: skip
+    """The passage tasks' files: per page, each link's entity id (a vocabulary id, OUT_OF_VOCAB or NOT_AN_ARTICLE)
+    and the page's own entity (-1: none), looked up in Arrow; the vocabulary's names and anchors."""
+    job = _PassageJob(page_files, *(str(work_dir / f"{name}.arrow") for name in ("links", "names", "anchors")),
+                      **options)  # fmt: skip
+    names = pa.array(links.vocab.names, pa.string())
+    targets = table.column("link_targets")
+    # looked up for the whole cache at once (index_in hashes its value set on every call), then cut per chunk
+    link_entities = _one_array(links.target_ids.take(pc.index_in(pc.list_flatten(targets), value_set=links.targets)))
+    own_entities = _one_array(pc.fill_null(pc.index_in(table.column("title"), value_set=names), -1))
+    with _arrow_file(job.link_file, _LINK_ENTITY_SCHEMA) as writer:
+        pages = links_done = 0
+        for page_targets in targets.chunks:
+            offsets = pc.subtract(page_targets.offsets, page_targets.offsets[0])
+            count = offsets[-1].as_py() if len(offsets) else 0
+            entities = pa.ListArray.from_arrays(
+                offsets, link_entities.slice(links_done, count), mask=pc.is_null(page_targets)
+            )
+            own = own_entities.slice(pages, len(page_targets))
+            writer.write_batch(pa.RecordBatch.from_arrays([entities, own], schema=_LINK_ENTITY_SCHEMA))
+            pages, links_done = pages + len(page_targets), links_done + count
+    for path, columns in ((job.name_file, {"name": names}), (job.anchor_file, links.anchor_table)):
+        columns = pa.table(columns)
+        with _arrow_file(path, columns.schema) as writer:
+            writer.write_table(columns)
+    return job
 
 
-def _passages_task(offset: int, length: int, out_path: str) -> tuple[str, dict]:
+def _one_array(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+
+
+_PASSAGE_INPUTS: dict[str, tuple[pa.Table, _SearchedAliases]] = {}
+
+
+def _passage_inputs(job: _PassageJob) -> tuple[pa.Table, _SearchedAliases]:
+    """The pages (with their links' entity ids) and the searched aliases of a job, read once per process."""
+    inputs = _PASSAGE_INPUTS.get(job.link_file)
+    if inputs is None:
+        _PASSAGE_INPUTS.clear()
+        pages = _read_arrow_files(job.page_files).select(_PASSAGE_INPUT_COLUMNS)
+        for name, column in zip(_LINK_ENTITY_SCHEMA.names, _read_arrow_files([job.link_file]).columns):
+            pages = pages.append_column(name, column)
+        names = _read_arrow_files([job.name_file]).column("name").to_pylist()
+        anchor_table = _read_arrow_files([job.anchor_file])
+        anchors = _EntityAnchors(
+            anchor_table.column("entity_id").to_numpy(), anchor_table.column("anchor").to_pylist(), None, len(names)
+        )
+        inputs = _PASSAGE_INPUTS[job.link_file] = (pages, _SearchedAliases(names, anchors, job.max_aliases))
+    return inputs
+
+
+def _read_arrow_files(paths: Sequence[str]) -> pa.Table:
+    """Arrow stream files as one table, memory-mapped (pyarrow alone: a `datasets.Dataset` would hash them first)."""
+    return pa.concat_tables([pa.ipc.open_stream(pa.memory_map(path)).read_all() for path in paths])
+
+
+def _passages_task(job: _PassageJob, offset: int, length: int, out_path: str) -> tuple[str, dict]:
     """Writes the passages of the articles among pages `offset..offset+length` of the page cache to `out_path`;
     returns it with their counts (`_PassageCounts.summary`). Passages go through a file, not the pool's pipe:
     a worker sending a large result waits until this process's result thread reads it, which waits for the
     GIL while this process reads the dump or writes the vocabulary."""
-    batch = _passage_batch(offset, length)
+    batch = _passage_batch(job, offset, length)
     with _arrow_file(out_path, _PASSAGE_SCHEMA) as writer:
         writer.write_batch(batch)
     return out_path, _PassageCounts.summary(batch)
 
 
-def _passage_batch(offset: int, length: int) -> pa.RecordBatch:
-    state = dict(_WORKER_STATE)
-    table = _page_table(state.pop("page_files")).slice(offset, length)
-    pages = table.drop_columns(_TOKEN_COLUMNS).to_pydict()
-    keep = [i for i, status in enumerate(pages.pop("status")) if status == "article"]
-    batch = {name: [values[i] for i in keep] for name, values in pages.items()}
-    if state.pop("pretokenized"):
+def _passage_batch(job: _PassageJob, offset: int, length: int) -> pa.RecordBatch:
+    pages, searched_aliases = _passage_inputs(job)
+    table = pages.slice(offset, length)
+    rows = table.drop_columns(_TOKEN_COLUMNS).to_pydict()
+    keep = [i for i, status in enumerate(rows.pop("status")) if status == "article"]
+    batch = {name: [values[i] for i in keep] for name, values in rows.items()}
+    if job.pretokenized:
         words = _int32_list_rows(table.column("token_ids")), _int32_list_rows(table.column("token_starts"))
         batch["words"] = [None if words[0][i] is None else (words[0][i], words[1][i]) for i in keep]
-    return _make_passages(batch, **state)
+    return _make_passages(batch, _WORKER_STATE["tokenizer"], searched_aliases, job.settings, job.heuristics)
 
 
 def _int32_list_rows(column: pa.ChunkedArray) -> list[np.ndarray | None]:
@@ -1161,24 +1222,21 @@ def _write_vocabulary_files(out_dir: Path, vocab: EntityVocab, anchors: _EntityA
     return len(by_alias)
 
 
-def _make_passages(batch: dict, tokenizer, target_to_entity, entity_aliases, entity_by_title, settings,
-                   heuristics) -> pa.RecordBatch:  # fmt: skip
+def _make_passages(batch: dict, tokenizer, entity_aliases, settings, heuristics) -> pa.RecordBatch:
     """The passages of a batch of articles (`PASSAGE_FEATURES`), built from arrays (no Python list per token)."""
     documents = []
-    for text, title, starts, ends, targets in zip(
-        batch["text"], batch["title"], batch["link_starts"], batch["link_ends"], batch["link_targets"]
+    for text, starts, ends, entity_ids, own_id in zip(
+        batch["text"], batch["link_starts"], batch["link_ends"], batch["link_entities"], batch["own_entity"]
     ):  # fmt: skip
         links = []
         candidates: dict[int, Sequence[str]] = {}
-        for start, end, target in zip(starts, ends, targets):
-            entity_id = target_to_entity.get(target, NOT_AN_ARTICLE)
+        for start, end, entity_id in zip(starts, ends, entity_ids):
             if entity_id == NOT_AN_ARTICLE:
                 continue  # red link: not marked
             links.append((start, end, entity_id if entity_id >= 0 else IGNORE_INDEX))
             if entity_id >= 0 and heuristics:
                 candidates[entity_id] = entity_aliases[entity_id]
-        own_id = entity_by_title.get(title)
-        if own_id is not None and heuristics:
+        if own_id >= 0 and heuristics:
             candidates[own_id] = entity_aliases[own_id]
         documents.append((text, label_mentions(text, links, candidates)))
     tokenized: list[tuple | None] = [None] * len(documents)
@@ -1300,94 +1358,86 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
     workers = num_proc if num_proc > 1 else 0  # this process reads and collects; with one process, does it all
     max_in_flight = _IN_FLIGHT_PER_PROCESS * num_proc
     one_reader = len(dump_paths) == 1 or num_proc == 1
-    with contextlib.ExitStack() as parsing:
-        if one_reader:
-            # One reader (this process: decompression and XML) hands chunks of pages to the parsing processes.
-            # It reads the first chunk now: the dump then decompresses (a thread) while the tokenizer loads. The
-            # chunks are closed on an error too (an open dump's thread must not outlive the build).
-            chunks = parsing.enter_context(
-                contextlib.closing(chunk for path in dump_paths for chunk in _page_chunks(path))
-            )
-            first_chunk = next(chunks, None)
-        # A given tokenizer's words are made while parsing, by the forked parsing processes that inherit it (they
-        # have time to spare, waiting for the reader), so that after the vocabulary only the markers go in.
-        if tokenizer is not None:
-            tokenizer = extend_tokenizer(tokenizer)
-        word_encoder = _word_encoder(tokenizer)
-        pool = parsing.enter_context(_worker_pool(workers, {"word_encoder": word_encoder}))
-        if one_reader:
-            cache_files = [str(cache_dir / "pages.arrow")]
-            with _arrow_file(cache_files[0], _PAGE_SCHEMA) as writer:
-                all_chunks = chain([first_chunk] if first_chunk is not None else [], chunks)
-                tasks = (
-                    (pages, path, strict, str(cache_dir / f"chunk-{k:06d}.arrow"))
-                    for k, (pages, path) in enumerate(all_chunks)
+    # One pool of worker processes (forked where the platform allows) parses the pages and then makes the passages.
+    with contextlib.ExitStack() as pools:
+        with contextlib.ExitStack() as reading:
+            if one_reader:
+                # One reader (this process: decompression and XML) hands chunks of pages to the workers. It reads
+                # the first chunk now: the dump then decompresses (a thread) while the tokenizer loads. The chunks
+                # are closed on an error too (an open dump's thread must not outlive the build).
+                chunks = reading.enter_context(
+                    contextlib.closing(chunk for path in dump_paths for chunk in _page_chunks(path))
                 )
-                for batch in _read_and_remove(_ordered_map(pool, _parse_chunk_to_file, tasks, max_in_flight)):
-                    writer.write_batch(batch)
-        else:
-            # Several dump files (the split enwiki-...-articlesN files): each process reads and parses whole files.
-            tasks = [(path, strict, str(cache_dir / f"pages-{k:05d}.arrow")) for k, path in enumerate(dump_paths)]
-            cache_files = list(_ordered_map(pool, _parse_file, tasks, len(tasks) + 1))
+                first_chunk = next(chunks, None)
+            # A given tokenizer's words are made while parsing, by the workers, which inherit the loaded tokenizer
+            # (they have time to spare, waiting for the reader), so that after the vocabulary only the markers go in.
+            if tokenizer is not None:
+                tokenizer = extend_tokenizer(tokenizer)
+            word_encoder = _word_encoder(tokenizer)
+            pool = pools.enter_context(_worker_pool(workers, {"word_encoder": word_encoder, "tokenizer": tokenizer}))
+            if one_reader:
+                cache_files = [str(cache_dir / "pages.arrow")]
+                with _arrow_file(cache_files[0], _PAGE_SCHEMA) as writer:
+                    all_chunks = chain([first_chunk] if first_chunk is not None else [], chunks)
+                    tasks = (
+                        (pages, path, strict, str(cache_dir / f"chunk-{k:06d}.arrow"))
+                        for k, (pages, path) in enumerate(all_chunks)
+                    )
+                    for batch in _read_and_remove(_ordered_map(pool, _parse_chunk_to_file, tasks, max_in_flight)):
+                        writer.write_batch(batch)
+            else:
+                # Several dump files (the split enwiki-...-articlesN files): each worker reads and parses whole files.
+                tasks = [(path, strict, str(cache_dir / f"pages-{k:05d}.arrow")) for k, path in enumerate(dump_paths)]
+                cache_files = list(_ordered_map(pool, _parse_file, tasks, len(tasks) + 1))
+        table = _read_arrow_files(cache_files)
         stage_seconds = {"parse": time.perf_counter() - started}
-        if pool is not None:
-            pool.close()  # its processes exit meanwhile (joined when this block ends: no fork while they run)
-        table = _read_page_cache(cache_files)
 
-        # 2. redirects, link counts, vocabulary, aliases
+        def stage_done(name: str) -> None:
+            stage_seconds[name] = time.perf_counter() - started - sum(stage_seconds.values())
+
+        # 2. redirects, link counts, vocabulary, aliases; each link's entity id, for the passages
         links = _count_links(table, num_entities, require_existing_pages)
         vocab = links.vocab
-        searched_aliases = _SearchedAliases(vocab.names, links.anchors, max_aliases_per_entity)
+        job = _write_passage_inputs(
+            work_dir, table, cache_files, links, settings=settings, heuristics=heuristic_labels,
+            pretokenized=word_encoder is not None, max_aliases=max_aliases_per_entity,
+        )  # fmt: skip
+        stage_done("vocab_and_aliases")
 
-    def stage_done(name: str) -> None:
-        stage_seconds[name] = time.perf_counter() - started - sum(stage_seconds.values())
+        # 3. tokenizer
+        if tokenizer is None:
+            logger.info("training a byte-level BPE tokenizer (vocab_size=%d) on the corpus text", vocab_size)
 
-    stage_done("vocab_and_aliases")
+            def texts() -> Iterator[str]:
+                for batch in _iter_arrow_batches(table, ["text"]):
+                    yield from (t for t in batch["text"] if t)
 
-    # 3. tokenizer
-    if tokenizer is None:
-        logger.info("training a byte-level BPE tokenizer (vocab_size=%d) on the corpus text", vocab_size)
+            tokenizer = train_tokenizer(texts(), vocab_size=vocab_size)
+            # the workers do not have it: a new pool of the same kind, which inherits it
+            pools.close()
+            _piece_encoder(tokenizer)  # made once, before the fork
+            pool = pools.enter_context(_worker_pool(workers, {"tokenizer": tokenizer}))
+        stage_done("tokenizer")
 
-        def texts() -> Iterator[str]:
-            for batch in _iter_arrow_batches(table, ["text"]):
-                yield from (t for t in batch["text"] if t)
-
-        tokenizer = train_tokenizer(texts(), vocab_size=vocab_size)
-    stage_done("tokenizer")
-
-    # 4. mentions and passages: batches of articles to the worker processes, passages back in order. Meanwhile
-    # a thread of this process (which only collects results) writes the vocabulary, alias table and tokenizer.
-    _piece_encoder(tokenizer)  # made once, before the fork: the workers inherit it
-    state = {
-        "pretokenized": word_encoder is not None,  # the words were made while parsing
-        "tokenizer": tokenizer,
-        "target_to_entity": links.target_to_entity,
-        "entity_aliases": searched_aliases,
-        "entity_by_title": vocab.ids,
-        "settings": settings,
-        "heuristics": heuristic_labels,
-    }
-    passage_files = []  # in document order
-    counts = _PassageCounts()
-    state["page_files"] = cache_files
-    passage_dir = work_dir / "passages"
-    passage_dir.mkdir()
-    tasks = [(*pages, str(passage_dir / f"{k:06d}.arrow")) for k, pages in enumerate(_page_ranges(table, _PASSAGE_TASK_CHARS))]
-
-    with (
-        _worker_pool(workers, state) as pool,
-        ThreadPoolExecutor(1) as background,  # started after the fork: a forked child gets no thread's locks
-    ):
-        vocabulary_written = background.submit(
-            _write_vocabulary_files, out_dir, vocab, links.anchors, tokenizer
-        )
-        for passage_file, summary in _ordered_map(pool, _passages_task, tasks, max_in_flight):
-            passage_files.append(passage_file)
-            counts.add(summary)
-        if pool is not None:
-            pool.close()  # its processes exit while this one splits and saves
-        num_aliases = vocabulary_written.result()
-        _PAGE_TABLES.clear()  # this process's view of the page cache (when it made passages itself)
+        # 4. mentions and passages: ranges of pages to the workers, passages back in order. Meanwhile a thread of
+        # this process (which only collects results) writes the vocabulary, alias table and tokenizer.
+        passage_files = []  # in document order
+        counts = _PassageCounts()
+        passage_dir = work_dir / "passages"
+        passage_dir.mkdir()
+        tasks = [
+            (job, *pages, str(passage_dir / f"{k:06d}.arrow"))
+            for k, pages in enumerate(_page_ranges(table, _PASSAGE_TASK_CHARS))
+        ]
+        with ThreadPoolExecutor(1) as background:  # after any fork: a forked child gets no thread's locks
+            vocabulary_written = background.submit(_write_vocabulary_files, out_dir, vocab, links.anchors, tokenizer)
+            for passage_file, summary in _ordered_map(pool, _passages_task, tasks, max_in_flight):
+                passage_files.append(passage_file)
+                counts.add(summary)
+            if pool is not None:
+                pool.close()  # its processes exit while this one splits and saves
+            num_aliases = vocabulary_written.result()
+        _PASSAGE_INPUTS.clear()  # this process's view of the page cache (when it made passages itself)
         stage_done("passages")
 
         # 5. stats, split, save

@@ -72,11 +72,6 @@ class EntityVocab:
             and self.counts == other.counts
         )
 
-    @property
-    def ids(self) -> dict[str, int]:
-        """Name -> id, for many lookups (`id_of` raises on an unknown name; `ids.get` returns None). Read it only."""
-        return self._ids
-
     def id_of(self, name: str) -> int:
         try:
             return self._ids[name]
