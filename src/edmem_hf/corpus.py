@@ -29,11 +29,13 @@ import shutil
 import sys
 import tempfile
 import time
+import uuid
 import weakref
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import chain
 from pathlib import Path
 from typing import NamedTuple
@@ -1430,13 +1432,15 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
             for k, pages in enumerate(_page_ranges(table, _PASSAGE_TASK_CHARS))
         ]
         with ThreadPoolExecutor(1) as background:  # after any fork: a forked child gets no thread's locks
-            vocabulary_written = background.submit(_write_vocabulary_files, out_dir, vocab, links.anchors, tokenizer)
+            write_vocabulary = partial(background.submit, _write_vocabulary_files, out_dir, vocab, links.anchors, tokenizer)
+            vocabulary_written = None  # started once the first tasks are out (the pool sends them holding the GIL)
             for passage_file, summary in _ordered_map(pool, _passages_task, tasks, max_in_flight):
+                vocabulary_written = vocabulary_written or write_vocabulary()
                 passage_files.append(passage_file)
                 counts.add(summary)
             if pool is not None:
                 pool.close()  # its processes exit while this one splits and saves
-            num_aliases = vocabulary_written.result()
+            num_aliases = (vocabulary_written or write_vocabulary()).result()
         _PASSAGE_INPUTS.clear()  # this process's view of the page cache (when it made passages itself)
         stage_done("passages")
 
@@ -1447,7 +1451,7 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
                 "is this a pages-articles dump?"
             )
         stats = counts.stats(len(vocab))
-        splits = _split(passage_files, counts.passages, validation_fraction, seed, work_dir)
+        splits = _split(passage_files, counts.passages, validation_fraction, seed)
         # an empty split is saved as one empty shard (with no shard, `datasets` cannot load it back)
         num_shards = {name: 1 if len(split) == 0 else None for name, split in splits.items()}
         splits.save_to_disk(str(out_dir / "passages"), num_proc=None, num_shards=num_shards)
@@ -1513,33 +1517,28 @@ class _PassageCounts:
         }
 
 
-def _split(passage_files: list[str], num_passages: int, validation_fraction: float, seed: int, work_dir: Path) -> datasets.DatasetDict:
-    """`validation_fraction` of the passages (at least one when positive), drawn with `seed`. The passages are
-    read (each file removed once read) and the two splits written batch by batch (memory stays flat), in the
-    passages' order (training shuffles anyway), without the stats columns."""
+def _split(passage_files: list[str], num_passages: int, validation_fraction: float, seed: int) -> datasets.DatasetDict:
+    """`validation_fraction` of the passages (at least one when positive), drawn with `seed`, without the stats
+    columns, in the passages' order (training shuffles anyway). The splits are views of the memory-mapped passage
+    files (training: slices between the validation passages), written once, by `save_to_disk`."""
     num_validation = round(num_passages * validation_fraction)
     if validation_fraction > 0 and num_validation == 0 and num_passages >= 2:
         num_validation = 1
-    in_validation = np.zeros(num_passages, dtype=bool)
+    chosen = np.zeros(0, dtype=np.int64)
     if num_validation:
-        in_validation[np.random.default_rng(seed).choice(num_passages, size=num_validation, replace=False)] = True
-    files = {name: str(work_dir / f"{name}.arrow") for name in ("train", "validation")}
-    with (
-        _arrow_file(files["train"], _SAVED_SCHEMA) as train,
-        _arrow_file(files["validation"], _SAVED_SCHEMA) as validation,
-    ):
-        offset = 0
-        for batch in _read_and_remove(passage_files):
-            columns = [batch.column(name) for name in _SAVED_SCHEMA.names]
-            batch = pa.RecordBatch.from_arrays(columns, schema=_SAVED_SCHEMA)
-            chosen = in_validation[offset : offset + batch.num_rows]
-            offset += batch.num_rows
-            if not chosen.any():  # most batches: written as they are, no copy
-                train.write_batch(batch)
-                continue
-            train.write_batch(batch.filter(pa.array(~chosen)))
-            validation.write_batch(batch.filter(pa.array(chosen)))
-    return datasets.DatasetDict({name: datasets.Dataset.from_file(path) for name, path in files.items()})
+        chosen = np.sort(np.random.default_rng(seed).choice(num_passages, size=num_validation, replace=False))
+    passages = _read_arrow_files(passage_files)
+    passages = pa.Table.from_arrays([passages.column(name) for name in _SAVED_SCHEMA.names], schema=_SAVED_SCHEMA)
+    starts, ends = np.concatenate([[0], chosen + 1]), np.concatenate([chosen, [num_passages]])
+    train = [passages.slice(start, end - start) for start, end in zip(starts.tolist(), ends.tolist()) if end > start]
+    splits = {
+        "train": pa.concat_tables(train) if train else passages.slice(0, 0),
+        "validation": passages.take(pa.array(chosen)),
+    }
+    # a fingerprint of our own: without one, `datasets` would hash (pickle) the tables' data to make one
+    return datasets.DatasetDict(
+        {name: datasets.Dataset(table, fingerprint=uuid.uuid4().hex) for name, table in splits.items()}
+    )
 
 
 def _read_and_remove(paths: Iterable[str]) -> Iterator[pa.RecordBatch]:
