@@ -163,6 +163,7 @@ class _EntityLinks(NamedTuple):
     """The entity vocabulary and what the passages need of the links (`_count_links`)."""
 
     vocab: EntityVocab
+    names: pa.Array  # the vocabulary's names, as Arrow strings
     targets: pa.Array  # the distinct link targets (before redirects)
     target_ids: pa.Array  # int32, per target: its vocabulary id, OUT_OF_VOCAB, or NOT_AN_ARTICLE (a red link)
     anchors: _EntityAnchors
@@ -240,12 +241,15 @@ def _count_links(table: pa.Table, num_entities: int, require_existing_pages: boo
         "entities_linked": per_entity.num_rows,
         "entity_vocab_size": len(vocab),
     }
-    return _EntityLinks(vocab, targets, target_codes, entity_anchors, anchors, stats)
+    return _EntityLinks(vocab, _one_array(ranked.column("entity")), targets, target_codes, entity_anchors, anchors, stats)
 
 
 def _save_alias_counts(counts: dict[str, dict[str, int]], path: str | os.PathLike) -> None:
     """`aliases.json`: aliases in order, each one's entities the most linked first (ties by name)."""
-    data = {alias: _in_link_order(counts[alias]) for alias in sorted(counts)}
+    _write_json({alias: _in_link_order(counts[alias]) for alias in sorted(counts)}, path)
+
+
+def _write_json(data, path: str | os.PathLike) -> None:
     with open(path, "w", encoding="utf-8") as f:
         f.write(json.dumps(data, ensure_ascii=False))  # json.dump would use the slow pure-Python encoder
 
@@ -1051,7 +1055,7 @@ def _write_passage_inputs(work_dir: Path, table: pa.Table, page_files: list[str]
     and the page's own entity (-1: none), looked up in Arrow; the vocabulary's names and anchors."""
     job = _PassageJob(page_files, *(str(work_dir / f"{name}.arrow") for name in ("links", "names", "anchors")),
                       **options)  # fmt: skip
-    names = pa.array(links.vocab.names, pa.string())
+    names = links.names
     targets = table.column("link_targets")
     # looked up for the whole cache at once (index_in hashes its value set on every call), then cut per chunk
     link_entities = _one_array(links.target_ids.take(pc.index_in(pc.list_flatten(targets), value_set=links.targets)))
@@ -1206,20 +1210,23 @@ class _SearchedAliases(dict):
         return aliases
 
 
-def _write_vocabulary_files(out_dir: Path, vocab: EntityVocab, anchors: _EntityAnchors,
-                            tokenizer: PreTrainedTokenizerBase) -> int:  # fmt: skip
+def _write_vocabulary_files(out_dir: Path, links: _EntityLinks, tokenizer: PreTrainedTokenizerBase) -> int:
     """Saves `entity_vocab.json` (each entity's anchors, most frequent first, ties by text), `aliases.json` (the
-    same counts by anchor) and the tokenizer; returns the number of aliases."""
+    same counts by anchor: `_save_alias_counts`' order, sorted in Arrow) and the tokenizer; returns the number of
+    aliases."""
+    vocab, anchors = links.vocab, links.anchors
     EntityVocab(vocab.names, [anchors.ranked(entity_id) for entity_id in range(len(vocab))], vocab.counts).save(out_dir)
-    by_alias: dict[str, dict[str, int]] = {}  # the alias table, as plain dicts: anchor -> entity -> links
-    for entity_id, name in enumerate(vocab.names):
-        for anchor, count in anchors.counts_of(entity_id).items():
-            entities = by_alias.get(anchor)
-            if entities is None:
-                by_alias[anchor] = {name: count}
-            else:
-                entities[name] = count  # each (anchor, entity) pair once: names are unique
-    _save_alias_counts(by_alias, out_dir / ALIASES_NAME)
+    table = links.anchor_table
+    table = table.append_column("name", links.names.take(table.column("entity_id")))
+    table = table.sort_by([("anchor", "ascending"), ("count", "descending"), ("name", "ascending")])
+    aliases, names, counts = (table.column(name).to_pylist() for name in ("anchor", "name", "count"))
+    cuts = [0, *(i for i in range(1, len(aliases)) if aliases[i] != aliases[i - 1]), len(aliases)]
+    by_alias = {  # anchor -> entity -> links
+        aliases[begin]: {names[begin]: counts[begin]} if end - begin == 1 else dict(zip(names[begin:end], counts[begin:end]))
+        for begin, end in zip(cuts, cuts[1:])
+        if end > begin
+    }
+    _write_json(by_alias, out_dir / ALIASES_NAME)
     tokenizer.save_pretrained(out_dir / "tokenizer")
     return len(by_alias)
 
@@ -1432,7 +1439,7 @@ def _build(dump_paths, out_dir, work_dir, num_entities, tokenizer, num_proc, str
             for k, pages in enumerate(_page_ranges(table, _PASSAGE_TASK_CHARS))
         ]
         with ThreadPoolExecutor(1) as background:  # after any fork: a forked child gets no thread's locks
-            write_vocabulary = partial(background.submit, _write_vocabulary_files, out_dir, vocab, links.anchors, tokenizer)
+            write_vocabulary = partial(background.submit, _write_vocabulary_files, out_dir, links, tokenizer)
             vocabulary_written = None  # started once the first tasks are out (the pool sends them holding the GIL)
             for passage_file, summary in _ordered_map(pool, _passages_task, tasks, max_in_flight):
                 vocabulary_written = vocabulary_written or write_vocabulary()
