@@ -374,7 +374,7 @@ def test_build_corpus_missing_tokenizer_is_a_clear_error(wikipedia_sample_small,
         build_corpus(wikipedia_sample_small, tmp_path / "out", num_entities=10, tokenizer=tmp_path / "no-such-tokenizer")
 
 
-def test_build_corpus_output_does_not_depend_on_processes_or_dump_files(toy_tokenizer, tmp_path):
+def test_build_corpus_output_does_not_depend_on_processes_or_dump_files(toy_tokenizer, tmp_path, monkeypatch):
     datasets.disable_progress_bars()
     xml = render_mediawiki_dump(generate_toy_world(40, seed=3))
     head, rest = xml.split("<page>", 1)
@@ -401,6 +401,10 @@ def test_build_corpus_output_does_not_depend_on_processes_or_dump_files(toy_toke
     assert reference[2]["articles"] == 40 and len(reference[0]["validation"]["doc_id"]) > 0
     assert build(whole, 2, "two-processes") == reference
     assert build(halves, 2, "two-files") == reference
+    import edmem_hf.corpus
+
+    monkeypatch.setattr(edmem_hf.corpus, "_LOOKUP_PAGES", 7)  # the links' entity ids looked up a few pages at a time
+    assert build(whole, 2, "small-look-ups") == reference
 
 
 def test_build_corpus_without_validation_or_passages(toy_tokenizer, toy_dump, tmp_path):
