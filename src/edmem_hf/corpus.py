@@ -6,10 +6,11 @@ The build streams (paper, Appendix A; format in docs/design.md and docs/corpus.m
    forked workers; plain text + links (and, when a tokenizer is given, the text's tokens: `encode_words`) go,
    in dump order, to an Arrow cache file as pyarrow record batches;
 2. count: redirects, inbound link counts, the top-N entity vocabulary and the alias table, read back from the
-   cache column by column (memory grows with the number of titles and aliases, not with the text);
-3. label and window: batches of articles go to a second pool of the same kind, which adds heuristic mentions,
-   puts `<E_s>`/`<E_e>` around every mention (`insert_mention_markers` into the tokens made while parsing, or
-   `_PieceEncoder`: byte-level BPE with a word cache) and cuts 128-token passages with a 10-token overlap;
+   cache column by column and counted in Arrow (memory grows with the number of titles and aliases, not with
+   the text); each link's entity id, written to a file the workers memory-map;
+3. label and window: ranges of articles go to the same workers, which add heuristic mentions, put
+   `<E_s>`/`<E_e>` around every mention (`insert_mention_markers` into the tokens made while parsing, or
+   `_PieceEncoder`: byte-level BPE with a word cache) and cut 128-token passages with a 10-token overlap;
 4. split off 0.5% validation passages and save (`datasets.DatasetDict.save_to_disk`).
 
 At most a few chunks per process are in flight at any time, so memory stays flat as the dump grows. Workers
@@ -143,19 +144,15 @@ def build_entity_vocab(
 
 
 class _EntityAnchors:
-    """Each vocabulary entity's anchors and their link counts, most linked first (ties by text), in flat lists:
-    entity `e`'s are at `starts[e]:starts[e + 1]` (one dict per entity would cost more to make than to use)."""
+    """Each vocabulary entity's anchors, most linked first (ties by text), in one flat list: entity `e`'s are at
+    `starts[e]:starts[e + 1]` (a list per entity would cost more to make than to use)."""
 
-    def __init__(self, entity_ids: np.ndarray, anchors: list[str], counts: list[int] | None, num_entities: int):
-        self.anchors, self.counts = anchors, counts
+    def __init__(self, entity_ids: np.ndarray, anchors: list[str], num_entities: int):
+        self.anchors = anchors
         self.starts = np.searchsorted(entity_ids, np.arange(num_entities + 1)).tolist()
 
     def ranked(self, entity_id: int) -> list[str]:
         return self.anchors[self.starts[entity_id] : self.starts[entity_id + 1]]
-
-    def counts_of(self, entity_id: int) -> dict[str, int]:
-        begin, end = self.starts[entity_id], self.starts[entity_id + 1]
-        return dict(zip(self.anchors[begin:end], self.counts[begin:end]))
 
 
 class _EntityLinks(NamedTuple):
@@ -224,12 +221,7 @@ def _count_links(table: pa.Table, num_entities: int, require_existing_pages: boo
         .select(["entity_id", "anchor", "count_sum"])
         .rename_columns(["entity_id", "anchor", "count"])
     )
-    entity_anchors = _EntityAnchors(
-        anchors.column("entity_id").to_numpy(),
-        anchors.column("anchor").to_pylist(),
-        anchors.column("count").to_pylist(),
-        len(vocab),
-    )
+    entity_anchors = _EntityAnchors(anchors.column("entity_id").to_numpy(), anchors.column("anchor").to_pylist(), len(vocab))
     stats = {
         "articles": len(articles),
         "redirects": len(redirects),
@@ -1090,7 +1082,7 @@ def _passage_inputs(job: _PassageJob) -> tuple[pa.Table, _SearchedAliases]:
         names = _read_arrow_files([job.name_file]).column("name").to_pylist()
         anchor_table = _read_arrow_files([job.anchor_file])
         anchors = _EntityAnchors(
-            anchor_table.column("entity_id").to_numpy(), anchor_table.column("anchor").to_pylist(), None, len(names)
+            anchor_table.column("entity_id").to_numpy(), anchor_table.column("anchor").to_pylist(), len(names)
         )
         inputs = _PASSAGE_INPUTS[job.link_file] = (pages, _SearchedAliases(names, anchors, job.max_aliases))
     return inputs
