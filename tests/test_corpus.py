@@ -46,7 +46,7 @@ def test_link_counts_in_arrow_rank_as_build_entity_vocab():
     point order (also beyond ASCII), the vocabulary cut, each entity's anchors most linked first."""
     import pyarrow as pa
 
-    from edmem_hf.corpus import NOT_AN_ARTICLE, OUT_OF_VOCAB, _count_links
+    from edmem_hf.corpus import NOT_AN_ARTICLE, OUT_OF_VOCAB, _count_links, _EntityAnchors
 
     pages = [  # title, status, redirect, [(anchor, target)]
         ("Zed", "article", None, [("zed", "Éclair"), ("Z", "Zed"), ("a", "Apple"), ("e", "Eclair")]),
@@ -84,7 +84,8 @@ def test_link_counts_in_arrow_rank_as_build_entity_vocab():
                     anchors.setdefault(entity, Counter())[anchor] += 1
             expected = build_entity_vocab(counts, num_entities, anchors)
             assert links.vocab.names == expected.names and links.vocab.counts == expected.counts
-            assert [links.anchors.ranked(i) for i in range(len(expected))] == expected.aliases
+            anchors = _EntityAnchors(links.anchor_table, len(links.vocab))
+            assert [anchors.ranked(i) for i in range(len(expected))] == expected.aliases
             ids = {name: i for i, name in enumerate(expected.names)}
             target_ids = dict(zip(links.targets.to_pylist(), links.target_ids.to_pylist()))
             assert target_ids == {

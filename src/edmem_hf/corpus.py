@@ -147,8 +147,10 @@ class _EntityAnchors:
     """Each vocabulary entity's anchors, most linked first (ties by text), in one flat list: entity `e`'s are at
     `starts[e]:starts[e + 1]` (a list per entity would cost more to make than to use)."""
 
-    def __init__(self, entity_ids: np.ndarray, anchors: list[str], num_entities: int):
-        self.anchors = anchors
+    def __init__(self, anchor_table: pa.Table, num_entities: int):
+        """From `_EntityLinks.anchor_table` (entity_id, anchor, count; in that order already)."""
+        self.anchors = anchor_table.column("anchor").to_pylist()
+        entity_ids = anchor_table.column("entity_id").to_numpy()
         self.starts = np.searchsorted(entity_ids, np.arange(num_entities + 1)).tolist()
 
     def ranked(self, entity_id: int) -> list[str]:
@@ -162,8 +164,7 @@ class _EntityLinks(NamedTuple):
     names: pa.Array  # the vocabulary's names, as Arrow strings
     targets: pa.Array  # the distinct link targets (before redirects)
     target_ids: pa.Array  # int32, per target: its vocabulary id, OUT_OF_VOCAB, or NOT_AN_ARTICLE (a red link)
-    anchors: _EntityAnchors
-    anchor_table: pa.Table  # the same anchors as Arrow columns: entity_id, anchor, count
+    anchor_table: pa.Table  # the vocabulary entities' anchors: entity_id, anchor, count; by id, most linked first
     stats: dict
 
 
@@ -221,7 +222,6 @@ def _count_links(table: pa.Table, num_entities: int, require_existing_pages: boo
         .select(["entity_id", "anchor", "count_sum"])
         .rename_columns(["entity_id", "anchor", "count"])
     )
-    entity_anchors = _EntityAnchors(anchors.column("entity_id").to_numpy(), anchors.column("anchor").to_pylist(), len(vocab))
     stats = {
         "articles": len(articles),
         "redirects": len(redirects),
@@ -232,7 +232,7 @@ def _count_links(table: pa.Table, num_entities: int, require_existing_pages: boo
         "entities_linked": per_entity.num_rows,
         "entity_vocab_size": len(vocab),
     }
-    return _EntityLinks(vocab, _one_array(ranked.column("entity")), targets, target_codes, entity_anchors, anchors, stats)
+    return _EntityLinks(vocab, _one_array(ranked.column("entity")), targets, target_codes, anchors, stats)
 
 
 def _save_alias_counts(counts: dict[str, dict[str, int]], path: str | os.PathLike) -> None:
@@ -1080,10 +1080,7 @@ def _passage_inputs(job: _PassageJob) -> tuple[pa.Table, _SearchedAliases]:
         for name, column in zip(_LINK_ENTITY_SCHEMA.names, _read_arrow_files([job.link_file]).columns):
             pages = pages.append_column(name, column)
         names = _read_arrow_files([job.name_file]).column("name").to_pylist()
-        anchor_table = _read_arrow_files([job.anchor_file])
-        anchors = _EntityAnchors(
-            anchor_table.column("entity_id").to_numpy(), anchor_table.column("anchor").to_pylist(), len(names)
-        )
+        anchors = _EntityAnchors(_read_arrow_files([job.anchor_file]), len(names))
         inputs = _PASSAGE_INPUTS[job.link_file] = (pages, _SearchedAliases(names, anchors, job.max_aliases))
     return inputs
 
@@ -1200,7 +1197,7 @@ def _write_vocabulary_files(out_dir: Path, links: _EntityLinks, tokenizer: PreTr
     """Saves `entity_vocab.json` (each entity's anchors, most frequent first, ties by text), `aliases.json` (the
     same counts by anchor: `_save_alias_counts`' order, sorted in Arrow) and the tokenizer; returns the number of
     aliases."""
-    vocab, anchors = links.vocab, links.anchors
+    vocab, anchors = links.vocab, _EntityAnchors(links.anchor_table, len(links.vocab))
     EntityVocab(vocab.names, [anchors.ranked(entity_id) for entity_id in range(len(vocab))], vocab.counts).save(out_dir)
     table = links.anchor_table
     table = table.append_column("name", links.names.take(table.column("entity_id")))
@@ -1208,9 +1205,7 @@ def _write_vocabulary_files(out_dir: Path, links: _EntityLinks, tokenizer: PreTr
     aliases, names, counts = (table.column(name).to_pylist() for name in ("anchor", "name", "count"))
     cuts = [0, *(i for i in range(1, len(aliases)) if aliases[i] != aliases[i - 1]), len(aliases)]
     by_alias = {  # anchor -> entity -> links
-        aliases[begin]: {names[begin]: counts[begin]} if end - begin == 1 else dict(zip(names[begin:end], counts[begin:end]))
-        for begin, end in zip(cuts, cuts[1:])
-        if end > begin
+        aliases[begin]: dict(zip(names[begin:end], counts[begin:end])) for begin, end in zip(cuts, cuts[1:]) if end > begin
     }
     _write_json(by_alias, out_dir / ALIASES_NAME)
     tokenizer.save_pretrained(out_dir / "tokenizer")
