@@ -290,3 +290,35 @@ def test_failed_build_closes_the_dump(tmp_path, monkeypatch):
     # closed while the error (and the frames it holds, as at the top level of a script) is still alive
     assert failure.traceback and len(opened) == 1 and opened[0].closed
     assert not _decompress_threads()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_dump_reader_inherited_by_a_forked_child_is_a_clear_error(tmp_path):
+    """A forked child has no decompressing thread: reading on past the blocks it inherited raises, not hangs."""
+    from edmem_hf.dump import _ThreadedBZ2Reader
+
+    path = tmp_path / "data.bz2"
+    path.write_bytes(bz2.compress(bytes(range(256)) * 20_000))
+    reader = _ThreadedBZ2Reader(str(path), max_output=1000, max_blocks=2)  # cannot finish before the fork
+    reader.read(10)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            while reader.read(4096):
+                pass
+        except RuntimeError as err:
+            os._exit(3 if "forked child" in str(err) else 4)
+        os._exit(5)
+    import signal
+    import time
+
+    deadline = time.monotonic() + 30
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:  # the child hangs waiting for a block
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("a forked child reading an inherited dump reader hung instead of raising")
+    assert os.waitstatus_to_exitcode(done[1]) == 3
+    assert len(reader.read()) == 256 * 20_000 - 10  # the parent reads on
+    reader.close()
