@@ -118,12 +118,6 @@ def _most_linked_first(counts: dict[str, int]) -> list[tuple[str, int]]:
     return sorted(counts.items(), key=lambda x: (-x[1], x[0]))
 
 
-def _in_link_order(counts: dict[str, int]) -> dict[str, int]:
-    """`counts` as a dict in `_most_linked_first` order; a dict of one key is returned as it is (most are: the
-    vocabulary and alias files would otherwise copy tens of thousands of them)."""
-    return counts if len(counts) < 2 else dict(_most_linked_first(counts))
-
-
 def build_entity_vocab(
     link_counts: Counter[str] | dict[str, int],
     num_entities: int,
@@ -237,7 +231,7 @@ def _count_links(table: pa.Table, num_entities: int, require_existing_pages: boo
 
 def _save_alias_counts(counts: dict[str, dict[str, int]], path: str | os.PathLike) -> None:
     """`aliases.json`: aliases in order, each one's entities the most linked first (ties by name)."""
-    _write_json({alias: _in_link_order(counts[alias]) for alias in sorted(counts)}, path)
+    _write_json({alias: dict(_most_linked_first(entities)) for alias, entities in sorted(counts.items())}, path)
 
 
 def _write_json(data, path: str | os.PathLike) -> None:
