@@ -264,7 +264,7 @@ def test_seq2seq_trainer_predict_with_generate_in_dynamic_mode(tokenizer, tmp_pa
         use_cpu=True,
     )
     trainer = Seq2SeqTrainer(model=model, args=args, eval_dataset=rows, processing_class=tokenizer)
-    model._entity_tries.clear()
+    model.set_entity_trie(None)
     model.entity_trie(tokenizer)  # the trie is kept on the model: generate() needs no tokenizer argument
     prediction = trainer.predict(rows)
     assert prediction.predictions.shape[0] == 3

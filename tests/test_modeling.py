@@ -13,7 +13,7 @@ import torch
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, BartConfig, BartForConditionalGeneration
 
 from edmem_hf import EDMemForConditionalGeneration, EDMemForEntityLinking, EDMemModel, EntityVocab
-from edmem_hf.modeling_edmem import dense_entity_attention, entity_attention
+from edmem_hf.entity_attention import dense_entity_attention, entity_attention
 from tiny_models import EE, ES, N_ENTITIES, PAD, tiny_batch, tiny_config, tiny_model
 
 # --- shapes --------------------------------------------------------------------------------------------------------
@@ -22,11 +22,11 @@ from tiny_models import EE, ES, N_ENTITIES, PAD, tiny_batch, tiny_config, tiny_m
 @pytest.mark.parametrize("variant", ["edmem", "encdec"])
 def test_seq2seq_shapes_for_each_variant(variant):
     model = tiny_model(variant=variant)
-    model.eval()  # attended entities are reported by default outside training
+    model.eval()
     batch = tiny_batch()
     if variant == "encdec":
         batch.pop("entity_labels"), batch.pop("decoder_entity_labels")
-    out = model(**batch)
+    out = model(**batch, output_attended_entities=True)
     assert out.logits.shape == (2, 6, model.config.vocab_size)
     assert out.loss.ndim == 0 and torch.isfinite(out.loss)
     if variant == "edmem":
@@ -49,7 +49,13 @@ def test_encmem_entity_linking_shapes():
     batch = tiny_batch()
     mlm_labels = torch.full_like(batch["input_ids"], -100)
     mlm_labels[0, 3] = 11
-    out = model(batch["input_ids"], batch["attention_mask"], entity_labels=batch["entity_labels"], labels=mlm_labels)
+    out = model(
+        batch["input_ids"],
+        batch["attention_mask"],
+        entity_labels=batch["entity_labels"],
+        labels=mlm_labels,
+        output_attended_entities=True,
+    )
     assert out.logits.shape == (2, 12, model.config.vocab_size)
     assert out.linked_entities.top_entity_ids.shape == (3, model.config.memory_top_k)
     assert torch.allclose(out.loss, out.lm_loss + out.entity_loss)
@@ -74,7 +80,7 @@ def test_base_model_returns_hidden_states_and_accesses():
     model = EDMemModel(tiny_config())
     model.eval()
     batch = tiny_batch()
-    out = model(batch["input_ids"], batch["attention_mask"], output_hidden_states=True)
+    out = model(batch["input_ids"], batch["attention_mask"], output_hidden_states=True, output_attended_entities=True)
     assert out.last_hidden_state.shape == (2, 12, 32)
     assert len(out.encoder_hidden_states) == model.config.encoder_layers + 1
     assert out.encoder_attended_entities.top_entity_ids.shape == (3, 8)
@@ -161,7 +167,7 @@ def test_model_entity_mask_hides_entities_from_every_access():
     mask = torch.ones(N_ENTITIES, dtype=torch.bool)
     mask[:20] = False
     model.set_entity_mask(mask)
-    out = model(**tiny_batch())
+    out = model(**tiny_batch(), output_attended_entities=True)
     for access in (out.encoder_attended_entities, out.decoder_attended_entities, out.linked_entities):
         assert (access.top_entity_ids >= 20).all()
     with pytest.raises(ValueError, match="entity_mask must have shape"):
@@ -459,22 +465,3 @@ def test_bf16_autocast_and_bf16_weights_train_and_generate():
     model.eval()
     generated = model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=4)
     assert generated.shape[0] == 2
-
-
-def test_low_precision_inference_search_finds_the_exact_top_k():
-    from edmem_hf.modeling_edmem import LOW_PRECISION_SEARCH_MIN_ENTITIES, _chunked_top_k
-
-    torch.manual_seed(0)
-    table = torch.randn(LOW_PRECISION_SEARCH_MIN_ENTITIES, 16)
-    queries = torch.randn(5, 16)
-    mask = torch.rand(table.shape[0]) > 0.1
-    for entity_mask in (None, mask):
-        exact_scores, exact_ids = _chunked_top_k(queries, table, entity_mask, 20, 4096, False)
-        fast_scores, fast_ids = _chunked_top_k(queries, table, entity_mask, 20, 4096, True)
-        assert torch.allclose(fast_scores, exact_scores, atol=1e-5)
-        assert [set(r) for r in fast_ids.tolist()] == [set(r) for r in exact_ids.tolist()]
-    # The bfloat16 copy follows in-place changes of the table (e.g. an optimizer step between evaluations).
-    with torch.no_grad():
-        table[123] = queries[0] * 100
-    fast_scores, fast_ids = _chunked_top_k(queries, table, None, 3, 4096, True)
-    assert fast_ids[0, 0].item() == 123

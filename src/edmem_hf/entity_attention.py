@@ -1,0 +1,233 @@
+"""Softmax attention of mention queries over an entity table too large for an `(M, N)` score matrix.
+
+`dense_entity_attention` is the reference formula; `entity_attention` computes the same thing in chunks of the
+table (running log-sum-exp forward, recomputing backward) and adds the top-k search and the entity-linking NLL.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+IGNORE_INDEX = -100
+# Scores held at once by the top-k search (64 MB of float32): few queries (generation) search in larger chunks.
+TOP_K_SCORE_BUDGET = 1 << 24
+
+
+def dense_entity_attention(
+    queries: torch.Tensor, table: torch.Tensor, entity_mask: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The textbook formula with a full `(M, N)` score matrix: the reference that `entity_attention` must equal.
+
+    Returns the read `softmax(q E^T) E` `(M, d)` and the log-partition `logsumexp(q E^T)` `(M,)`.
+    """
+    scores = (queries @ table.t()).float()
+    if entity_mask is not None:
+        scores = scores.masked_fill(~entity_mask, float("-inf"))
+    read = torch.softmax(scores, dim=-1) @ table.float()
+    return read.to(queries.dtype), torch.logsumexp(scores, dim=-1)
+
+
+class EntityAttentionResult(NamedTuple):
+    """What `entity_attention` returns; fields are None when not asked for."""
+
+    read: torch.Tensor | None
+    log_partition: torch.Tensor | None
+    nll: torch.Tensor | None
+    top_ids: torch.Tensor | None
+    top_scores: torch.Tensor | None
+
+
+def entity_attention(
+    queries: torch.Tensor,
+    table: torch.Tensor,
+    *,
+    labels: torch.Tensor | None = None,
+    entity_mask: torch.Tensor | None = None,
+    top_k: int | None = None,
+    chunk_size: int = 16384,
+    compute_read: bool = True,
+    return_top_k: int | None = None,
+) -> EntityAttentionResult:
+    """Softmax attention of queries over the entity table (equations 1-2 of the paper, before `W_out`).
+
+    Args:
+        queries: `(M, d)` projected hidden states (`W_in h`), one per mention.
+        table: `(N, d)` entity embeddings.
+        labels: optional `(M,)` gold entity ids (-100 for none): also return the entity-linking NLL
+            `logsumexp_i s_i - s_gold` over the whole table, whatever `top_k` is.
+        entity_mask: optional `(N,)` bool, False hides an entity from the attention.
+        top_k: read the `top_k` best-scoring entities only (inference); `None` attends to all N.
+        chunk_size: entities scored at a time over the whole table.
+        compute_read: whether to compute the read (the entity-linking head only needs scores).
+        return_top_k: also return the ids and raw scores of the best `return_top_k` entities.
+
+    Returns:
+        `EntityAttentionResult(read (M, d), log_partition (M,), nll (M_labelled,), top_ids, top_scores (M, k))`.
+        `nll` holds the labelled rows only, in order.
+    """
+    num_entities = table.shape[0]
+    top_ids = top_scores = None
+    k_needed = max(top_k or 0, return_top_k or 0)
+    if k_needed:
+        with torch.no_grad():
+            top_scores, top_ids = chunked_top_k(queries, table, min(k_needed, num_entities), entity_mask, chunk_size)
+
+    gold = torch.full((queries.shape[0],), -1, dtype=torch.long, device=queries.device)
+    if labels is not None:
+        gold = torch.where(labels == IGNORE_INDEX, gold, labels)
+        if entity_mask is not None:  # a hidden entity cannot be predicted: no loss
+            gold = torch.where(entity_mask[gold.clamp_min(0)], gold, -1)
+    read = log_partition = nll = None
+    full_read = compute_read and (top_k is None or top_k >= num_entities)
+    if full_read or labels is not None:
+        # One pass over the table gives the read (when attending to all), the log-partition and the gold scores.
+        read, log_partition, gold_scores = _ChunkedEntityAttention.apply(
+            queries, table, gold, entity_mask, chunk_size, full_read
+        )
+        read = read if full_read else None
+        if labels is not None:
+            labelled = gold >= 0
+            nll = log_partition[labelled] - gold_scores[labelled]
+    if compute_read and not full_read:
+        ids = top_ids[:, :top_k]
+        candidates = table[ids]  # (M, k, d)
+        scores = torch.einsum("md,mkd->mk", queries.to(table.dtype), candidates).float()
+        if entity_mask is not None:
+            scores = scores.masked_fill(~entity_mask[ids], float("-inf"))
+        weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+        read = torch.einsum("mk,mkd->md", weights, candidates.float()).to(queries.dtype)
+    if return_top_k:
+        top_ids, top_scores = top_ids[:, :return_top_k], top_scores[:, :return_top_k]
+    else:
+        top_ids = top_scores = None
+    return EntityAttentionResult(read, log_partition, nll, top_ids, top_scores)
+
+
+def chunked_top_k(
+    queries: torch.Tensor,
+    table: torch.Tensor,
+    k: int,
+    entity_mask: torch.Tensor | None = None,
+    chunk_size: int = 16384,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `k` best float32 scores `(M, k)` and their entity ids `(M, k)`, best first, one chunk at a time.
+
+    Few queries (generation) search the table in larger chunks: up to `TOP_K_SCORE_BUDGET` scores at once.
+    """
+    chunk_size = max(chunk_size, TOP_K_SCORE_BUDGET // max(queries.shape[0], 1))
+    best_scores = best_ids = None
+    for start in range(0, table.shape[0], chunk_size):
+        mask_chunk = entity_mask[start : start + chunk_size] if entity_mask is not None else None
+        scores = _chunk_scores(queries, table[start : start + chunk_size], mask_chunk)
+        scores, ids = scores.topk(min(k, scores.shape[1]), dim=1)
+        ids = ids + start
+        if best_scores is not None:
+            scores = torch.cat([best_scores, scores], dim=1)
+            scores, order = scores.topk(min(k, scores.shape[1]), dim=1)
+            ids = torch.cat([best_ids, ids], dim=1).gather(1, order)
+        best_scores, best_ids = scores, ids
+    return best_scores, best_ids
+
+
+def _chunk_scores(queries: torch.Tensor, table_chunk: torch.Tensor, mask_chunk: torch.Tensor | None) -> torch.Tensor:
+    """Dot-product scores of `(M, d)` queries against a `(C, d)` slice of the table, as float32 `(M, C)`."""
+    scores = (queries.to(table_chunk.dtype) @ table_chunk.t()).float()
+    if mask_chunk is not None:
+        scores = scores.masked_fill(~mask_chunk, float("-inf"))
+    return scores
+
+
+class _ChunkedEntityAttention(torch.autograd.Function):
+    """Softmax attention of M queries over all N entities, without an `(M, N)` matrix.
+
+    Forward returns the read `sum_i alpha_i e_i` `(M, d)`, the log-partition `logsumexp_i s_i` `(M,)` and the
+    gold entity's score `s_gold` `(M,)`, computed with a running log-sum-exp over chunks of the table. Backward
+    recomputes each chunk's scores. Peak extra memory is a few `(M, chunk)` float32 blocks and one table-sized
+    gradient, instead of several `(M, N)` matrices; the price is one extra `(M, N, d)` product. Softmax arithmetic
+    is float32 whatever the table's dtype.
+    """
+
+    @staticmethod
+    def forward(ctx, queries, table, gold, entity_mask, chunk_size, compute_read):
+        num_queries, dim = queries.shape
+        device = queries.device
+        running_max = torch.full((num_queries,), float("-inf"), device=device)
+        running_sum = torch.zeros(num_queries, device=device)
+        read = torch.zeros(num_queries, dim, device=device) if compute_read else None
+        for start in range(0, table.shape[0], chunk_size):
+            chunk = table[start : start + chunk_size]
+            mask_chunk = entity_mask[start : start + chunk_size] if entity_mask is not None else None
+            scores = _chunk_scores(queries, chunk, mask_chunk)
+            new_max = torch.maximum(running_max, scores.amax(dim=1))
+            safe_max = torch.where(torch.isfinite(new_max), new_max, torch.zeros_like(new_max))
+            rescale = torch.exp(running_max - safe_max)
+            probs = scores.sub_(safe_max[:, None]).exp_()
+            running_sum = running_sum * rescale + probs.sum(dim=1)
+            if compute_read:
+                read = torch.addmm(read * rescale[:, None], probs, chunk.float())
+            running_max = new_max
+        empty = running_sum == 0  # every entity masked: nothing to read
+        log_partition = torch.where(
+            empty, torch.full_like(running_max, float("-inf")), running_max + running_sum.log()
+        )
+        if compute_read:
+            read = torch.where(empty[:, None], torch.zeros_like(read), read / running_sum.clamp_min(1e-30)[:, None])
+        has_gold = gold >= 0
+        gold_rows = table[gold.clamp_min(0)]
+        gold_scores = torch.where(has_gold, (queries.to(table.dtype) * gold_rows).sum(-1).float(), 0.0)
+        ctx.save_for_backward(
+            queries, table, gold, log_partition, read if compute_read else log_partition, entity_mask
+        )
+        ctx.chunk_size = chunk_size
+        ctx.compute_read = compute_read
+        out_read = read.to(queries.dtype) if compute_read else queries.new_zeros(num_queries, dim)
+        return out_read, log_partition, gold_scores
+
+    @staticmethod
+    def backward(ctx, grad_read, grad_log_partition, grad_gold_scores):
+        queries, table, gold, log_partition, read, entity_mask = ctx.saved_tensors
+        chunk_size = ctx.chunk_size
+        use_read = ctx.compute_read and grad_read is not None
+        queries_f = queries.float()
+        finite = torch.isfinite(log_partition)
+        finite_lp = torch.where(finite, log_partition, torch.zeros_like(log_partition))
+        grad_queries = torch.zeros_like(queries_f)
+        grad_table = torch.zeros(table.shape, dtype=torch.float32, device=table.device)
+        if use_read:
+            grad_read = grad_read.float()
+            grad_dot_read = (grad_read * read).sum(dim=1)
+            # rows whose every entity is masked read a constant zero
+            grad_read = grad_read * finite[:, None]
+        if grad_log_partition is not None:
+            grad_log_partition = torch.where(finite, grad_log_partition.float(), 0.0)
+        for start in range(0, table.shape[0], chunk_size):
+            chunk = table[start : start + chunk_size]
+            chunk_f = chunk.float()
+            mask_chunk = entity_mask[start : start + chunk_size] if entity_mask is not None else None
+            probs = _chunk_scores(queries, chunk, mask_chunk).sub_(finite_lp[:, None]).exp_()
+            if use_read:
+                # d read / d s_j = p_j (e_j - read): grad_s = p * (g e_j - g . read)
+                grad_scores = (grad_read @ chunk_f.t()).sub_(grad_dot_read[:, None]).mul_(probs)
+                if grad_log_partition is not None:
+                    grad_scores.addcmul_(probs, grad_log_partition[:, None])
+            elif grad_log_partition is not None:
+                grad_scores = probs.mul_(grad_log_partition[:, None])
+            else:
+                continue
+            grad_queries.addmm_(grad_scores, chunk_f)
+            grad_chunk = grad_scores.t() @ queries_f
+            if use_read:
+                grad_chunk.addmm_(probs.t(), grad_read)
+            grad_table[start : start + chunk_size] = grad_chunk
+        if grad_gold_scores is not None:
+            has_gold = gold >= 0
+            gold_ids = gold[has_gold]
+            grad_gold = grad_gold_scores.float()[has_gold][:, None]
+            grad_queries[has_gold] += grad_gold * table[gold_ids].float()
+            grad_table.index_add_(0, gold_ids, grad_gold * queries_f[has_gold])
+        return grad_queries.to(queries.dtype), grad_table.to(table.dtype), None, None, None, None
+
+
+__all__ = ["EntityAttentionResult", "chunked_top_k", "dense_entity_attention", "entity_attention"]

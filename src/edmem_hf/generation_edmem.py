@@ -1,0 +1,348 @@
+"""EDMem's `generate`: free, static and dynamic entity decoding, and reports of the mentions it generated.
+
+A mixin of `EDMemForConditionalGeneration`, as Whisper's decoding lives beside its model in Transformers. It only
+calls the model's `forward`, which never depends on state set here (see `docs/constrained_decoding.md`).
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from dataclasses import dataclass
+
+import torch
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+from transformers.generation import GenerationConfig, GenerationMixin, LogitsProcessorList
+
+from .entity_decoding import EntityConstrainedLogitsProcessor, EntityMention, EntityTrie, marker_token_ids
+
+ENTITY_DECODING_MODES = ("free", "static", "dynamic")
+# Batch fields that supervise training and mean nothing to generate() (Seq2SeqTrainer passes them through).
+TRAINING_ONLY_FIELDS = ("labels", "entity_labels", "decoder_entity_labels")
+
+
+@dataclass
+class GeneratedMention:
+    """One `<E_s> ... <E_e>` span of a generated sequence, and the entities that were on offer for it.
+
+    Args:
+        start / end: positions of `<E_s>` and of `<E_e>` in the returned sequence (`end == len` if unclosed).
+        token_ids: the tokens between the markers.
+        entity_id / entity_name: the entity whose name the span spells (-1 / None if it spells none).
+        candidates: `(entity_id, name, score)` of the candidate entities when the span was opened, best first
+            (static and dynamic decoding: the entity-linking head's top-k and their scores; free decoding: the
+            decoder memory's attended entities at that `<E_s>`).
+    """
+
+    start: int
+    end: int
+    token_ids: list[int]
+    entity_id: int
+    entity_name: str | None
+    candidates: list[tuple[int, str | None, float]]
+
+
+@dataclass
+class DynamicEntityLinking:
+    """Dynamic decoding's link from the model's outputs to the logits processor.
+
+    `generate` passes it as the model kwarg `decoder_dynamic_linking`. Each step's forward is then asked for the
+    entity-linking head's `top_k` at the `<E_s>` tokens it reads (`entity_linking_top_k`), and
+    `_update_model_kwargs_for_generation` gives each row whose newest token is `<E_s>` those entities as the
+    names its mention may spell.
+    """
+
+    processor: EntityConstrainedLogitsProcessor
+    top_k: int
+
+    def receive(self, linked, num_rows: int, length: int) -> None:
+        """Hands the head's top-k at the `<E_s>` tokens a step read last (position `length - 1`) to the processor."""
+        if linked is None or linked.positions.shape[0] == 0:
+            return
+        newest = linked.positions[:, 1] == length - 1
+        rows = torch.zeros(num_rows, dtype=torch.bool, device=linked.positions.device)
+        rows[linked.positions[newest, 0]] = True
+        # `positions` are in row order, so the selected rows' candidates are too
+        self.processor.set_candidates(linked.top_entity_ids[newest], linked.top_entity_scores[newest], rows=rows)
+
+
+class EDMemGenerationMixin(GenerationMixin):
+    """`generate(entity_decoding=...)`, the static linking pass, the prefix tree of entity names, mention reports."""
+
+    # --- the prefix tree of entity names --------------------------------------------------------------------
+
+    def entity_trie(self, tokenizer=None, cache_dir: str | os.PathLike | None = None) -> EntityTrie:
+        """The prefix tree of `<E_s> name <E_e>` over `model.entity_vocab`, kept on the model.
+
+        Built with `tokenizer` (names tokenised with a leading space, as mentions appear in running text) the first
+        time, and again for another tokenizer; its arrays are cached on disk in `cache_dir` (default: the
+        Hugging Face assets cache, `edmem_hf/tries`).
+        """
+        if self.entity_vocab is None:
+            raise ValueError("entity decoding needs model.entity_vocab: set it or load a checkpoint that has one")
+        kept = getattr(self, "_entity_trie", None)
+        if tokenizer is None:
+            if kept is None:
+                raise ValueError(
+                    "static and dynamic entity decoding spell entity names with the tokenizer: pass tokenizer=... to "
+                    "generate() once (the prefix tree is then kept on the model), or call model.set_entity_trie(trie)"
+                )
+            return kept
+        built_with = getattr(self, "_entity_trie_tokenizer", None)
+        if kept is not None and built_with is not None and built_with() is tokenizer:
+            return kept
+        start_id, end_id = marker_token_ids(tokenizer)  # a clear error if the tokenizer lacks them
+        if (start_id, end_id) != (self.config.entity_start_token_id, self.config.entity_end_token_id):
+            raise ValueError(
+                f"tokenizer / model mismatch: the tokenizer's <E_s>, <E_e> are {start_id}, {end_id}, the model's "
+                f"{self.config.entity_start_token_id}, {self.config.entity_end_token_id}"
+            )
+        if cache_dir is None:
+            from huggingface_hub import cached_assets_path
+
+            cache_dir = cached_assets_path(library_name="edmem_hf", namespace="tries")
+        trie = EntityTrie.build(self.entity_vocab, tokenizer, end_token_id=end_id, cache_dir=cache_dir)
+        self.set_entity_trie(trie)
+        self._entity_trie_tokenizer = weakref.ref(tokenizer)
+        return trie
+
+    def set_entity_trie(self, trie: EntityTrie | None) -> None:
+        """Uses a prebuilt `EntityTrie` (one sequence per entity of the vocabulary) for entity decoding."""
+        if trie is not None and self.entity_vocab is not None and len(trie) != len(self.entity_vocab):
+            raise ValueError(f"the trie has {len(trie)} entities, the entity vocabulary {len(self.entity_vocab)}")
+        self._entity_trie = trie
+        self._entity_trie_tokenizer = None
+
+    # --- static linking ----------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def link_entities(
+        self,
+        input_ids: torch.LongTensor,
+        attention_mask: torch.Tensor | None = None,
+        top_k: int = 5,
+        encoder_outputs=None,
+        past_key_values: EncoderDecoderCache | None = None,
+    ) -> tuple[torch.LongTensor, torch.FloatTensor]:
+        """Static entity linking: the entity-linking head's top-k for each example.
+
+        The decoder reads the start token and `<E_s>`, and the head scores the entities at `<E_s>`, as in the
+        paper's static setting. Returns ids and raw scores, each `(batch, top_k)`, best first. With an empty
+        `past_key_values`, the decoder fills it (its cross-attention part can then serve generation).
+        """
+        if self.config.variant != "edmem":
+            raise ValueError(f"entity linking needs the full EDMem (variant 'edmem'), not {self.config.variant!r}")
+        if encoder_outputs is None:
+            encoder_outputs = self.get_encoder()(input_ids=input_ids, attention_mask=attention_mask, return_dict=True)
+        batch = encoder_outputs.last_hidden_state.shape[0]
+        device = encoder_outputs.last_hidden_state.device
+        decoder_input_ids = torch.tensor(
+            [[self.config.decoder_start_token_id, self.config.entity_start_token_id]], device=device
+        ).expand(batch, 2)
+        outputs = self.model(
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            encoder_outputs=encoder_outputs,
+            past_key_values=past_key_values,
+            use_cache=past_key_values is not None,
+            return_dict=True,
+        )
+        linked = self._link_mentions(
+            outputs.last_hidden_state, decoder_input_ids, top_k=min(top_k, self.config.entity_vocab_size)
+        )
+        return linked.top_entity_ids, linked.top_entity_scores
+
+    def _static_candidates(self, input_ids, top_k: int, rows_per_example: int, kwargs: dict, config):
+        """Runs the static linking pass before generation; returns the candidates `(batch, top_k)` and scores.
+
+        The pass computes the cross-attention keys and values of the encoder output: generation reuses them
+        (expanded to its rows, through `kwargs["past_key_values"]`) instead of computing them again at its first
+        step.
+        """
+        if kwargs.get("encoder_outputs") is None:
+            if input_ids is None:
+                raise ValueError("static entity decoding needs input_ids (or encoder_outputs)")
+            kwargs["encoder_outputs"] = self.get_encoder()(
+                input_ids=input_ids, attention_mask=kwargs.get("attention_mask"), return_dict=True
+            )
+        reuse = (
+            kwargs.get("past_key_values") is None
+            and kwargs.get("use_cache", getattr(config, "use_cache", True)) is not False
+            and getattr(config, "cache_implementation", None) is None
+        )
+        link_cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        ids, scores = self.link_entities(
+            input_ids,
+            kwargs.get("attention_mask"),
+            top_k,
+            encoder_outputs=kwargs["encoder_outputs"],
+            past_key_values=link_cache if reuse else None,
+        )
+        if reuse:
+            cross = link_cache.cross_attention_cache
+            if rows_per_example > 1:  # generate() expands its inputs by this factor
+                cross.batch_repeat_interleave(rows_per_example)
+            kwargs["past_key_values"] = EncoderDecoderCache(DynamicCache(config=self.config), cross)
+        return ids, scores
+
+    # --- generate ----------------------------------------------------------------------------------------------
+
+    def generate(
+        self,
+        inputs: torch.Tensor | None = None,
+        generation_config: GenerationConfig | None = None,
+        logits_processor: LogitsProcessorList | None = None,
+        entity_decoding: str | None = None,
+        entity_candidates: int | None = None,
+        tokenizer=None,
+        **kwargs,
+    ):
+        r"""
+        `GenerationMixin.generate` with EDMem's three decoding settings.
+
+        Args:
+            entity_decoding (`str`, *optional*): `"free"` (the LM head alone), `"static"` (link first: the
+                entity-linking head's top-k entities for the input become the only names a mention may spell) or
+                `"dynamic"` (at each generated `<E_s>`, the head's top-k at that position become the names the
+                mention may spell). Defaults to `generation_config.entity_decoding` (`"free"`).
+            entity_candidates (`int`, *optional*): k, the candidates per mention. Defaults to
+                `generation_config.entity_candidates` (5).
+            tokenizer: the model's tokenizer, needed once to spell entity names (the prefix tree is then kept).
+
+        Training-only batch fields (`labels`, `entity_labels`, `decoder_entity_labels`) are dropped, so that a
+        training batch can be passed as is (`Seq2SeqTrainer(predict_with_generate=True)` does). With
+        `return_dict_in_generate=True` the output has `entity_mentions`: for each returned sequence, a list of
+        `GeneratedMention` with the candidate entities (ids, names, scores) each mention could choose from.
+        """
+        for name in TRAINING_ONLY_FIELDS:
+            kwargs.pop(name, None)
+        config = generation_config if generation_config is not None else self.generation_config
+        mode = entity_decoding if entity_decoding is not None else getattr(config, "entity_decoding", "free")
+        top_k = entity_candidates if entity_candidates is not None else getattr(config, "entity_candidates", 5)
+        if mode not in ENTITY_DECODING_MODES:
+            raise ValueError(f"entity_decoding must be one of {ENTITY_DECODING_MODES}, got {mode!r}")
+        if mode != "free" and self.config.variant != "edmem":
+            raise ValueError(f"entity_decoding={mode!r} needs the full EDMem, not variant {self.config.variant!r}")
+        if not isinstance(top_k, int) or top_k < 1:
+            raise ValueError(f"entity_candidates must be a positive integer, got {top_k!r}")
+        num_beams = kwargs.get("num_beams", getattr(config, "num_beams", 1)) or 1
+        num_return = kwargs.get("num_return_sequences", getattr(config, "num_return_sequences", 1)) or 1
+        rows_per_example = num_beams if num_beams > 1 else num_return
+        input_ids = inputs if inputs is not None else kwargs.get("input_ids")
+        processors = LogitsProcessorList(logits_processor or [])
+        processor = None
+        if mode != "free":
+            trie = self.entity_trie(tokenizer)
+            candidates = scores = None
+            if mode == "static":
+                candidates, scores = self._static_candidates(input_ids, top_k, rows_per_example, kwargs, config)
+            processor = EntityConstrainedLogitsProcessor(
+                trie,
+                start_token_id=self.config.entity_start_token_id,
+                end_token_id=self.config.entity_end_token_id,
+                candidates=candidates,
+                candidate_scores=scores,
+                group_size=rows_per_example,
+            )
+            if mode == "dynamic":
+                kwargs["decoder_dynamic_linking"] = DynamicEntityLinking(processor, top_k)
+            processors.append(processor)
+        output = super().generate(inputs, generation_config, processors, **kwargs)
+        if not isinstance(output, torch.Tensor):
+            if mode == "free" and tokenizer is not None and self.entity_vocab is not None:
+                self.entity_trie(tokenizer)  # to name the entities that free-form mentions spell
+            if processor is not None:
+                examples = torch.arange(output.sequences.shape[0] // num_return).repeat_interleave(num_return)
+                parsed = processor.mentions(output.sequences, examples)
+            else:
+                parsed = self._free_mentions(output.sequences, input_ids, kwargs.get("attention_mask"))
+            output["entity_mentions"] = self._name_mentions(parsed)
+        return output
+
+    def prepare_inputs_for_generation(
+        self, *args, decoder_dynamic_linking: DynamicEntityLinking | None = None, **kwargs
+    ):
+        """BART's inputs, plus a request for the entity-linking head's top-k in dynamic decoding."""
+        model_inputs = super().prepare_inputs_for_generation(*args, **kwargs)
+        if decoder_dynamic_linking is not None:
+            model_inputs["entity_linking_top_k"] = min(decoder_dynamic_linking.top_k, self.config.entity_vocab_size)
+        return model_inputs
+
+    def _update_model_kwargs_for_generation(self, outputs, model_kwargs, is_encoder_decoder=False, num_new_tokens=1):
+        linking = model_kwargs.get("decoder_dynamic_linking")
+        if linking is not None:
+            # the step read one new token per row (the whole prompt at the first step): its last one may be <E_s>
+            linking.receive(outputs.linked_entities, *outputs.logits.shape[:2])
+        return super()._update_model_kwargs_for_generation(
+            outputs, model_kwargs, is_encoder_decoder=is_encoder_decoder, num_new_tokens=num_new_tokens
+        )
+
+    # --- mention reports ---------------------------------------------------------------------------------------
+
+    def _name_mentions(self, parsed: list[list[EntityMention]]) -> list[list[GeneratedMention]]:
+        vocab = self.entity_vocab
+
+        def name(entity_id: int) -> str | None:
+            return vocab.names[entity_id] if vocab is not None and 0 <= entity_id < len(vocab) else None
+
+        return [
+            [
+                GeneratedMention(
+                    m.start,
+                    m.end,
+                    m.token_ids,
+                    m.entity_id,
+                    name(m.entity_id),
+                    [(c, name(c), s) for c, s in zip(m.candidate_ids, m.candidate_scores)],
+                )
+                for m in mentions
+            ]
+            for mentions in parsed
+        ]
+
+    @torch.no_grad()
+    def _free_mentions(self, sequences, input_ids, attention_mask) -> list[list[EntityMention]]:
+        """Mentions of freely generated sequences, with the entities the decoder memory attended to at each.
+
+        One teacher-forced pass over the returned sequences reads what the decoder memory attended to at each
+        `<E_s>` (generation itself does not record it: beam search reorders and drops rows as it goes).
+        """
+        config = self.config
+        start_id, end_id = config.entity_start_token_id, config.entity_end_token_id
+        attended = {}
+        if config.variant == "edmem" and input_ids is not None and bool((sequences == start_id).any()):
+            repeat = sequences.shape[0] // input_ids.shape[0]
+            out = self(
+                input_ids=input_ids.repeat_interleave(repeat, dim=0),
+                attention_mask=attention_mask.repeat_interleave(repeat, dim=0) if attention_mask is not None else None,
+                decoder_input_ids=sequences,
+                use_cache=False,
+                output_attended_entities=True,
+                return_dict=True,
+            )
+            access = out.decoder_attended_entities
+            for (row, pos), ids, scores in zip(
+                access.positions.tolist(), access.top_entity_ids.tolist(), access.top_entity_scores.tolist()
+            ):
+                attended[(row, pos)] = (ids, scores)
+        trie = getattr(self, "_entity_trie", None)
+        result = []
+        for row, seq in enumerate(sequences.tolist()):
+            mentions = []
+            for start, token in enumerate(seq):
+                if token != start_id:
+                    continue
+                end = start + 1
+                while end < len(seq) and seq[end] not in (start_id, end_id):
+                    end += 1
+                span = seq[start + 1 : end]
+                entity = -1
+                if end < len(seq) and seq[end] == end_id and trie is not None:
+                    entity = trie.lookup(span + [end_id])
+                ids, scores = attended.get((row, start), ([], []))
+                mentions.append(EntityMention(start, end, span, entity, ids, scores))
+            result.append(mentions)
+        return result
+
+
+__all__ = ["DynamicEntityLinking", "EDMemGenerationMixin", "ENTITY_DECODING_MODES", "GeneratedMention"]

@@ -1,0 +1,137 @@
+"""EDMem follows Transformers' conventions where its common tests found it did not (issue 13's four defects)."""
+
+import pytest
+import torch
+from transformers import BartConfig, BartForConditionalGeneration
+
+from edmem_hf import EDMemConfig, EDMemForConditionalGeneration, EDMemForEntityLinking, EDMemModel
+from tiny_models import N_ENTITIES, tiny_batch, tiny_config, tiny_model
+
+
+def test_return_dict_false_returns_tuples():
+    model = tiny_model()
+    model.eval()
+    batch = tiny_batch()
+    expected = model(**batch)
+    as_tuple = model(**batch, return_dict=False)
+    assert isinstance(as_tuple, tuple)
+    assert torch.equal(as_tuple[0], expected.loss) and torch.equal(as_tuple[1], expected.logits)
+
+    model.config.return_dict = False  # the config's default, as Transformers' tests set it
+    from_config = model(**batch)
+    assert isinstance(from_config, tuple) and torch.equal(from_config[1], expected.logits)
+    base = EDMemModel(tiny_config(return_dict=False)).eval()
+    assert isinstance(base(batch["input_ids"], batch["attention_mask"]), tuple)
+    encmem = EDMemForEntityLinking(tiny_config(variant="encmem")).eval()
+    assert isinstance(encmem(batch["input_ids"], batch["attention_mask"], return_dict=False), tuple)
+
+
+def test_from_pretrained_without_a_path_takes_config_and_state_dict():
+    model = tiny_model(seed=3).eval()
+    loaded = EDMemForConditionalGeneration.from_pretrained(None, config=model.config, state_dict=model.state_dict())
+    loaded.eval()
+    batch = tiny_batch()
+    assert torch.equal(model(**batch).logits, loaded(**batch).logits)
+    assert loaded.entity_vocab is None
+
+
+def _bart_twin(config: EDMemConfig) -> BartForConditionalGeneration:
+    """A BART of EDMem's widths and depths: the paper's starting point."""
+    return BartForConditionalGeneration(
+        BartConfig(
+            vocab_size=config.vocab_size,
+            d_model=config.d_model,
+            encoder_layers=config.encoder_layers,
+            decoder_layers=config.decoder_layers,
+            encoder_attention_heads=config.encoder_attention_heads,
+            decoder_attention_heads=config.decoder_attention_heads,
+            encoder_ffn_dim=config.encoder_ffn_dim,
+            decoder_ffn_dim=config.decoder_ffn_dim,
+            max_position_embeddings=config.max_position_embeddings,
+            pad_token_id=config.pad_token_id,
+        )
+    )
+
+
+def test_loading_a_bart_checkpoint_reports_and_initialises_every_edmem_weight(tmp_path):
+    config = tiny_config()
+    torch.manual_seed(0)
+    bart = _bart_twin(config)
+    bart.save_pretrained(tmp_path)
+
+    model, info = EDMemForConditionalGeneration.from_pretrained(tmp_path, config=config, output_loading_info=True)
+    edmem_only = {
+        name
+        for name, _ in model.named_parameters(remove_duplicate=False)
+        if "entity" in name or ".memory." in name or name.startswith("entity_linking_head")
+    }
+    assert edmem_only, "the tiny model has memory weights"
+    assert {"model.entity_embeddings.weight", "entity_linking_head.query_proj.weight"} <= set(info["missing_keys"])
+    assert {"model.encoder.memory.query_proj.weight", "model.decoder.memory.output_proj.bias"} <= set(
+        info["missing_keys"]
+    )
+    assert not info["unexpected_keys"]
+    for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
+        assert tensor.device.type != "meta", f"{name} was left on the meta device"
+        assert torch.isfinite(tensor).all(), f"{name} was not initialised"
+    table = model.model.entity_embeddings.weight
+    assert table.std() > 0
+    assert model.model.encoder.entity_embeddings.weight is table
+    assert model.model.decoder.entity_embeddings.weight is table
+    # BART's own weights arrive unchanged, and a forward with mentions runs
+    assert torch.equal(model.model.shared.weight, bart.model.shared.weight)
+    assert torch.equal(model.model.encoder.layers[1].fc1.weight, bart.model.encoder.layers[1].fc1.weight)
+    model.eval()
+    out = model(**tiny_batch(), output_attended_entities=True)
+    assert torch.isfinite(out.loss)
+    assert out.encoder_attended_entities.top_entity_ids.shape[0] == 3
+
+
+def test_get_encoder_takes_the_modality_argument():
+    model = tiny_model()
+    assert model.get_encoder() is model.model.encoder
+    assert model.get_encoder(modality=None) is model.model.encoder
+    assert model.get_decoder() is model.model.decoder
+
+
+def test_memory_reports_are_none_unless_asked_for():
+    model = tiny_model().eval()
+    batch = {k: v for k, v in tiny_batch().items() if k in ("input_ids", "attention_mask")}
+    plain = model(**batch)
+    assert plain.encoder_attended_entities is None
+    assert plain.decoder_attended_entities is None and plain.linked_entities is None
+    assert plain.lm_loss is None and plain.entity_loss is None
+    # the same fields as BART's output for the same call
+    assert set(plain.keys()) == {"logits", "past_key_values", "encoder_last_hidden_state"}
+    reported = model(**batch, output_attended_entities=True)
+    assert reported.encoder_attended_entities.top_entity_ids.shape == (3, model.config.memory_top_k)
+    assert torch.equal(plain.logits, reported.logits)
+    linked = model(**batch, entity_linking_top_k=2).linked_entities
+    assert linked.top_entity_ids.shape[1] == 2
+
+
+def test_weights_are_tied_by_tied_weights_keys_alone():
+    model = tiny_model()
+    keys = model.model._tied_weights_keys
+    assert keys["encoder.entity_embeddings.weight"] == "entity_embeddings.weight"
+    assert keys["decoder.embed_tokens.weight"] == "shared.weight"
+    # each stack has a module of its own; tying shares the parameter
+    assert model.model.encoder.embed_tokens is not model.model.shared
+    assert model.model.encoder.embed_tokens.weight is model.model.shared.weight
+    assert model.lm_head.weight is model.model.shared.weight
+    with pytest.raises(Exception, match="tie_word_embeddings=False would untie the entity table"):
+        EDMemConfig(**{**tiny_config().to_dict(), "tie_word_embeddings": False})
+    assert EDMemConfig(**{**tiny_config(variant="encdec").to_dict(), "tie_word_embeddings": False})
+
+
+def test_forward_does_not_depend_on_generate():
+    """Nothing generate() sets changes what forward computes: same logits before and after, same attributes."""
+    model = tiny_model().eval()
+    batch = tiny_batch()
+    before = model(**batch, output_attended_entities=True)
+    attributes = set(vars(model))
+    model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=3)
+    after = model(**batch, output_attended_entities=True)
+    assert torch.equal(before.logits, after.logits)
+    assert set(vars(model)) == attributes
+    assert N_ENTITIES == model.config.entity_vocab_size
