@@ -31,7 +31,7 @@ def _case(kind: str, num_entities: int, mentions: int, dim: int, chunk: int, rep
 
     torch.set_num_threads(threads)
 
-    from edmem_hf.modeling_edmem import dense_entity_attention, entity_attention
+    from edmem_hf.entity_attention import dense_entity_attention, entity_attention
 
     torch.manual_seed(0)
     queries = torch.randn(mentions, dim, requires_grad=True)

@@ -149,6 +149,42 @@ def test_dynamic_mentions_spell_the_head_top_k_at_their_own_position(tokenizer, 
     assert seen > 0
 
 
+def test_generate_sets_nothing_that_forward_reads(tokenizer):
+    """Dynamic decoding reaches the processor through generate's own kwargs: the model's attributes and its forward
+    are the same before, during (a forward inside a logits processor) and after generation."""
+    model = make_model(tokenizer, seed=2)
+    batch = questions(tokenizer)
+    model.entity_trie(tokenizer)
+
+    def model_attributes():
+        return {k: v for k, v in vars(model).items() if not k.startswith(("_modules", "_parameters", "_buffers"))}
+
+    attributes = model_attributes()
+    probe = torch.tensor([[model.config.decoder_start_token_id, model.config.entity_start_token_id]] * 3)
+    reference = model(**batch, decoder_input_ids=probe, output_attended_entities=True)
+    during = []
+
+    class ForwardInsideGenerate:
+        def __call__(self, input_ids, scores):
+            if not during:
+                assert model_attributes() == attributes  # generate set nothing on the model
+                during.append(model(**batch, decoder_input_ids=probe, output_attended_entities=True))
+            return scores
+
+    model.generate(
+        **batch,
+        entity_decoding="dynamic",
+        entity_candidates=2,
+        max_new_tokens=6,
+        logits_processor=[ForwardInsideGenerate()],
+    )
+    after = model(**batch, decoder_input_ids=probe, output_attended_entities=True)
+    for out in (during[0], after):
+        assert torch.equal(out.logits, reference.logits)
+        assert torch.equal(out.linked_entities.top_entity_ids, reference.linked_entities.top_entity_ids)
+    assert model_attributes() == attributes
+
+
 def test_dynamic_beam_search_with_cache_equals_without(tokenizer):
     model = make_model(tokenizer, seed=1)
     batch = questions(tokenizer)
