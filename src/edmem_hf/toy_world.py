@@ -211,10 +211,15 @@ class _Renderer:
             ]
             if people:
                 paragraphs.append(
-                    "Notable people born in " + entity.name + " include "
-                    + ", ".join(link(p.name, linked) for p in people) + "."
-                )  # fmt: skip
-            companies = [e for e in self.world.entities if e.type == "company" and e.attributes["headquarters"] == entity.name]  # fmt: skip
+                    "Notable people born in "
+                    + entity.name
+                    + " include "
+                    + ", ".join(link(p.name, linked) for p in people)
+                    + "."
+                )
+            companies = [
+                e for e in self.world.entities if e.type == "company" and e.attributes["headquarters"] == entity.name
+            ]
             if companies:
                 paragraphs.append(
                     f"{entity.name} is home to " + " and ".join(link(c.name, linked) for c in companies) + "."
@@ -241,9 +246,10 @@ class _Renderer:
             if founded:
                 paragraphs.append(
                     "== Career ==\n"
-                    + f"{last} founded " + " and ".join(link(c.name, linked) for c in founded)
+                    + f"{last} founded "
+                    + " and ".join(link(c.name, linked) for c in founded)
                     + f". {last} later returned to {a['birthplace']}."
-                )  # fmt: skip
+                )
             paragraphs.append(f"[[Category:People from {a['birthplace']}]]")
         elif entity.type == "company":
             founder = self.by_name[a["founder"]]
@@ -271,9 +277,23 @@ def _qa_pairs(countries, cities, rivers, people, companies) -> list[QAPair]:
         pairs.append(QAPair(f"In which country is {city.name}?", city.attributes["country"], "located_in", city.name))
     for company in companies:
         pairs.append(QAPair(f"Who founded {company.name}?", company.attributes["founder"], "founded_by", company.name))
-        pairs.append(QAPair(f"Where is {company.name} headquartered?", company.attributes["headquarters"], "headquarters", company.name))  # fmt: skip
+        pairs.append(
+            QAPair(
+                f"Where is {company.name} headquartered?",
+                company.attributes["headquarters"],
+                "headquarters",
+                company.name,
+            )
+        )
     for river in rivers:
-        pairs.append(QAPair(f"Which country does the {river.name} flow through?", river.attributes["country"], "flows_through", river.name))  # fmt: skip
+        pairs.append(
+            QAPair(
+                f"Which country does the {river.name} flow through?",
+                river.attributes["country"],
+                "flows_through",
+                river.name,
+            )
+        )
     return pairs
 
 
