@@ -1,7 +1,6 @@
 """edmem-hf: EDMem (encoder-decoder with an entity memory) for Hugging Face Transformers.
 
-Importing the package registers `EDMemConfig` and the EDMem models with `AutoConfig`, `AutoModel` and
-`AutoModelForSeq2SeqLM`, and marks them for `save_pretrained` to copy their code to the Hub.
+Importing the package registers the EDMem config and models with the Auto classes and for Hub custom code.
 """
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM

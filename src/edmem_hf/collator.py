@@ -1,17 +1,4 @@
-"""Masking collator for EDMem pre-training: random token masking + salient span masking (paper, Sec. 3.3).
-
-Each example is a corpus passage (`input_ids` with `<E_s>`/`<E_e>` markers, `entity_labels` on the `<E_s>`
-tokens). The collator pads, corrupts the input and returns the batch fields of `docs/design.md`:
-`input_ids` (corrupted), `attention_mask`, `entity_labels`, `labels` (the original sequence) and
-`decoder_entity_labels`.
-
-Randomness. If an example carries an `example_index` (and optionally an `epoch`), its masking is drawn from
-its own generator seeded by `(seed, epoch, example_index)`: the masking of a passage then does not depend on
-the batch it lands in, the number of processes, DataLoader workers or prefetching, which is what makes an
-interrupted and resumed run identical to an uninterrupted one and keeps evaluation masks fixed. Without an
-index, one stateful generator is used (seeded from `seed`, or the `generator` you pass); its state is in
-`state_dict()` so that it can be checkpointed.
-"""
+"""Masking collator for EDMem pre-training: random token masking + salient span masking (paper, Sec. 3.3)."""
 
 from __future__ import annotations
 
@@ -38,6 +25,16 @@ def _as_list(value: Any) -> list[int]:
 @dataclass
 class EDMemMaskingCollator:
     """Pads and corrupts a list of passages into an EDMem pre-training batch.
+
+    Each example is a corpus passage (`input_ids` with `<E_s>`/`<E_e>` markers, `entity_labels` on the `<E_s>`
+    tokens). The batch has the fields of `docs/design.md`: `input_ids` (corrupted), `attention_mask`,
+    `entity_labels`, `labels` (the original sequence) and `decoder_entity_labels`.
+
+    Randomness: if an example carries an `example_index` (and optionally an `epoch`), its masking is drawn from
+    its own generator seeded by `(seed, epoch, example_index)`, so that it does not depend on the batch it lands
+    in, the number of processes, DataLoader workers or prefetching: a resumed run is identical to an uninterrupted
+    one and evaluation masks stay fixed. Without an index, one stateful generator is used (seeded from `seed`, or
+    the `generator` you pass); its state is in `state_dict()` for checkpoints.
 
     Args:
         tokenizer: a tokenizer with a mask token and the `<E_s>`/`<E_e>` markers (ids are looked up once).

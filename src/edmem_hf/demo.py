@@ -1,14 +1,5 @@
-"""`edmem demo`: the whole path, offline, on a toy world we generate.
-
-1. Generate a small fictional world (people, cities, countries, companies, rivers and their relations) and render
-   it as a MediaWiki XML dump with links, aliases, redirects, templates and references.
-2. Build the corpus from the dump: plain text with link spans, entity vocabulary, aliases, heuristic labels,
-   a byte-level BPE tokenizer with `<E_s>`/`<E_e>`, 128-token passages.
-3. Pre-train a tiny EDMem on the passages with the Accelerate loop (random-token and salient-span masking).
-4. Fine-tune it briefly on the world's questions (closed-book QA with an entity-linked question and an entity
-   answer), and save model, tokenizer and entity vocabulary to `OUT/model`.
-5. Reload it with `AutoModelForSeq2SeqLM` and answer a few questions in each decoding mode, with the candidate
-   entities behind each generated mention.
+"""`edmem demo`: the whole path, offline, on a toy world we generate: dump, corpus, tokenizer, pre-training,
+fine-tuning, reload, and answers in the free, static and dynamic decoding settings.
 """
 
 from __future__ import annotations
@@ -71,7 +62,18 @@ def _qa_examples(world, vocab: EntityVocab) -> list[QAExample]:
 
 
 def run_demo(args: DemoArguments) -> dict:
-    """Runs the five steps; returns a summary (also written to `OUT/demo_summary.json`)."""
+    """Runs the five steps; returns a summary (also written to `OUT/demo_summary.json`).
+
+    1. Generate a small fictional world and render it as a MediaWiki XML dump with links, aliases, redirects,
+       templates and references.
+    2. Build the corpus from the dump: plain text with link spans, entity vocabulary, aliases, heuristic labels,
+       a byte-level BPE tokenizer with `<E_s>`/`<E_e>`, 128-token passages.
+    3. Pre-train a tiny EDMem on the passages with the Accelerate loop (random-token and salient-span masking).
+    4. Fine-tune it briefly on the world's questions, and save model, tokenizer and entity vocabulary to
+       `OUT/model`.
+    5. Reload it with `AutoModelForSeq2SeqLM` and answer a few questions in each decoding mode, with the candidate
+       entities behind each generated mention.
+    """
     started = time.perf_counter()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,6 @@
 """Softmax attention of mention queries over an entity table too large for an `(M, N)` score matrix.
 
-`dense_entity_attention` is the reference formula; `entity_attention` computes the same thing in chunks of the
-table (running log-sum-exp forward, recomputing backward) and adds the top-k search and the entity-linking NLL.
+`dense_entity_attention` is the reference formula; `entity_attention` computes it in chunks, tested equal.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""The entity vocabulary: what each row of the entity memory stands for.
+"""The entity vocabulary: what each row of the entity memory stands for, saved as JSON (never pickle).
 
-Saved as plain JSON beside the weights (`entity_vocab.json`), never pickle: model repositories come from
-strangers. Copied to the Hub as custom code with `modeling_edmem.py`; it imports nothing else of ours.
+Copied to the Hub as custom code with `modeling_edmem.py`; it imports nothing else of ours.
 """
 
 from __future__ import annotations

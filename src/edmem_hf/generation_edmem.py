@@ -1,7 +1,6 @@
 """EDMem's `generate`: free, static and dynamic entity decoding, and reports of the mentions it generated.
 
-A mixin of `EDMemForConditionalGeneration`, as Whisper's decoding lives beside its model in Transformers. It only
-calls the model's `forward`, which never depends on state set here (see `docs/constrained_decoding.md`).
+A mixin of `EDMemForConditionalGeneration`, as Whisper's decoding lives beside its model in Transformers.
 """
 
 from __future__ import annotations

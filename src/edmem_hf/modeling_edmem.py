@@ -1,9 +1,6 @@
-"""PyTorch EDMem: an encoder-decoder with an entity memory (Zhang et al., EMNLP 2022).
+"""PyTorch EDMem: BART split into lower and upper layers, with an entity memory read at each `<E_s>` in between.
 
-BART's encoder and decoder, each split into lower and upper layers. At every `<E_s>` token the hidden state
-leaving the lower layers reads a table of entity embeddings by softmax attention (`EntityMemory`), and the upper
-layers receive `LayerNorm(h + W_out read)`. An entity-linking head on the final decoder states predicts the entity of
-each `<E_s>`. Copied to the Hub as custom code: it imports only Transformers and the flat files beside it.
+Read top-down: memory, outputs, input checks, encoder, decoder, model, heads. Copied to the Hub as custom code.
 """
 
 from __future__ import annotations

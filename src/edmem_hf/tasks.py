@@ -1,10 +1,4 @@
-"""Fine-tuning tasks: closed-book QA examples with entity-linked mentions, their collator, and exact match.
-
-An example's question carries its linked mentions (`<E_s> name <E_e>`, the entity id at `<E_s>`); its answer is
-generated as `<E_s> name <E_e>` when it is an entity, so that the same example also trains the static setting's
-entity linking: the decoder reads the start token and `<E_s>`, and the entity-linking head is supervised with the
-answer entity there. Examples without an entity answer skip that objective, as in the paper.
-"""
+"""Fine-tuning tasks: closed-book QA examples with entity-linked mentions, their collator, and exact match."""
 
 from __future__ import annotations
 
@@ -63,7 +57,12 @@ def _labels_at_markers(token_ids: list[int], start_id: int, entities: list[int],
 
 
 def encode_qa_example(example: QAExample, tokenizer: Any, max_length: int = 64) -> dict[str, list[int]]:
-    """Tokenises an example into the model's training fields (see docs/model.md, "Mention supervision")."""
+    """Tokenises an example into the model's training fields (see docs/model.md, "Mention supervision").
+
+    The answer is generated as `<E_s> name <E_e>` when it is an entity, so that the same example also trains the
+    static setting's entity linking: the decoder reads the start token and `<E_s>`, and the entity-linking head is
+    supervised with the answer entity there. Examples without an entity answer skip that objective, as in the paper.
+    """
     start_id = tokenizer.convert_tokens_to_ids(ENTITY_START_TOKEN)
     question, question_entities = mark_mentions(example.question, example.mentions)
     input_ids = tokenizer(question, truncation=True, max_length=max_length).input_ids

@@ -1,10 +1,4 @@
-"""Byte-level BPE tokenizer with EDMem's mention markers.
-
-EDMem reads and writes entity mentions between `<E_s>` and `<E_e>`; both are added special tokens with
-`lstrip=True`, so that `"born in <E_s> Paris <E_e>."` tokenises as `in`, `<E_s>`, `ĠParis`, `<E_e>`, `.`:
-the entity name keeps the leading space it has in running text (byte-level BPE spells `" Paris"` and
-`"Paris"` differently) and the markers cost exactly one token each.
-"""
+"""Byte-level BPE tokenizer with EDMem's mention markers `<E_s>` and `<E_e>` (added special tokens)."""
 
 from __future__ import annotations
 
@@ -29,7 +23,10 @@ DEFAULT_VOCAB_SIZE = 50265  # BART's
 
 
 def _marker(token: str) -> AddedToken:
-    # lstrip: the space before a marker belongs to the marker, the space after it to the next word.
+    # lstrip: the space before a marker belongs to the marker, the space after it to the next word, so that
+    # "born in <E_s> Paris <E_e>." tokenises as `in`, `<E_s>`, `ĠParis`, `<E_e>`, `.`: the name keeps the leading
+    # space it has in running text (byte-level BPE spells " Paris" and "Paris" differently) and each marker costs
+    # exactly one token.
     return AddedToken(token, lstrip=True, rstrip=False, normalized=False, special=True)
 
 

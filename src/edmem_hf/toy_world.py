@@ -1,10 +1,6 @@
-"""A small fictional world rendered as a MediaWiki dump, for the demo and the tests.
+"""A small fictional world rendered as a MediaWiki dump, with question/answer pairs about it (demo and tests).
 
-Deterministic from a seed. Countries, cities, rivers, people and companies with relations (capital of, located
-in, flows through, born in, citizen of, founded by, headquartered in) are written up as wiki articles with
-links, piped aliases, redirects, link trails, an infobox template, a `<ref>` and a category, so the whole
-corpus path (parser, redirects, vocabulary, heuristic labels, passages) runs on it. Question/answer pairs
-about the same facts are what the demo decodes.
+Deterministic from a seed; its pages exercise the whole corpus path (links, aliases, redirects, templates).
 """
 
 from __future__ import annotations
