@@ -317,9 +317,16 @@ def test_start_from_checkpoint_or_config_json(corpus, tmp_path):
     assert config["d_model"] == TINY["d_model"] and config["dropout"] == 0.2
 
 
-def test_epochs_when_no_max_steps(corpus, tmp_path):
-    # 64 passages, batch 8, accumulation 2: 4 optimizer steps per epoch.
+def test_epochs_when_no_max_steps_and_resume_at_an_epoch_end(corpus, tmp_path):
+    # 64 passages, batch 8, accumulation 2: 4 optimizer steps per epoch; the step-4 checkpoint ends epoch 0.
+    common = dict(max_steps=-1, num_train_epochs=1.5, gradient_accumulation_steps=2, save_steps=4, dropout=0.1)
     out = tmp_path / "epochs"
-    result = pretrain(_args(corpus, out, max_steps=-1, num_train_epochs=1.5, gradient_accumulation_steps=2))
+    result = pretrain(_args(corpus, out, **common))
     assert result["global_step"] == 6
     assert [r["epoch"] for r in _log(out) if r["type"] == "train"] == [0.25, 0.5, 0.75, 1.0, 1.25, 1.5]
+    stopped = tmp_path / "stopped"
+    pretrain(_args(corpus, stopped, max_steps_this_run=5, **common))
+    assert pretrain(_args(corpus, stopped, **common))["global_step"] == 6
+    assert [r["step"] for r in _log(stopped) if r["type"] == "start"] == [0, 4]
+    a, b = _weights(out), _weights(stopped)
+    assert all(torch.equal(a[k], b[k]) for k in a)
