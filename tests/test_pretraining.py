@@ -1,14 +1,18 @@
-"""The Accelerate pre-training loop: loss falls, exact resume after a kill, a real 2-process (gloo) run, CLI."""
+"""The Accelerate pre-training loop: loss falls, exact resume after a stop and a half-written checkpoint, a real
+2-process (gloo) run, the CLI."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import shutil
 import subprocess
 import sys
 
 import pytest
 import torch
+from transformers import TrainerState
 
 from edmem_hf.pretraining import PretrainingArguments, cli_main, list_checkpoints, pretrain
 
@@ -84,9 +88,9 @@ def test_loss_falls_and_model_loads(corpus, tmp_path):
     first = sum(r["loss"] for r in train[:4]) / 4
     last = sum(r["loss"] for r in train[-4:]) / 4
     assert last < first - 0.5, (first, last)
-    assert all(k in train[0] for k in ("loss", "lm_loss", "entity_loss", "lr", "tokens_per_s"))
+    assert all(k in train[0] for k in ("loss", "lm_loss", "entity_loss", "learning_rate", "tokens_per_s"))
     # Warm-up (10%) then linear decay to 0.
-    lrs = [r["lr"] for r in train]
+    lrs = [r["learning_rate"] for r in train]
     assert max(lrs) == pytest.approx(1e-3, rel=1e-6) and lrs[-1] == 0.0
     evals = [r for r in log if r["type"] == "eval"]
     assert [r["step"] for r in evals] == [8, 16]
@@ -95,6 +99,13 @@ def test_loss_falls_and_model_loads(corpus, tmp_path):
     assert evals[0]["eval_masked_mentions"] == evals[1]["eval_masked_mentions"] > 0
     assert evals[1]["eval_ppl"] < evals[0]["eval_ppl"]
     assert 0.0 <= evals[1]["eval_acc"] <= 1.0
+    # trainer_state.json in the Trainer's format, its log history the same entries as log.jsonl.
+    state = TrainerState.load_from_json(str(out / "trainer_state.json"))
+    assert (state.global_step, state.max_steps, state.epoch) == (16, 16, 2.0)
+    assert state.log_history == [
+        {k: v for k, v in r.items() if k != "type"} for r in log if r["type"] in ("train", "eval")
+    ]
+    assert state.best_metric == evals[1]["eval_ppl"] and state.best_global_step == 16
 
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
@@ -110,32 +121,53 @@ def test_loss_falls_and_model_loads(corpus, tmp_path):
     assert all(torch.equal(saved[k], loaded[k]) for k in saved)
 
 
-def test_kill_and_resume_is_exact(corpus, tmp_path):
-    # 64 passages / batch 8 = 8 batches per epoch; 2 accumulation steps: 4 optimizer steps per epoch, so the
-    # 6 steps cross an epoch boundary. Dropout is on: its RNG must be restored too.
-    common = dict(max_steps=6, gradient_accumulation_steps=2, save_steps=2, save_total_limit=2, dropout=0.1)
+def test_kill_and_resume_is_exact(corpus, tmp_path, caplog):
+    # 64 passages / batch 8 = 8 batches per epoch; 2 accumulation steps: 4 optimizer steps per epoch. The step-3
+    # checkpoint is in the middle of epoch 0 (6 micro-batches to skip) and the 6 steps cross an epoch boundary.
+    # Dropout is on: its RNG must be restored too.
+    common = dict(max_steps=6, gradient_accumulation_steps=2, save_steps=3, save_total_limit=2, dropout=0.1)
     full = tmp_path / "full"
     pretrain(_args(corpus, full, **common))
     killed = tmp_path / "killed"
     first = pretrain(_args(corpus, killed, max_steps_this_run=5, **common))
     assert not first["completed"] and first["global_step"] == 5
-    assert [os.path.basename(p) for p in list_checkpoints(str(killed))] == ["step-2", "step-4"]
+    assert [os.path.basename(p) for p in list_checkpoints(str(killed))] == ["checkpoint_0"]
     assert not os.path.exists(killed / "model.safetensors")
-    second = pretrain(_args(corpus, killed, **common))  # --resume auto: continues from step-4
+    # A crash while writing the next checkpoint leaves a directory without trainer_state.json.
+    shutil.copytree(killed / "checkpoints" / "checkpoint_0", killed / "checkpoints" / "checkpoint_1")
+    os.remove(killed / "checkpoints" / "checkpoint_1" / "trainer_state.json")
+    with caplog.at_level(logging.WARNING, logger="edmem_hf.pretraining"):
+        second = pretrain(_args(corpus, killed, **common))  # --resume auto
+    assert "incomplete checkpoint" in caplog.text and "checkpoint_1" in caplog.text
     assert second["completed"] and second["global_step"] == 6
     starts = [r for r in _log(killed) if r["type"] == "start"]
-    assert starts[-1]["resumed_from"].endswith("step-4") and starts[-1]["step"] == 4
+    assert starts[-1]["resumed_from"].endswith("checkpoint_0") and starts[-1]["step"] == 3
     a, b = _weights(full), _weights(killed)
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), key
-    # The same losses after the resume point as in the uninterrupted run.
+    # The same losses after the resume point as in the uninterrupted run, and the same log history.
     full_losses = {r["step"]: r["loss"] for r in _log(full) if r["type"] == "train"}
-    resumed = [r for r in _log(killed) if r["type"] == "train"][-2:]
-    assert [r["step"] for r in resumed] == [5, 6]
+    resumed = [r for r in _log(killed) if r["type"] == "train"][-3:]
+    assert [r["step"] for r in resumed] == [4, 5, 6]
     assert all(r["loss"] == full_losses[r["step"]] for r in resumed)
-    # Keep the last K checkpoints.
-    assert [os.path.basename(p) for p in list_checkpoints(str(full))] == ["step-4", "step-6"]
+    full_state, killed_state = (TrainerState.load_from_json(str(d / "trainer_state.json")) for d in (full, killed))
+    history = [
+        [(r["step"], r["epoch"], r["loss"]) for r in s.log_history if "loss" in r] for s in (full_state, killed_state)
+    ]
+    assert history[0] == history[1]
+    assert [epoch for _, epoch, _ in history[0]] == [0.25, 0.5, 0.75, 1.0, 1.25, 1.5]
+    # Accelerate's naming and rotation: checkpoint_<i> for the i-th save, the last K kept; the incomplete one
+    # was deleted and its number reused.
+    assert [os.path.basename(p) for p in list_checkpoints(str(killed))] == ["checkpoint_0", "checkpoint_1"]
+    checkpoint = TrainerState.load_from_json(str(killed / "checkpoints" / "checkpoint_1" / "trainer_state.json"))
+    assert (checkpoint.global_step, checkpoint.epoch, checkpoint.max_steps) == (6, 1.5, 6)
+    rotated = pretrain(_args(corpus, tmp_path / "rotated", max_steps=4, save_steps=1, save_total_limit=2))
+    assert rotated["global_step"] == 4
+    assert [os.path.basename(p) for p in list_checkpoints(str(tmp_path / "rotated"))] == [
+        "checkpoint_2",
+        "checkpoint_3",
+    ]
 
 
 def test_dataloader_workers_do_not_change_the_run(corpus, tmp_path):
@@ -157,12 +189,17 @@ def test_resume_policy_errors(corpus, tmp_path):
     assert pretrain(_args(corpus, out, max_steps=2))["global_step"] == 2
 
 
-def test_cli(corpus, tmp_path, capsys):
-    out = tmp_path / "cli"
-    argv = ["--output_dir", str(out), "--corpus_dir", corpus, "--max_steps", "2", "--logging_steps", "1",
-            "--per_device_train_batch_size", "4", "--disable_tqdm", "--report_to", "none"]  # fmt: skip
+def _argv(out, corpus, *extra):
+    argv = ["--output_dir", str(out), "--corpus_dir", corpus, "--logging_steps", "1", "--disable_tqdm"]
+    argv += ["--report_to", "none", "--per_device_train_batch_size", "4", *extra]
     for key, value in TINY.items():
         argv += [f"--{key}", str(value)]
+    return argv
+
+
+def test_cli(corpus, tmp_path, capsys):
+    out = tmp_path / "cli"
+    argv = _argv(out, corpus, "--max_steps", "2")
     assert cli_main(argv) == 0
     assert os.path.isfile(out / "model.safetensors") and os.path.isfile(out / "entity_vocab.json")
     assert cli_main(argv + ["--mixed_precision", "fp8"]) == 2
@@ -170,11 +207,22 @@ def test_cli(corpus, tmp_path, capsys):
     assert cli_main(["--output_dir", str(tmp_path / "x")]) == 2  # no corpus
 
 
+def _run_cli(out, corpus, *extra, processes=1):
+    """`edmem pretrain` in fresh processes (torchrun, gloo, for several), as a user runs it."""
+    env = dict(os.environ, ACCELERATE_USE_CPU="true", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    # --standalone: a rendezvous on a free local port (other test runs may share the machine).
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
+    cmd = [sys.executable, *(launcher if processes > 1 else []), "-m", "edmem_hf.cli", "pretrain"]
+    proc = subprocess.run(cmd + _argv(out, corpus, *extra), env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
 def test_bf16_mixed_precision(corpus, tmp_path):
+    # In its own process: Accelerate keeps one mixed-precision setting per process.
     out = tmp_path / "bf16"
-    pretrain(_args(corpus, out, max_steps=2, mixed_precision="bf16"))
+    _run_cli(out, corpus, "--max_steps", "2", "--mixed_precision", "bf16")
     assert _log(out)[0]["mixed_precision"] == "bf16"
-    assert os.path.isfile(out / "model.safetensors")
+    assert TrainerState.load_from_json(str(out / "trainer_state.json")).global_step == 2
 
 
 def test_bad_corpus(tmp_path):
@@ -183,17 +231,8 @@ def test_bad_corpus(tmp_path):
 
 
 def _torchrun(out, corpus, *extra):
-    argv = ["pretrain", "--output_dir", str(out), "--corpus_dir", corpus, "--max_steps", "4", "--save_steps", "2",
-            "--logging_steps", "1", "--eval_steps", "2", "--per_device_train_batch_size", "4", "--disable_tqdm",
-            "--report_to", "none", "--max_eval_samples", "8", "--dropout", "0.1", *extra]  # fmt: skip
-    for key, value in TINY.items():
-        argv += [f"--{key}", str(value)]
-    env = dict(os.environ, ACCELERATE_USE_CPU="true", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    # --standalone: a rendezvous on a free local port (other test runs may share the machine).
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "edmem_hf.cli", *argv]  # fmt: skip
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    options = ["--max_steps", "4", "--save_steps", "2", "--eval_steps", "2", "--max_eval_samples", "8"]
+    _run_cli(out, corpus, *options, "--dropout", "0.1", *extra, processes=2)
 
 
 def test_two_processes_gloo(corpus, tmp_path):
@@ -206,9 +245,9 @@ def test_two_processes_gloo(corpus, tmp_path):
     assert start["num_processes"] == 2 and "MULTI_CPU" in start["distributed_type"]
     assert [r["step"] for r in log if r["type"] == "train"] == [1, 2, 3, 4]
     assert [r["step"] for r in log if r["type"] == "eval"] == [2, 4]
-    assert [os.path.basename(p) for p in list_checkpoints(str(out))] == ["step-2", "step-4"]
+    assert [os.path.basename(p) for p in list_checkpoints(str(out))] == ["checkpoint_0", "checkpoint_1"]
     # Each rank saved its own RNG state.
-    assert {f for f in os.listdir(out / "checkpoints" / "step-4") if f.startswith("random_states")} == {
+    assert {f for f in os.listdir(out / "checkpoints" / "checkpoint_1") if f.startswith("random_states")} == {
         "random_states_0.pkl",
         "random_states_1.pkl",
     }
@@ -218,7 +257,7 @@ def test_two_processes_gloo(corpus, tmp_path):
     _torchrun(killed, corpus, "--max_steps_this_run", "3")
     assert not os.path.exists(killed / "model.safetensors")
     _torchrun(killed, corpus)
-    assert [r["resumed_from"] for r in _log(killed) if r["type"] == "start"][-1].endswith("step-2")
+    assert [r["resumed_from"] for r in _log(killed) if r["type"] == "start"][-1].endswith("checkpoint_0")
     a, b = _weights(out), _weights(killed)
     assert all(torch.equal(a[k], b[k]) for k in a)
 
@@ -226,7 +265,6 @@ def test_two_processes_gloo(corpus, tmp_path):
 def test_evaluate_counts_the_masked_tokens_and_mentions(corpus):
     """PPL is over the masked target positions, ACC over linked, span-masked mentions (decoder side aligned)."""
     from accelerate import Accelerator
-    from accelerate.state import AcceleratorState, GradientState
     from torch.utils.data import DataLoader
 
     from edmem_hf.collator import EDMemMaskingCollator
@@ -243,13 +281,8 @@ def test_evaluate_counts_the_masked_tokens_and_mentions(corpus):
         expected_tokens += int(masked.sum())
         expected_mentions += int((batch["salient_span_mask"] & (batch["decoder_entity_labels"] != -100)).sum())
     assert expected_mentions > 0
-    try:
-        accelerator = Accelerator(cpu=True)
-        loader = DataLoader(data, batch_size=8, collate_fn=collator)
-        metrics = evaluate(model, loader, accelerator)
-    finally:
-        AcceleratorState._reset_state(reset_partial_state=False)
-        GradientState._reset_state()
+    loader = DataLoader(data, batch_size=8, collate_fn=collator)
+    metrics = evaluate(model, loader, Accelerator(cpu=True))
     assert metrics["eval_masked_tokens"] == expected_tokens
     assert metrics["eval_masked_mentions"] == expected_mentions
     assert 1.0 < metrics["eval_ppl"] < 10 * len(tok)
@@ -266,18 +299,34 @@ def test_start_from_checkpoint_or_config_json(corpus, tmp_path):
     pretrain(args)
     assert _log(second)[-1]["type"] == "end"
     # A config JSON (e.g. the saved one) builds a new model; options override it.
-    args = PretrainingArguments(output_dir=str(tmp_path / "third"), corpus_dir=corpus, max_steps=1,
-                                config_name=str(first / "config.json"), dropout=0.2, report_to="none",
-                                disable_tqdm=True, per_device_train_batch_size=8, eval_steps=0, max_eval_samples=8)  # fmt: skip
+    args = PretrainingArguments(
+        output_dir=str(tmp_path / "third"),
+        corpus_dir=corpus,
+        max_steps=1,
+        config_name=str(first / "config.json"),
+        dropout=0.2,
+        report_to="none",
+        disable_tqdm=True,
+        per_device_train_batch_size=8,
+        eval_steps=0,
+        max_eval_samples=8,
+    )
     pretrain(args)
     with open(tmp_path / "third" / "config.json", encoding="utf-8") as f:
         config = json.load(f)
     assert config["d_model"] == TINY["d_model"] and config["dropout"] == 0.2
 
 
-def test_epochs_when_no_max_steps(corpus, tmp_path):
-    # 64 passages, batch 8, accumulation 2: 4 optimizer steps per epoch.
+def test_epochs_when_no_max_steps_and_resume_at_an_epoch_end(corpus, tmp_path):
+    # 64 passages, batch 8, accumulation 2: 4 optimizer steps per epoch; the step-4 checkpoint ends epoch 0.
+    common = dict(max_steps=-1, num_train_epochs=1.5, gradient_accumulation_steps=2, save_steps=4, dropout=0.1)
     out = tmp_path / "epochs"
-    result = pretrain(_args(corpus, out, max_steps=-1, num_train_epochs=1.5, gradient_accumulation_steps=2))
+    result = pretrain(_args(corpus, out, **common))
     assert result["global_step"] == 6
-    assert {r["epoch"] for r in _log(out) if r["type"] == "train"} == {0, 1}
+    assert [r["epoch"] for r in _log(out) if r["type"] == "train"] == [0.25, 0.5, 0.75, 1.0, 1.25, 1.5]
+    stopped = tmp_path / "stopped"
+    pretrain(_args(corpus, stopped, max_steps_this_run=5, **common))
+    assert pretrain(_args(corpus, stopped, **common))["global_step"] == 6
+    assert [r["step"] for r in _log(stopped) if r["type"] == "start"] == [0, 4]
+    a, b = _weights(out), _weights(stopped)
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -1,19 +1,6 @@
 """EDMem pre-training with Accelerate: one loop for one CPU, N GPUs and several nodes (`edmem pretrain`).
 
-The paper's recipe (Appendix A): AdamW (lr 1e-4, weight decay 0.01), 10% linear warm-up then linear decay,
-P_rtm = 0.3, P_ssm = 0.5, lambda_EL = 1, dropout 0.1, mixed precision. See docs/pretraining.md.
-
-Resumability is exact: an interrupted run resumed from its last checkpoint ends with the same weights as an
-uninterrupted one (same world size). What makes it so:
-- the data order of epoch `e` is a permutation seeded by `(seed, e)`, so it is a function of the epoch only;
-  on resume the batches already seen in the epoch are skipped by index (`accelerator.skip_first_batches`);
-- masking draws come from a generator seeded by `(masking seed, epoch, example index)` (see collator.py),
-  so they do not depend on which iterator, worker or process collated the example;
-- `accelerator.save_state` stores model, optimizer, scheduler, grad scaler and the Python/NumPy/torch RNG
-  states (dropout); our DataLoaders use their own generators, so creating an iterator on resume does not
-  consume the global torch RNG;
-- the step counter and the position in the epoch are in `trainer_state.json`, written last into the
-  checkpoint directory: a checkpoint without it is incomplete and is never resumed from.
+The paper's recipe (Appendix A) with exact resume from Accelerate checkpoints; see docs/pretraining.md.
 """
 
 from __future__ import annotations
@@ -36,10 +23,10 @@ from .collator import IGNORE_INDEX, EDMemMaskingCollator
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINT_DIR = "checkpoints"
+CHECKPOINT_DIR = "checkpoints"  # Accelerate's automatic naming: OUTPUT_DIR/checkpoints/checkpoint_<i>
 TRAINER_STATE_NAME = "trainer_state.json"
 LOG_NAME = "log.jsonl"
-_STEP_DIR = re.compile(r"^step-(\d+)$")
+_CHECKPOINT_NAME = re.compile(r"^checkpoint_(\d+)$")
 
 
 @dataclass
@@ -111,9 +98,11 @@ class PretrainingArguments:
     save_total_limit: int | None = field(default=3, metadata={"help": "Keep the last K checkpoints."})
     resume: str = field(
         default="auto",
-        metadata={"help": "auto: continue from the last checkpoint in OUTPUT_DIR/checkpoints if there is one; "
-                  "no: start afresh (refused if checkpoints exist, unless --overwrite_output_dir); or a path."},
-    )  # fmt: skip
+        metadata={
+            "help": "auto: continue from the last complete checkpoint in OUTPUT_DIR/checkpoints if there is one; "
+            "no: start afresh (refused if checkpoints exist, unless --overwrite_output_dir); or a checkpoint path."
+        },
+    )
     overwrite_output_dir: bool = False
     report_to: str = field(
         default="auto",
@@ -223,10 +212,21 @@ def load_corpus(corpus_dir: str) -> tuple[Any, Any, Any]:
 # --- model -----------------------------------------------------------------------------------------------
 
 _ARCH_FIELDS = (
-    "d_model", "encoder_lower_layers", "encoder_upper_layers", "decoder_lower_layers", "decoder_upper_layers",
-    "encoder_ffn_dim", "decoder_ffn_dim", "encoder_attention_heads", "decoder_attention_heads",
-    "entity_embed_dim", "max_position_embeddings", "dropout", "entity_loss_weight", "variant",
-)  # fmt: skip
+    "d_model",
+    "encoder_lower_layers",
+    "encoder_upper_layers",
+    "decoder_lower_layers",
+    "decoder_upper_layers",
+    "encoder_ffn_dim",
+    "decoder_ffn_dim",
+    "encoder_attention_heads",
+    "decoder_attention_heads",
+    "entity_embed_dim",
+    "max_position_embeddings",
+    "dropout",
+    "entity_loss_weight",
+    "variant",
+)
 
 
 def build_config(args: PretrainingArguments, tokenizer: Any, entity_vocab_size: int) -> Any:
@@ -310,44 +310,69 @@ def _adamw(model: torch.nn.Module, args: PretrainingArguments) -> torch.optim.Ad
 # --- checkpoints -----------------------------------------------------------------------------------------
 
 
-def list_checkpoints(output_dir: str) -> list[str]:
-    """Complete checkpoints (with trainer_state.json) under OUTPUT_DIR/checkpoints, oldest first."""
+def _checkpoint_dirs(output_dir: str) -> list[tuple[int, str]]:
+    """Accelerate's `checkpoint_<i>` directories under OUTPUT_DIR/checkpoints, as (i, path), by save number."""
     root = os.path.join(output_dir, CHECKPOINT_DIR)
     if not os.path.isdir(root):
         return []
     found = []
     for name in os.listdir(root):
-        match = _STEP_DIR.match(name)
-        path = os.path.join(root, name)
-        if match and os.path.isfile(os.path.join(path, TRAINER_STATE_NAME)):
-            found.append((int(match.group(1)), path))
-    return [path for _, path in sorted(found)]
+        match = _CHECKPOINT_NAME.match(name)
+        if match:
+            found.append((int(match.group(1)), os.path.join(root, name)))
+    return sorted(found)
+
+
+def _is_complete(checkpoint: str) -> bool:
+    return os.path.isfile(os.path.join(checkpoint, TRAINER_STATE_NAME))
+
+
+def list_checkpoints(output_dir: str) -> list[str]:
+    """Complete checkpoints (with trainer_state.json, which is written last) in OUTPUT_DIR/checkpoints, oldest first."""
+    return [path for _, path in _checkpoint_dirs(output_dir) if _is_complete(path)]
 
 
 def _resolve_resume(args: PretrainingArguments) -> str | None:
+    """The checkpoint that `--resume auto | no | PATH` designates, or None to start afresh."""
     checkpoints = list_checkpoints(args.output_dir)
-    mode = (args.resume or "auto").strip()
-    if mode.lower() in ("auto", "yes", "true", "latest"):
-        if mode.lower() != "auto" and not checkpoints:
-            raise ValueError(f"--resume {mode}: no checkpoint in {os.path.join(args.output_dir, CHECKPOINT_DIR)}")
+    if args.resume == "auto":
         return checkpoints[-1] if checkpoints else None
-    if mode.lower() in ("no", "none", "false", "never"):
+    if args.resume == "no":
         if checkpoints and not args.overwrite_output_dir:
             raise ValueError(
                 f"{args.output_dir} already has checkpoints; use --resume auto to continue, or "
                 "--overwrite_output_dir to start afresh"
             )
         return None
-    if not os.path.isfile(os.path.join(mode, TRAINER_STATE_NAME)):
-        raise ValueError(f"--resume {mode}: not a complete checkpoint (no {TRAINER_STATE_NAME})")
-    return mode
+    if not _is_complete(args.resume):
+        raise ValueError(f"--resume {args.resume}: not a complete checkpoint (no {TRAINER_STATE_NAME})")
+    return args.resume
 
 
-def _rotate_checkpoints(output_dir: str, limit: int | None) -> None:
-    if not limit:
-        return
-    for path in list_checkpoints(output_dir)[:-limit]:
-        shutil.rmtree(path, ignore_errors=True)
+def _remove_incomplete_checkpoints(output_dir: str) -> None:
+    """Deletes checkpoint directories left without trainer_state.json by a run that died while saving: they are
+    never resumed from, and Accelerate would count them against `total_limit` and refuse to save over them."""
+    for _, path in _checkpoint_dirs(output_dir):
+        if not _is_complete(path):
+            logger.warning("skipping the incomplete checkpoint %s (no %s): deleting it", path, TRAINER_STATE_NAME)
+            shutil.rmtree(path)
+
+
+@dataclass
+class _Progress:
+    """Where the run is, saved and restored with the Accelerate state (`register_for_checkpointing`)."""
+
+    global_step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0  # micro-batches of the epoch already trained on, per process
+    num_processes: int = 1
+
+    def state_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
 
 
 # --- evaluation ------------------------------------------------------------------------------------------
@@ -378,7 +403,7 @@ def _access_hits(access: Any, gold_labels: torch.Tensor, chosen: torch.Tensor, s
 
 
 @torch.no_grad()
-def evaluate(model: Any, dataloader: Any, accelerator: Any, max_batches: int | None = None) -> dict[str, float]:
+def evaluate(model: Any, dataloader: Any, accelerator: Any) -> dict[str, float]:
     """The paper's pre-training metrics on the validation split.
 
     - `eval_ppl`: exp of the mean NLL over the masked target positions only (input token != original token);
@@ -394,8 +419,6 @@ def evaluate(model: Any, dataloader: Any, accelerator: Any, max_batches: int | N
     loss_sums = torch.zeros(3, dtype=torch.float64, device=accelerator.device)
     batches = 0
     for batch in dataloader:
-        if max_batches is not None and batches >= max_batches:
-            break
         if "salient_span_mask" not in batch:
             raise ValueError("evaluate() needs batches from EDMemMaskingCollator(..., return_salient_span_mask=True)")
         span_mask = batch.pop("salient_span_mask")
@@ -485,35 +508,11 @@ class _JsonlLog:
             f.write(json.dumps(record) + "\n")
 
 
-def pretrain(
-    args: PretrainingArguments,
-    model: Any = None,
-    tokenizer: Any = None,
-    datasets: Any = None,
-    entity_vocab: Any = None,
-) -> dict[str, Any]:
-    """Pre-trains EDMem; returns a summary (`global_step`, last train loss, last eval metrics, `output_dir`).
-
-    `model`, `tokenizer`, `datasets` (a DatasetDict with `train` and optionally `validation`) and
-    `entity_vocab` override what is read from `args.corpus_dir` / `args.model_name_or_path`.
-    """
-    from accelerate.state import AcceleratorState, GradientState
-
-    try:
-        return _pretrain(args, model, tokenizer, datasets, entity_vocab)
-    finally:
-        # Leave no Accelerator settings behind (mixed precision, accumulation), so that the next call in the
-        # same process may choose others. The process group (PartialState) is kept.
-        AcceleratorState._reset_state(reset_partial_state=False)
-        GradientState._reset_state()
-
-
-def _pretrain(args, model, tokenizer, datasets, entity_vocab) -> dict[str, Any]:
-    from accelerate import Accelerator
-    from accelerate.utils import DataLoaderConfiguration, DistributedType, set_seed
-    from tqdm.auto import tqdm
-    from transformers import get_linear_schedule_with_warmup
-
+def _load_inputs(
+    args: PretrainingArguments, model: Any, tokenizer: Any, datasets: Any, entity_vocab: Any
+) -> tuple[Any, Any, Any]:
+    """(tokenizer, datasets, entity vocabulary): those given to `pretrain`, the rest read from `--corpus_dir`
+    (a given model may bring its own vocabulary)."""
     if datasets is None or tokenizer is None or (entity_vocab is None and model is None):
         if not args.corpus_dir:
             raise ValueError("--corpus_dir is required (or pass datasets, tokenizer and entity_vocab)")
@@ -525,42 +524,32 @@ def _pretrain(args, model, tokenizer, datasets, entity_vocab) -> dict[str, Any]:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name)
+    return tokenizer, datasets, entity_vocab
 
-    trackers = _trackers(args.report_to)
-    accelerator = Accelerator(
-        gradient_accumulation_steps=args.gradient_accumulation_steps,
-        mixed_precision=args.mixed_precision,
-        log_with=trackers or None,
-        project_dir=args.output_dir,
-        step_scheduler_with_optimizer=False,
-        dataloader_config=DataLoaderConfiguration(even_batches=True),
-    )
-    resume_from = _resolve_resume(args)
-    if accelerator.is_main_process:
-        os.makedirs(args.output_dir, exist_ok=True)
-        if resume_from is None and args.overwrite_output_dir:
-            shutil.rmtree(os.path.join(args.output_dir, CHECKPOINT_DIR), ignore_errors=True)
-            if os.path.exists(os.path.join(args.output_dir, LOG_NAME)):
-                os.remove(os.path.join(args.output_dir, LOG_NAME))
-    accelerator.wait_for_everyone()
-    log = _JsonlLog(os.path.join(args.output_dir, LOG_NAME), accelerator.is_main_process)
 
-    set_seed(args.seed)
+def _given_or_new_model(args: PretrainingArguments, model: Any, tokenizer: Any, entity_vocab: Any) -> Any:
+    """The model passed to `pretrain` (its entity table checked against the vocabulary), else `build_model`."""
     if model is None:
-        model = build_model(args, tokenizer, entity_vocab)
-    elif entity_vocab is not None and hasattr(model, "config") and hasattr(model.config, "entity_vocab_size"):
+        return build_model(args, tokenizer, entity_vocab)
+    if entity_vocab is not None and hasattr(getattr(model, "config", None), "entity_vocab_size"):
         if len(entity_vocab) != model.config.entity_vocab_size:
             raise ValueError(
                 f"the model has {model.config.entity_vocab_size} entities but the vocabulary has {len(entity_vocab)}"
             )
         model.entity_vocab = entity_vocab
+    return model
 
-    # Data. Each process sees every batch index of the global order; accelerate shards the batches.
+
+def _dataloaders(
+    args: PretrainingArguments, datasets: Any, tokenizer: Any, num_processes: int
+) -> tuple[_EpochShuffleSampler, DataLoader, DataLoader | None]:
+    """The train loader (every process reads the whole seeded order; Accelerate shards its batches), its sampler,
+    and the validation loader (fixed masks), if there is a validation split."""
     train_set = _IndexedPassages(datasets["train"])
-    if len(train_set) < args.per_device_train_batch_size * accelerator.num_processes:
+    if len(train_set) < args.per_device_train_batch_size * num_processes:
         raise ValueError(
             f"the train split has {len(train_set)} passages, fewer than one global batch "
-            f"({args.per_device_train_batch_size} x {accelerator.num_processes} processes)"
+            f"({args.per_device_train_batch_size} x {num_processes} processes)"
         )
     # Masking seeds differ from the data-order seed; train and eval masks are independent.
     train_collator = EDMemMaskingCollator(
@@ -576,209 +565,325 @@ def _pretrain(args, model, tokenizer, datasets, entity_vocab) -> dict[str, Any]:
         num_workers=args.dataloader_num_workers,
         generator=torch.Generator().manual_seed(args.seed),  # keeps iterator creation off the global RNG
     )
-    eval_dl = None
-    eval_data = datasets["validation"] if "validation" in datasets else None
-    if eval_data is not None:
-        if args.max_eval_samples is not None:
-            eval_data = eval_data.select(range(min(args.max_eval_samples, len(eval_data))))
-        eval_collator = EDMemMaskingCollator(
-            tokenizer,
-            args.random_mask_prob,
-            args.mention_mask_prob,
-            seed=args.eval_seed,
-            return_salient_span_mask=True,
+    if "validation" not in datasets:
+        return sampler, train_dl, None
+    eval_data = datasets["validation"]
+    if args.max_eval_samples is not None:
+        eval_data = eval_data.select(range(min(args.max_eval_samples, len(eval_data))))
+    eval_collator = EDMemMaskingCollator(
+        tokenizer, args.random_mask_prob, args.mention_mask_prob, seed=args.eval_seed, return_salient_span_mask=True
+    )
+    eval_dl = DataLoader(
+        _IndexedPassages(eval_data, fixed_epoch=0),  # the same masks at every evaluation
+        batch_size=args.per_device_eval_batch_size,
+        sampler=_EpochShuffleSampler(len(eval_data), seed=0, shuffle=False),
+        collate_fn=eval_collator,
+        num_workers=args.dataloader_num_workers,
+        generator=torch.Generator().manual_seed(0),
+    )
+    return sampler, train_dl, eval_dl
+
+
+class _PretrainingRun:
+    """One `pretrain` call: `__init__` sets up (accelerator, data, model, optimiser, resume), `train` runs the
+    optimizer steps, `finish` evaluates and saves the model."""
+
+    def __init__(self, args: PretrainingArguments, model: Any, tokenizer: Any, datasets: Any, entity_vocab: Any):
+        from accelerate import Accelerator
+        from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
+        from transformers import get_linear_schedule_with_warmup
+
+        tokenizer, datasets, entity_vocab = _load_inputs(args, model, tokenizer, datasets, entity_vocab)
+        resume_from = _resolve_resume(args)
+        self.args, self.tokenizer, self.entity_vocab = args, tokenizer, entity_vocab
+        self.trackers = _trackers(args.report_to)
+        self.accelerator = accelerator = Accelerator(
+            gradient_accumulation_steps=args.gradient_accumulation_steps,
+            mixed_precision=args.mixed_precision,
+            log_with=self.trackers or None,
+            project_config=ProjectConfiguration(
+                project_dir=args.output_dir, automatic_checkpoint_naming=True, total_limit=args.save_total_limit
+            ),
+            step_scheduler_with_optimizer=False,
+            dataloader_config=DataLoaderConfiguration(even_batches=True),
         )
-        eval_dl = DataLoader(
-            _IndexedPassages(eval_data, fixed_epoch=0),  # the same masks at every evaluation
-            batch_size=args.per_device_eval_batch_size,
-            sampler=_EpochShuffleSampler(len(eval_data), seed=0, shuffle=False),
-            collate_fn=eval_collator,
-            num_workers=args.dataloader_num_workers,
-            generator=torch.Generator().manual_seed(0),
+        self._prepare_output_dir(resume_from)
+
+        set_seed(args.seed)
+        model = _given_or_new_model(args, model, tokenizer, entity_vocab)
+        self.sampler, train_dl, eval_dl = _dataloaders(args, datasets, tokenizer, accelerator.num_processes)
+        self.batches_per_epoch = len(train_dl) // accelerator.num_processes or 1
+        steps_per_epoch = max(math.ceil(self.batches_per_epoch / args.gradient_accumulation_steps), 1)
+        self.max_steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * steps_per_epoch)
+        optimizer = _adamw(model, args)
+        scheduler = get_linear_schedule_with_warmup(optimizer, int(args.warmup_ratio * self.max_steps), self.max_steps)
+        self.model, self.optimizer, self.train_dl, self.scheduler = accelerator.prepare(
+            model, optimizer, train_dl, scheduler
+        )
+        self.eval_dl = accelerator.prepare(eval_dl) if eval_dl is not None else None
+
+        self.progress = _Progress(num_processes=accelerator.num_processes)
+        accelerator.register_for_checkpointing(self.progress)
+        self.state = self._new_trainer_state(math.ceil(self.max_steps / steps_per_epoch))
+        if resume_from is not None:
+            self._resume(resume_from)
+        self.last_train: dict[str, Any] = {}
+        self.last_eval: dict[str, Any] | None = None
+        self._start_logging(resume_from)
+
+    def _prepare_output_dir(self, resume_from: str | None) -> None:
+        """Creates OUTPUT_DIR (emptied of checkpoints and log with --overwrite_output_dir), deletes incomplete
+        checkpoints, and numbers the next checkpoint after the last one kept."""
+        args, accelerator = self.args, self.accelerator
+        if accelerator.is_main_process:
+            os.makedirs(args.output_dir, exist_ok=True)
+            if resume_from is None and args.overwrite_output_dir:
+                shutil.rmtree(os.path.join(args.output_dir, CHECKPOINT_DIR), ignore_errors=True)
+                if os.path.exists(os.path.join(args.output_dir, LOG_NAME)):
+                    os.remove(os.path.join(args.output_dir, LOG_NAME))
+            _remove_incomplete_checkpoints(args.output_dir)
+        accelerator.wait_for_everyone()
+        kept = _checkpoint_dirs(args.output_dir)
+        # save_state writes checkpoint_<iteration> and refuses an existing directory: continue after the last one.
+        accelerator.project_configuration.iteration = kept[-1][0] + 1 if kept else 0
+        self.log = _JsonlLog(os.path.join(args.output_dir, LOG_NAME), accelerator.is_main_process)
+
+    def _new_trainer_state(self, num_train_epochs: int) -> Any:
+        from transformers import TrainerState
+
+        return TrainerState(
+            max_steps=self.max_steps,
+            logging_steps=self.args.logging_steps,
+            eval_steps=self.args.eval_steps,
+            save_steps=self.args.save_steps,
+            train_batch_size=self.args.per_device_train_batch_size,
+            num_train_epochs=num_train_epochs,
+            is_local_process_zero=self.accelerator.is_local_main_process,
+            is_world_process_zero=self.accelerator.is_main_process,
         )
 
-    batches_per_epoch = len(train_dl) // accelerator.num_processes or 1
-    steps_per_epoch = max(math.ceil(batches_per_epoch / args.gradient_accumulation_steps), 1)
-    max_steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * steps_per_epoch)
-    optimizer = _adamw(model, args)
-    scheduler = get_linear_schedule_with_warmup(optimizer, int(args.warmup_ratio * max_steps), max_steps)
-    model, optimizer, train_dl, scheduler = accelerator.prepare(model, optimizer, train_dl, scheduler)
-    if eval_dl is not None:
-        eval_dl = accelerator.prepare(eval_dl)
+    def _resume(self, checkpoint: str) -> None:
+        """Restores model, optimizer, scheduler, grad scaler, RNG states and `progress` (Accelerate's
+        `load_state`), and the log history and best metric from trainer_state.json."""
+        from transformers import TrainerState
 
-    # Resume.
-    global_step, epoch, batch_in_epoch = 0, 0, 0
-    if resume_from is not None:
-        accelerator.load_state(resume_from)
-        with open(os.path.join(resume_from, TRAINER_STATE_NAME), encoding="utf-8") as f:
-            state = json.load(f)
-        global_step, epoch, batch_in_epoch = state["global_step"], state["epoch"], state["batch_in_epoch"]
-        if state.get("num_processes") != accelerator.num_processes:
+        accelerator, progress = self.accelerator, self.progress
+        accelerator.load_state(checkpoint)
+        saved = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE_NAME))
+        self.state.log_history = saved.log_history
+        self.state.best_metric, self.state.best_global_step = saved.best_metric, saved.best_global_step
+        self.state.best_model_checkpoint = saved.best_model_checkpoint
+        if progress.num_processes != accelerator.num_processes:
             logger.warning(
                 "resuming a %s-process run on %s processes: the run continues, but not bit-exactly",
-                state.get("num_processes"),
+                progress.num_processes,
                 accelerator.num_processes,
             )
-            batch_in_epoch = batch_in_epoch * state.get("num_processes", 1) // accelerator.num_processes
-        accelerator.print(f"Resumed from {resume_from} at step {global_step}")
+            progress.batch_in_epoch = progress.batch_in_epoch * progress.num_processes // accelerator.num_processes
+            progress.num_processes = accelerator.num_processes
+        accelerator.print(f"Resumed from {checkpoint} at step {progress.global_step}")
 
-    if trackers:
-        accelerator.init_trackers(
-            "edmem-pretraining",
-            config={k: v for k, v in asdict(args).items() if isinstance(v, (int, float, str, bool))},
-        )
-    log.write(
-        {
-            "type": "start",
-            "step": global_step,
-            "max_steps": max_steps,
-            "num_processes": accelerator.num_processes,
-            "distributed_type": str(accelerator.distributed_type),
-            "mixed_precision": accelerator.mixed_precision,
-            "resumed_from": resume_from,
-            "time": time.time(),
-        }
-    )
-
-    def save_checkpoint() -> None:
-        path = os.path.join(args.output_dir, CHECKPOINT_DIR, f"step-{global_step}")
-        accelerator.save_state(path)
-        if accelerator.is_main_process:
-            state = {
-                "global_step": global_step,
-                "epoch": epoch,
-                "batch_in_epoch": batch_in_epoch,
-                "num_processes": accelerator.num_processes,
-                "max_steps": max_steps,
+    def _start_logging(self, resume_from: str | None) -> None:
+        if self.trackers:
+            self.accelerator.init_trackers(
+                "edmem-pretraining",
+                config={k: v for k, v in asdict(self.args).items() if isinstance(v, (int, float, str, bool))},
+            )
+        self.log.write(
+            {
+                "type": "start",
+                "step": self.progress.global_step,
+                "max_steps": self.max_steps,
+                "num_processes": self.accelerator.num_processes,
+                "distributed_type": str(self.accelerator.distributed_type),
+                "mixed_precision": self.accelerator.mixed_precision,
+                "resumed_from": resume_from,
+                "time": time.time(),
             }
-            tmp = os.path.join(path, TRAINER_STATE_NAME + ".tmp")
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(state, f)
-            os.replace(tmp, os.path.join(path, TRAINER_STATE_NAME))
-            _rotate_checkpoints(args.output_dir, args.save_total_limit)
-        accelerator.wait_for_everyone()
+        )
 
-    def run_eval() -> dict[str, float] | None:
-        if eval_dl is None:
-            return None
-        metrics = evaluate(model, eval_dl, accelerator)
-        log.write({"type": "eval", "step": global_step, **metrics})
-        if trackers:
-            accelerator.log(metrics, step=global_step)
-        return metrics
+    def train(self) -> bool:
+        """Trains up to `max_steps` optimizer steps; False if `--max_steps_this_run` stopped it first."""
+        from tqdm.auto import tqdm
 
-    progress = tqdm(
-        total=max_steps,
-        initial=global_step,
-        desc="pretrain",
-        disable=args.disable_tqdm or not accelerator.is_local_main_process,
-    )
-    model.train()
-    steps_this_run = 0
-    window = torch.zeros(4, dtype=torch.float64, device=accelerator.device)  # loss, lm, entity, micro-batches
-    window_tokens = torch.zeros((), dtype=torch.float64, device=accelerator.device)
-    window_start = time.perf_counter()
-    last_train: dict[str, Any] = {}
-    last_eval: dict[str, float] | None = None
-    stopped_early = False
+        args, accelerator, progress = self.args, self.accelerator, self.progress
+        self.model.train()
+        self._reset_window()
+        steps_this_run = 0
+        disable = args.disable_tqdm or not accelerator.is_local_main_process
+        with tqdm(total=self.max_steps, initial=progress.global_step, desc="pretrain", disable=disable) as bar:
+            while progress.global_step < self.max_steps:
+                self.sampler.set_epoch(progress.epoch)
+                self.train_dl.set_epoch(progress.epoch)
+                seen = progress.batch_in_epoch  # on resume, the epoch's batches already trained on
+                for batch in accelerator.skip_first_batches(self.train_dl, seen) if seen else self.train_dl:
+                    self._forward_backward(batch)
+                    progress.batch_in_epoch += 1
+                    if not accelerator.sync_gradients:
+                        continue
+                    self.scheduler.step()
+                    progress.global_step += 1
+                    steps_this_run += 1
+                    bar.update(1)
+                    self._log_evaluate_save(bar)
+                    if progress.global_step >= self.max_steps:
+                        break
+                    if args.max_steps_this_run is not None and steps_this_run >= args.max_steps_this_run:
+                        return False
+                else:
+                    progress.epoch += 1
+                    progress.batch_in_epoch = 0
+        return True
 
-    while global_step < max_steps and not stopped_early:
-        sampler.set_epoch(epoch)
-        train_dl.set_epoch(epoch)
-        epoch_dl = accelerator.skip_first_batches(train_dl, batch_in_epoch) if batch_in_epoch else train_dl
-        for batch in epoch_dl:
-            batch.pop("example_index", None)
-            with accelerator.accumulate(model):
-                outputs = model(**batch)
-                loss = outputs.loss
-                accelerator.backward(loss)
-                if accelerator.sync_gradients and args.max_grad_norm > 0:
-                    accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-                optimizer.step()
-                optimizer.zero_grad()
-            batch_in_epoch += 1
-            window += torch.stack([_scalar(outputs, "loss"), _scalar(outputs, "lm_loss"),
-                                   _scalar(outputs, "entity_loss"), torch.tensor(1.0, dtype=torch.float64)]).to(window.device)  # fmt: skip
-            window_tokens += batch["attention_mask"].sum().double()
-            if not accelerator.sync_gradients:
-                continue
-            scheduler.step()
-            global_step += 1
-            steps_this_run += 1
-            progress.update(1)
+    def _forward_backward(self, batch: dict[str, torch.Tensor]) -> None:
+        """One micro-batch; the optimizer steps when Accelerate syncs the gradients (end of an accumulation)."""
+        accelerator = self.accelerator
+        batch.pop("example_index", None)
+        with accelerator.accumulate(self.model):
+            outputs = self.model(**batch)
+            accelerator.backward(outputs.loss)
+            if accelerator.sync_gradients and self.args.max_grad_norm > 0:
+                accelerator.clip_grad_norm_(self.model.parameters(), self.args.max_grad_norm)
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+        for i, name in enumerate(("loss", "lm_loss", "entity_loss")):
+            self.window[i] += _scalar(outputs, name).to(self.window.device)
+        self.window[3] += 1
+        self.window_tokens += batch["attention_mask"].sum().double()
 
-            if global_step % args.logging_steps == 0 or global_step == max_steps:
-                sums = accelerator.reduce(window, reduction="sum")
-                tokens = accelerator.reduce(window_tokens, reduction="sum")
-                elapsed = max(time.perf_counter() - window_start, 1e-9)
-                n = max(float(sums[3]), 1.0)
-                last_train = {
-                    "type": "train",
-                    "step": global_step,
-                    "epoch": epoch,
-                    "loss": float(sums[0]) / n,
-                    "lm_loss": float(sums[1]) / n,
-                    "entity_loss": float(sums[2]) / n,
-                    "lr": scheduler.get_last_lr()[0],
-                    "tokens_per_s": float(tokens) / elapsed,
-                    "num_processes": accelerator.num_processes,
-                }
-                log.write(last_train)
-                if trackers:
-                    accelerator.log({k: v for k, v in last_train.items() if k != "type"}, step=global_step)
-                progress.set_postfix(loss=f"{last_train['loss']:.3f}", lr=f"{last_train['lr']:.2e}")
-                window.zero_()
-                window_tokens.zero_()
-                window_start = time.perf_counter()
-            if args.eval_steps > 0 and global_step % args.eval_steps == 0 and global_step < max_steps:
-                last_eval = run_eval()
-            if global_step % args.save_steps == 0 or global_step == max_steps:
-                save_checkpoint()
-            if global_step >= max_steps:
-                break
-            if args.max_steps_this_run is not None and steps_this_run >= args.max_steps_this_run:
-                stopped_early = True
-                break
+    def _log_evaluate_save(self, bar: Any) -> None:
+        step, args = self.progress.global_step, self.args
+        if step % args.logging_steps == 0 or step == self.max_steps:
+            self._log_train()
+            bar.set_postfix(loss=f"{self.last_train['loss']:.3f}", lr=f"{self.last_train['learning_rate']:.2e}")
+        if args.eval_steps > 0 and step % args.eval_steps == 0 and step < self.max_steps:
+            self._evaluate()
+        if step % args.save_steps == 0 or step == self.max_steps:
+            self.save_checkpoint()
+
+    def _reset_window(self) -> None:
+        device = self.accelerator.device
+        self.window = torch.zeros(4, dtype=torch.float64, device=device)  # loss, lm, entity sums; micro-batches
+        self.window_tokens = torch.zeros((), dtype=torch.float64, device=device)
+        self.window_start = time.perf_counter()
+
+    def _log_train(self) -> None:
+        """Losses averaged over the micro-batches of all processes since the last log; input tokens per second."""
+        sums = self.accelerator.reduce(self.window, reduction="sum")
+        tokens = self.accelerator.reduce(self.window_tokens, reduction="sum")
+        elapsed = max(time.perf_counter() - self.window_start, 1e-9)
+        micro_batches = max(float(sums[3]), 1.0)
+        metrics = {name: float(sums[i]) / micro_batches for i, name in enumerate(("loss", "lm_loss", "entity_loss"))}
+        metrics["learning_rate"] = self.scheduler.get_last_lr()[0]
+        metrics["tokens_per_s"] = float(tokens) / elapsed
+        self.last_train = self._record("train", metrics)
+        self._reset_window()
+
+    def _evaluate(self) -> None:
+        """`evaluate` on the validation split; the lowest `eval_ppl` is the Trainer state's best metric."""
+        if self.eval_dl is None:
+            return
+        metrics = evaluate(self.model, self.eval_dl, self.accelerator)
+        self.last_eval = self._record("eval", metrics)
+        ppl, best = metrics["eval_ppl"], self.state.best_metric
+        if not math.isnan(ppl) and (best is None or ppl < best):
+            self.state.best_metric, self.state.best_global_step = ppl, self.progress.global_step
+
+    def _record(self, kind: str, metrics: dict[str, float]) -> dict[str, Any]:
+        """An entry of the log history (the Trainer's format: the metrics, `epoch`, `step`), also written to
+        log.jsonl and the trackers."""
+        progress = self.progress
+        entry = {**metrics, "epoch": progress.epoch + progress.batch_in_epoch / self.batches_per_epoch}
+        entry["step"] = progress.global_step
+        self.state.log_history.append(entry)
+        self.log.write({"type": kind, **entry})
+        if self.trackers:
+            self.accelerator.log(metrics, step=progress.global_step)
+        return entry
+
+    def save_checkpoint(self) -> None:
+        """`save_state` into the next checkpoint_<i> (Accelerate names it, and deletes the oldest beyond
+        --save_total_limit first); then, once every process has written its part, trainer_state.json, which
+        marks the checkpoint complete."""
+        checkpoint = str(self.accelerator.save_state())
+        self.accelerator.wait_for_everyone()
+        if self.accelerator.is_main_process:
+            if self.state.best_global_step == self.progress.global_step:
+                self.state.best_model_checkpoint = checkpoint
+            self._write_trainer_state(checkpoint)
+        self.accelerator.wait_for_everyone()
+
+    def _write_trainer_state(self, directory: str) -> None:
+        progress = self.progress
+        self.state.global_step = progress.global_step
+        self.state.epoch = progress.epoch + progress.batch_in_epoch / self.batches_per_epoch
+        path = os.path.join(directory, TRAINER_STATE_NAME)
+        self.state.save_to_json(path + ".tmp")
+        os.replace(path + ".tmp", path)
+
+    def finish(self, completed: bool) -> dict[str, Any]:
+        """After a completed run: the last evaluation, then the model, tokenizer and trainer_state.json in
+        OUTPUT_DIR. Returns the summary of `pretrain`."""
+        accelerator = self.accelerator
+        if completed:
+            self._evaluate()
+            self._save_model()
+            if accelerator.is_main_process:
+                self._write_trainer_state(self.args.output_dir)
+            self.log.write({"type": "end", "step": self.progress.global_step, "time": time.time()})
         else:
-            epoch += 1
-            batch_in_epoch = 0
-    progress.close()
+            self.log.write({"type": "stop", "step": self.progress.global_step, "reason": "max_steps_this_run"})
+        # Unlike `end_training`, keeps the process group, so that `pretrain` may be called again in the same
+        # distributed process; `cli_main` tears it down at exit.
+        accelerator.wait_for_everyone()
+        for tracker in accelerator.trackers:
+            tracker.finish()
+        return {
+            "global_step": self.progress.global_step,
+            "train": self.last_train,
+            "eval": self.last_eval,
+            "output_dir": self.args.output_dir,
+            "completed": completed,
+        }
 
-    if stopped_early:
-        log.write({"type": "stop", "step": global_step, "reason": "max_steps_this_run"})
-        _finish(accelerator)
-        return {"global_step": global_step, "train": last_train, "eval": last_eval, "output_dir": args.output_dir,
-                "completed": False}  # fmt: skip
+    def _save_model(self) -> None:
+        from accelerate.utils import DistributedType
 
-    last_eval = run_eval() or last_eval
-    accelerator.wait_for_everyone()
-    unwrapped = accelerator.unwrap_model(model)
-    if entity_vocab is not None and getattr(unwrapped, "entity_vocab", None) is None:
-        unwrapped.entity_vocab = entity_vocab
-    # Sharded engines (DeepSpeed ZeRO-3, FSDP) need the full state dict gathered; otherwise the model's own
-    # save_pretrained knows its tied weights (token embeddings, entity table) best.
-    sharded = accelerator.distributed_type in (DistributedType.DEEPSPEED, DistributedType.FSDP)
-    state_dict = accelerator.get_state_dict(model) if sharded else None
-    unwrapped.save_pretrained(
-        args.output_dir,
-        is_main_process=accelerator.is_main_process,
-        save_function=accelerator.save,
-        state_dict=state_dict,
-    )
-    if accelerator.is_main_process and tokenizer is not None:
-        tokenizer.save_pretrained(args.output_dir)
-    log.write({"type": "end", "step": global_step, "time": time.time()})
-    _finish(accelerator)
-    return {"global_step": global_step, "train": last_train, "eval": last_eval, "output_dir": args.output_dir,
-            "completed": True}  # fmt: skip
+        accelerator = self.accelerator
+        accelerator.wait_for_everyone()
+        unwrapped = accelerator.unwrap_model(self.model)
+        if self.entity_vocab is not None and getattr(unwrapped, "entity_vocab", None) is None:
+            unwrapped.entity_vocab = self.entity_vocab
+        # Sharded engines (DeepSpeed ZeRO-3, FSDP) need the full state dict gathered; otherwise the model's own
+        # save_pretrained knows its tied weights (token embeddings, entity table) best.
+        sharded = accelerator.distributed_type in (DistributedType.DEEPSPEED, DistributedType.FSDP)
+        unwrapped.save_pretrained(
+            self.args.output_dir,
+            is_main_process=accelerator.is_main_process,
+            save_function=accelerator.save,
+            state_dict=accelerator.get_state_dict(self.model) if sharded else None,
+        )
+        if accelerator.is_main_process and self.tokenizer is not None:
+            self.tokenizer.save_pretrained(self.args.output_dir)
 
 
-def _finish(accelerator: Any) -> None:
-    """Closes the trackers once every process is done. Unlike `end_training`, keeps the process group, so that
-    `pretrain` may be called again in the same (distributed) process; `cli_main` tears it down at exit."""
-    accelerator.wait_for_everyone()
-    for tracker in accelerator.trackers:
-        tracker.finish()
+def pretrain(
+    args: PretrainingArguments,
+    model: Any = None,
+    tokenizer: Any = None,
+    datasets: Any = None,
+    entity_vocab: Any = None,
+) -> dict[str, Any]:
+    """Pre-trains EDMem; returns a summary (`global_step`, last train and eval log entries, `output_dir`,
+    `completed`).
+
+    `model`, `tokenizer`, `datasets` (a DatasetDict with `train` and optionally `validation`) and
+    `entity_vocab` override what is read from `args.corpus_dir` / `args.model_name_or_path`. Accelerate keeps
+    one state per process: calls in the same process must use the same `mixed_precision` (Accelerate raises a
+    ValueError otherwise); `edmem pretrain` starts a fresh process each time.
+    """
+    run = _PretrainingRun(args, model, tokenizer, datasets, entity_vocab)
+    return run.finish(run.train())
 
 
 def cli_main(argv: Sequence[str] | None = None) -> int:
