@@ -423,7 +423,7 @@ def evaluate(model: Any, dataloader: Any, accelerator: Any) -> dict[str, float]:
             raise ValueError("evaluate() needs batches from EDMemMaskingCollator(..., return_salient_span_mask=True)")
         span_mask = batch.pop("salient_span_mask")
         batch.pop("example_index", None)
-        outputs = model(**batch)
+        outputs = model(**batch, output_attended_entities=True)  # the top-1 entities of each access
         labels, inputs = batch["labels"], batch["input_ids"]
         logits = outputs.logits.float()
         nll = torch.nn.functional.cross_entropy(
