@@ -13,7 +13,12 @@ def tokenizer():
 
 def test_special_token_ids(tokenizer):
     assert tokenizer.convert_ids_to_tokens(list(range(7))) == SPECIAL_TOKENS
-    assert (tokenizer.bos_token_id, tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.unk_token_id) == (0, 1, 2, 3)
+    assert (tokenizer.bos_token_id, tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.unk_token_id) == (
+        0,
+        1,
+        2,
+        3,
+    )
     assert tokenizer.mask_token == "<mask>"
 
 
@@ -23,7 +28,10 @@ def test_markers_and_leading_space(tokenizer):
     i = tokens.index("<E_s>")
     # the space before the marker is absorbed, the entity keeps its running-text leading space
     assert tokens[i - 1] == "Ġin" and tokens[i + 1] == "ĠParis" and tokens[i + 2] == "<E_e>" and tokens[i + 3] == "."
-    assert tokenizer(" Paris", add_special_tokens=False)["input_ids"] != tokenizer("Paris", add_special_tokens=False)["input_ids"]
+    assert (
+        tokenizer(" Paris", add_special_tokens=False)["input_ids"]
+        != tokenizer("Paris", add_special_tokens=False)["input_ids"]
+    )
 
 
 def test_save_load_offline_and_extend_is_idempotent(tokenizer, tmp_path):
@@ -47,7 +55,12 @@ def test_extend_adds_markers_to_a_plain_tokenizer(tmp_path):
     assert extended.mask_token == "<mask>"
     ids = extended.convert_tokens_to_ids(["<E_s>", "<E_e>"])
     assert ids[0] >= 2 and ids[1] >= 2 and ids[0] != ids[1]
-    assert extended.convert_ids_to_tokens(extended("hello <E_s> hello <E_e>")["input_ids"]) == ["hello", "<E_s>", "hello", "<E_e>"]
+    assert extended.convert_ids_to_tokens(extended("hello <E_s> hello <E_e>")["input_ids"]) == [
+        "hello",
+        "<E_s>",
+        "hello",
+        "<E_e>",
+    ]
     with pytest.raises(FileNotFoundError):
         extend_tokenizer(tmp_path / "missing")
 

@@ -5,8 +5,12 @@ from edmem_hf.toy_world import generate_toy_world, render_mediawiki_dump, write_
 
 
 def test_deterministic():
-    assert render_mediawiki_dump(generate_toy_world(40, seed=3)) == render_mediawiki_dump(generate_toy_world(40, seed=3))
-    assert render_mediawiki_dump(generate_toy_world(40, seed=3)) != render_mediawiki_dump(generate_toy_world(40, seed=4))
+    assert render_mediawiki_dump(generate_toy_world(40, seed=3)) == render_mediawiki_dump(
+        generate_toy_world(40, seed=3)
+    )
+    assert render_mediawiki_dump(generate_toy_world(40, seed=3)) != render_mediawiki_dump(
+        generate_toy_world(40, seed=4)
+    )
 
 
 def test_dump_parses_back_with_expected_links(tmp_path):

@@ -67,7 +67,9 @@ def train_tokenizer(
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=min_frequency,
-        special_tokens=[_marker(t) if t in (MASK_TOKEN, ENTITY_START_TOKEN, ENTITY_END_TOKEN) else t for t in SPECIAL_TOKENS],
+        special_tokens=[
+            _marker(t) if t in (MASK_TOKEN, ENTITY_START_TOKEN, ENTITY_END_TOKEN) else t for t in SPECIAL_TOKENS
+        ],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=show_progress,
     )
@@ -110,7 +112,9 @@ def extend_tokenizer(path_or_tokenizer: str | os.PathLike | PreTrainedTokenizerB
     if tokenizer.mask_token is None:
         tokenizer.add_special_tokens({"mask_token": _marker(MASK_TOKEN)})
     special = tokenizer.all_special_tokens
-    missing = [t for t, known in zip((ENTITY_START_TOKEN, ENTITY_END_TOKEN), in_vocab) if not known or t not in special]
+    missing = [
+        t for t, known in zip((ENTITY_START_TOKEN, ENTITY_END_TOKEN), in_vocab) if not known or t not in special
+    ]
     if missing:
         tokenizer.add_special_tokens(
             {"extra_special_tokens": [_marker(t) for t in missing]}, replace_extra_special_tokens=False
@@ -133,7 +137,7 @@ class TrainTokenizerArguments:
         metadata={
             "help": "Text sources: a corpus directory written by build-corpus (its dump is not kept, so give text), "
             "directories of .txt files, .txt files (one document per line), or MediaWiki dumps (.xml, .xml.bz2)."
-        }
+        },
     )
     out: str = field(default="", metadata={"help": "Directory to save the tokenizer to (required)."})
     vocab_size: int = field(default=DEFAULT_VOCAB_SIZE, metadata={"help": "BPE vocabulary size (with specials)."})

@@ -116,7 +116,9 @@ def generate_toy_world(num_entities: int = 60, seed: int = 0) -> ToyWorld:
     for _ in range(num_people):
         first, last = names.word(2), names.word(rng.choice([2, 3]))
         city = rng.choice(cities)
-        person = ToyEntity(f"{first} {last}", "person", {"birthplace": city.name, "country": city.attributes["country"]})
+        person = ToyEntity(
+            f"{first} {last}", "person", {"birthplace": city.name, "country": city.attributes["country"]}
+        )
         person.attributes["born"] = str(rng.randint(1850, 1990))
         person.attributes["occupation"] = rng.choice(["engineer", "painter", "physicist", "merchant", "poet"])
         person.aliases = [last]
@@ -198,11 +200,15 @@ class _Renderer:
             paragraphs.append(f"{entity.name} is known for its mountains.{{{{citation needed|date=May 2020}}}}")
         elif entity.type == "city":
             country = a["country"]
-            text = f"'''{entity.name}''' is a [[city]] in {link(country, linked)} with a population of {a['population']}."
+            text = (
+                f"'''{entity.name}''' is a [[city]] in {link(country, linked)} with a population of {a['population']}."
+            )
             if "capital_of" in a:
                 text += f" It is the capital of {country}."
             paragraphs.append(text)
-            people = [e for e in self.world.entities if e.type == "person" and e.attributes["birthplace"] == entity.name]
+            people = [
+                e for e in self.world.entities if e.type == "person" and e.attributes["birthplace"] == entity.name
+            ]
             if people:
                 paragraphs.append(
                     "Notable people born in " + entity.name + " include "
@@ -219,7 +225,9 @@ class _Renderer:
                 f"The '''{entity.name}''' is a [[river]] of {link(a['country'], linked)}, "
                 f"{a['length']} kilometres long. It flows through {link(a['city'], linked)}."
             )
-            paragraphs.append(f"Fishermen on the {entity.aliases[0]} catch eels. The {entity.aliases[0]} floods in spring.")
+            paragraphs.append(
+                f"Fishermen on the {entity.aliases[0]} catch eels. The {entity.aliases[0]} floods in spring."
+            )
         elif entity.type == "person":
             last = entity.aliases[0]
             paragraphs.append(
@@ -227,7 +235,9 @@ class _Renderer:
                 f"'''{entity.name}''' (born {a['born']}) was a {a['occupation']} from {link(a['country'], linked)}."
             )
             paragraphs.append(f"== Early life ==\n{last} was born in {link(a['birthplace'], linked)} in {a['born']}.")
-            founded = [e for e in self.world.entities if e.type == "company" and e.attributes["founder"] == entity.name]
+            founded = [
+                e for e in self.world.entities if e.type == "company" and e.attributes["founder"] == entity.name
+            ]
             if founded:
                 paragraphs.append(
                     "== Career ==\n"
@@ -254,7 +264,9 @@ def _qa_pairs(countries, cities, rivers, people, companies) -> list[QAPair]:
     for person in people:
         pairs.append(QAPair(f"Where was {person.name} born?", person.attributes["birthplace"], "born_in", person.name))
     for country in countries:
-        pairs.append(QAPair(f"What is the capital of {country.name}?", country.attributes["capital"], "capital", country.name))
+        pairs.append(
+            QAPair(f"What is the capital of {country.name}?", country.attributes["capital"], "capital", country.name)
+        )
     for city in cities:
         pairs.append(QAPair(f"In which country is {city.name}?", city.attributes["country"], "located_in", city.name))
     for company in companies:
