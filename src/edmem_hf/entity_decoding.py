@@ -447,7 +447,15 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
             out.index_copy_(0, keep_rows, scores.index_select(0, keep_rows))
         return out
 
-    def _write_sparse(self, buffer, scores, in_span, flat, valid, pair_row) -> torch.Tensor:
+    def _write_sparse(
+        self,
+        buffer: torch.Tensor,
+        scores: torch.FloatTensor,
+        in_span: torch.Tensor,
+        flat: torch.Tensor,
+        valid: torch.Tensor,
+        pair_row: torch.Tensor,
+    ) -> torch.Tensor:
         """No row at a dense node: rows in a span are -inf but at their allowed tokens, the others are copied.
         One write pass over `(rows, V)`. Returns the best allowed score of every row `(rows,)`."""
         rows, vocab = scores.shape
@@ -468,7 +476,14 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
         best = torch.full((rows,), neg_inf, dtype=scores.dtype, device=scores.device)
         return best.scatter_reduce_(0, pair_row, values, reduce="amax")
 
-    def _write_dense(self, buffer, scores, in_span, flat, dense_slot) -> torch.Tensor:
+    def _write_dense(
+        self,
+        buffer: torch.Tensor,
+        scores: torch.FloatTensor,
+        in_span: torch.Tensor,
+        flat: torch.Tensor,
+        dense_slot: torch.Tensor,
+    ) -> torch.Tensor:
         """Some row at a dense node: the scores plus an additive penalty `(rows, V)` gathered from precomputed
         rows (free rows; dense nodes; other rows in a span: -inf, with 0 then put at their allowed tokens). Two
         passes over `(rows, V)` whatever the mix of rows. Returns the best allowed score of every row `(rows,)`."""
