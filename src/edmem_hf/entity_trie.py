@@ -250,8 +250,14 @@ class EntityTrie:
             path = os.path.join(os.fspath(cache_dir), f"entity_trie-{key[:24]}.npz")
             if os.path.exists(path):
                 return cls.load(path)
-        texts = [" " + name for name in names] if add_prefix_space else names
-        flat, lengths = _concatenate(_tokenize(texts, tokenizer, add_special_tokens))
+        prefix = " " if add_prefix_space else ""
+        # Batches of names, each kept as arrays at once: a million names as Python lists of ints would take GBs.
+        batches = [
+            _concatenate(_tokenize([prefix + name for name in names[i : i + 65536]], tokenizer, add_special_tokens))
+            for i in range(0, len(names), 65536)
+        ]
+        flat, lengths = (np.concatenate(arrays) for arrays in zip(*batches))
+        del batches
         if end_token_id is not None:
             flat = np.insert(flat, np.cumsum(lengths), end_token_id)
             lengths += 1
@@ -356,12 +362,15 @@ class EntityTrie:
         return self.tensors().children(torch.tensor([node]))[1].tolist()
 
     def _node_of(self, prefix: Sequence[int]) -> int:
-        """Node of `prefix`, -1 if `prefix` is not in the trie."""
-        tensors = self.tensors()
-        node = torch.zeros(1, dtype=torch.long)
-        for token in prefix:
-            node = tensors.child(node, torch.tensor([int(token)]))
-        return int(node)
+        """Node of `prefix`, -1 if `prefix` is not in the trie (numpy: `mentions()` calls it for every span)."""
+        node = 0
+        for token in map(int, prefix):
+            key = node * self.vocab_size + token
+            pos = int(np.searchsorted(self.edge_key, key))
+            if not 0 <= token < self.vocab_size or pos == len(self.edge_key) or self.edge_key[pos] != key:
+                return -1
+            node = pos + 1
+        return node
 
     def tensors(self, device: torch.device | str = "cpu") -> TrieTensors:
         """The arrays as torch tensors on `device` (zero-copy on CPU), made once per device."""
@@ -450,7 +459,7 @@ def _tokenize(texts: list[str], tokenizer: Any, add_special_tokens: bool) -> lis
 
 
 def _concatenate(sequences: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """Token id lists -> their concatenation (int64) and lengths (int64)."""
+    """Token id lists -> their concatenation (int32) and lengths (int64)."""
     lengths = np.fromiter(map(len, sequences), dtype=np.int64, count=len(sequences))
-    flat = np.fromiter(itertools.chain.from_iterable(sequences), dtype=np.int64, count=int(lengths.sum()))
+    flat = np.fromiter(itertools.chain.from_iterable(sequences), dtype=np.int32, count=int(lengths.sum()))
     return flat, lengths
