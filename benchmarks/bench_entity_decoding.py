@@ -236,6 +236,22 @@ class Timed(LogitsProcessor):
         return out
 
 
+class SpanCounter(LogitsProcessor):
+    """Counts rows x steps inside a mention (the newest `<E_s>` not yet closed by `<E_e>`); scores pass through."""
+
+    def __init__(self, start_id: int, end_id: int):
+        self.start_id, self.end_id = start_id, end_id
+        self.inside = self.rows = 0
+
+    def __call__(self, input_ids, scores):
+        pos = torch.arange(1, input_ids.shape[1] + 1)
+        last_start = torch.where(input_ids == self.start_id, pos, 0).amax(1)
+        last_end = torch.where(input_ids == self.end_id, pos, 0).amax(1)
+        self.inside += int((last_start > last_end).sum())
+        self.rows += input_ids.shape[0]
+        return scores
+
+
 def time_generate(model, inputs, repeats: int, **kwargs) -> float:
     best = float("inf")
     for _ in range(repeats):
@@ -319,12 +335,12 @@ def bench_standalone(quick: bool = False, repeats: int = 3) -> dict[str, float]:
             theirs_proc = Timed(PrefixConstrainedLogitsProcessor(prefix_fn, kwargs["num_beams"]))
             ours = dict(logits_processor=LogitsProcessorList([ours_proc]), **common)
             theirs = dict(logits_processor=LogitsProcessorList([theirs_proc]), **common)
-            # Warm-up, correctness and constrained fraction.
+            # Warm-up, correctness and constrained fraction (counted by a processor after ours, outside the timing).
+            spans = SpanCounter(start_id, end_id)
             with torch.inference_mode():
                 model.generate(**inputs, **common)
-                steps0, total0 = processor.constrained_steps, processor.total_steps
-                out = model.generate(**inputs, **ours)
-            frac = (processor.constrained_steps - steps0) / max(processor.total_steps - total0, 1)
+                out = model.generate(**inputs, **{**ours, "logits_processor": LogitsProcessorList([processor, spans])})
+            frac = spans.inside / max(spans.rows, 1)
             ok = check_spans(out[:, prompt.shape[1] - 1 :], start_id, end_id, valid)
             # The dict-trie baseline at 1M with beams is slow: one timed run only.
             slow = size_key != "10k" and mode == "beam5"

@@ -260,10 +260,11 @@ def test_fallback_empty_candidates_forces_end(tokenizer, names):
     assert torch.equal(scores, incoming)
 
 
-def test_processor_matches_on_hand_computed_masks(tokenizer, names):
+@pytest.mark.parametrize("dense_threshold", [5, None], ids=["dense-root", "sparse"])
+def test_processor_matches_on_hand_computed_masks(tokenizer, names, dense_threshold):
     start_id, end_id = marker_token_ids(tokenizer)
     trie = EntityTrie.build(names, tokenizer, end_token_id=end_id)
-    processor = EntityConstrainedLogitsProcessor(trie, start_token_id=start_id, dense_threshold=5)  # dense root
+    processor = EntityConstrainedLogitsProcessor(trie, start_token_id=start_id, dense_threshold=dense_threshold)
     seqs = [trie.sequence(i) for i in range(len(names))]
     rng = random.Random(0)
     for step in range(20):
@@ -276,11 +277,14 @@ def test_processor_matches_on_hand_computed_masks(tokenizer, names):
         # Same length for all rows: prepend filler tokens to shorter rows (outside any mention).
         ids = torch.tensor([[9] * (width - len(r)) + r for r in rows])
         processor.reset()
-        out = processor(ids, torch.zeros(len(rows), len(tokenizer)))
+        scores = torch.randn(len(rows), len(tokenizer))
+        out = processor(ids, scores)
         for r, row in enumerate(rows):
             prefix = row[row.index(start_id) + 1 :]
             expected = {s[len(prefix)] for s in seqs if s[: len(prefix)] == prefix}
-            assert set(torch.isfinite(out[r]).nonzero().flatten().tolist()) == expected
+            allowed = torch.isfinite(out[r])
+            assert set(allowed.nonzero().flatten().tolist()) == expected
+            assert torch.equal(out[r][allowed], scores[r][allowed])  # allowed scores pass unchanged
 
 
 def test_same_as_prefix_allowed_tokens_fn_with_dict_trie(tokenizer, names, inputs):

@@ -32,7 +32,9 @@ def test_resolve_redirect_follows_chains_and_stops_on_cycles():
 
 
 def test_entity_vocab_top_n():
-    vocab = build_entity_vocab(Counter({"B": 5, "A": 5, "C": 9, "D": 1, "E": 0}), 3, {"C": Counter({"the C": 2, "C": 7})})
+    vocab = build_entity_vocab(
+        Counter({"B": 5, "A": 5, "C": 9, "D": 1, "E": 0}), 3, {"C": Counter({"the C": 2, "C": 7})}
+    )
     assert vocab.names == ["C", "A", "B"]  # by count, ties by name
     assert vocab.counts == [9, 5, 5]
     assert vocab.aliases[0] == ["C", "the C"]
@@ -303,7 +305,12 @@ def test_build_corpus_with_given_tokenizer_and_strict_malformed(toy_tokenizer, t
     assert stats["malformed_pages"] == 1 and stats["articles"] == 30
     with pytest.raises(MalformedPageError, match="Broken page"):
         build_corpus(dump, tmp_path / "strict", num_entities=10, tokenizer=toy_tokenizer, strict=True)
-    assert cli_main(["--dump", str(dump), "--out", str(tmp_path / "strict2"), "--tokenizer", str(toy_tokenizer), "--strict"]) == 1
+    assert (
+        cli_main(
+            ["--dump", str(dump), "--out", str(tmp_path / "strict2"), "--tokenizer", str(toy_tokenizer), "--strict"]
+        )
+        == 1
+    )
 
 
 def test_build_corpus_bad_xml_is_a_clear_error(toy_tokenizer, tmp_path):
@@ -372,7 +379,9 @@ def test_ascii_word_pattern_matches_the_byte_level_pattern():
 
 def test_build_corpus_missing_tokenizer_is_a_clear_error(wikipedia_sample_small, tmp_path):
     with pytest.raises(FileNotFoundError, match="no-such-tokenizer"):
-        build_corpus(wikipedia_sample_small, tmp_path / "out", num_entities=10, tokenizer=tmp_path / "no-such-tokenizer")
+        build_corpus(
+            wikipedia_sample_small, tmp_path / "out", num_entities=10, tokenizer=tmp_path / "no-such-tokenizer"
+        )
 
 
 def test_build_corpus_output_does_not_depend_on_processes_or_dump_files(toy_tokenizer, tmp_path, monkeypatch):
@@ -435,7 +444,19 @@ def test_markers_inserted_into_whole_text_tokens_match_piece_by_piece(wikipedia_
     from edmem_hf.dump import iter_parsed_pages
 
     rng = random.Random(0)
-    alphabet = list("abXY019 .,'-()\n\t") + ["  ", "\n\n", " \t ", "'s", "é", "東京", "½", "\u00a0", "U.S.", " Paris", "D.C."]
+    alphabet = list("abXY019 .,'-()\n\t") + [
+        "  ",
+        "\n\n",
+        " \t ",
+        "'s",
+        "é",
+        "東京",
+        "½",
+        "\u00a0",
+        "U.S.",
+        " Paris",
+        "D.C.",
+    ]
     texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 25))) for _ in range(4000)]
     # trained on these texts, so that runs of whitespace and punctuation are tokens of their own ("ĊĊ", ".,"):
     # where the pieces' words differ from the whole text's, the ids differ too
@@ -446,7 +467,10 @@ def test_markers_inserted_into_whole_text_tokens_match_piece_by_piece(wikipedia_
     documents = []
     for text in texts:
         cuts = sorted(rng.sample(range(len(text) + 1), min(len(text) + 1, 2 * rng.randint(0, 4))))
-        mentions = [Mention(cuts[i], cuts[i + 1], rng.choice([-100, 3]), rng.random() < 0.5) for i in range(0, len(cuts) - 1, 2)]
+        mentions = [
+            Mention(cuts[i], cuts[i + 1], rng.choice([-100, 3]), rng.random() < 0.5)
+            for i in range(0, len(cuts) - 1, 2)
+        ]
         documents.append((text, mentions))
     for page in iter_parsed_pages(wikipedia_sample_small):  # real text, links as mentions
         if page.text:
@@ -455,11 +479,21 @@ def test_markers_inserted_into_whole_text_tokens_match_piece_by_piece(wikipedia_
     for (text, mentions), reference in zip(documents, expected):
         ids, starts = encoder.encode_words(text)
         assert ids.tolist() == tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids
-        got_ids, got_labels, got_spans = insert_mention_markers(text, ids, starts, mentions, start_id, end_id, encoder.piece_ids)
-        assert (got_ids.tolist(), got_labels.tolist(), [tuple(span) for span in got_spans.tolist()]) == reference, (text, mentions)
+        got_ids, got_labels, got_spans = insert_mention_markers(
+            text, ids, starts, mentions, start_id, end_id, encoder.piece_ids
+        )
+        assert (got_ids.tolist(), got_labels.tolist(), [tuple(span) for span in got_spans.tolist()]) == reference, (
+            text,
+            mentions,
+        )
     assert encoder.encode_words("a <mask> b") is None  # an added token's text: tokenised with the mentions instead
     overlapping = [Mention(0, 3, 1), Mention(2, 4, 1)]
-    assert insert_mention_markers("abcdef", np.array([1], dtype=np.int32), np.array([0]), overlapping, 5, 6, encoder.piece_ids) is None
+    assert (
+        insert_mention_markers(
+            "abcdef", np.array([1], dtype=np.int32), np.array([0]), overlapping, 5, 6, encoder.piece_ids
+        )
+        is None
+    )
 
 
 def test_whole_text_ids_gathered_from_the_word_table_as_it_grows_and_is_cleared(toy_tokenizer):
@@ -506,7 +540,25 @@ def test_word_split_by_lines_matches_the_byte_level_pattern(toy_tokenizer):
     encoder = _PieceEncoder(AutoTokenizer.from_pretrained(toy_tokenizer, local_files_only=True))
     words = regex.compile(_BYTE_LEVEL_WORDS)
     rng = random.Random(1)
-    alphabet = ["\n", "\n", " ", "a", "Z", "1", ".", "'s", "é", "東", "½", "\u00a0", "\u2028", "\x1c", "\x85", "\t", "😀"]
+    alphabet = [
+        "\n",
+        "\n",
+        " ",
+        "a",
+        "Z",
+        "1",
+        ".",
+        "'s",
+        "é",
+        "東",
+        "½",
+        "\u00a0",
+        "\u2028",
+        "\x1c",
+        "\x85",
+        "\t",
+        "😀",
+    ]
     for _ in range(20_000):
         text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 14)))
         assert encoder._split_words(text) == words.findall(text), repr(text)

@@ -144,7 +144,7 @@ TRICKY_WIKITEXT = [
     "{{unbalanced [[X]] ''it'' '''b'''",
     "{{{arg|[[Y]]}}} [[Z]]<!-- unterminated",
     "<b>bold [[l]]</b>s <i>[[m]]</i>n [[o]]<!-- -->p [[q]]{{t}}r [[s]]&amp;t [[u]]''v''",
-    "<span [[x]]>y</span> <p class=\"a\" / > <unknown attr=1>k</unknown> </span>",
+    '<span [[x]]>y</span> <p class="a" / > <unknown attr=1>k</unknown> </span>',
 ]
 
 

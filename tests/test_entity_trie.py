@@ -2,11 +2,15 @@
 
 import os
 import random
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
+from transformers.dynamic_module_utils import get_imports, get_relative_imports
 
+import edmem_hf
 from edmem_hf.entity_decoding import EntityTrie, marker_token_ids
 from edmem_hf.entity_vocab import EntityVocab
 from tiny_models import make_word_tokenizer as make_tokenizer
@@ -138,7 +142,7 @@ def test_from_sequences_matches_reference_on_random_data():
 
 
 def test_many_names_batched_tokenisation_is_exact(tokenizer):
-    """Above 1024 names, names are encoded in newline-joined chunks: the result must equal name-by-name."""
+    """Names tokenised in one batch call equal names tokenised one by one, odd characters included."""
     rng = random.Random(3)
     words = make_words(300, seed=4) + ["O'Neil's", "AT&T", "3.14", "Zürich", "C++", "don't"]
     names = sorted({" ".join(rng.sample(words, rng.randint(1, 4))) for _ in range(3000)})
@@ -146,8 +150,45 @@ def test_many_names_batched_tokenisation_is_exact(tokenizer):
     trie = EntityTrie.build(names, tokenizer, end_token_id=2)
     for i in range(0, len(names), 7):
         assert trie.sequence(i) == tokenizer(" " + names[i], add_special_tokens=False).input_ids + [2]
-    # Names the joined encoding cannot split safely (trailing space, newline) fall back to name by name.
     odd = names[:1500] + ["trailing space ", "two\nlines"]
     trie = EntityTrie.build(odd, tokenizer, end_token_id=2)
     assert trie.sequence(len(odd) - 1) == tokenizer(" two\nlines", add_special_tokens=False).input_ids + [2]
     assert trie.sequence(len(odd) - 2) == tokenizer(" trailing space ", add_special_tokens=False).input_ids + [2]
+
+
+def test_cache_key_ignores_the_tokenizers_padding_state(names, tmp_path):
+    tokenizer = make_tokenizer()
+    EntityTrie.build(names, tokenizer, end_token_id=2, cache_dir=tmp_path)
+    tokenizer.backend_tokenizer.enable_padding(pad_id=1, pad_token="<pad>", length=40)  # left by an earlier call
+    trie = EntityTrie.build(names, tokenizer, end_token_id=2, cache_dir=tmp_path)
+    assert os.listdir(tmp_path) == [os.path.basename(trie.metadata["cache_path"])]
+
+
+def test_hub_code_needs_neither_datasets_nor_other_modules_of_ours():
+    """Transformers' check_imports skips imports in try/except: users of the Hub copy may lack `datasets`."""
+    shipped = {"configuration_edmem", "entity_vocab", "entity_trie", "entity_decoding"}
+    for module in ("entity_trie", "entity_decoding"):
+        path = os.path.join(os.path.dirname(edmem_hf.__file__), f"{module}.py")
+        third_party = set(get_imports(path)) - sys.stdlib_module_names
+        assert third_party == ({"torch", "transformers"} if module == "entity_decoding" else {"numpy", "torch"})
+        assert set(get_relative_imports(path)) <= shipped
+
+
+def test_cache_without_datasets(names, tmp_path):
+    """Without `datasets` the cache key is a hash of the pickled tokenizer: the second build loads the file."""
+    script = f"""
+import os, sys
+sys.modules["datasets"] = None  # import datasets -> ImportError
+sys.path.insert(0, {os.path.dirname(__file__)!r})
+from edmem_hf.entity_trie import EntityTrie
+from tiny_models import make_word_tokenizer
+names = {names[:50]!r}
+first = EntityTrie.build(names, make_word_tokenizer(), end_token_id=2, cache_dir={str(tmp_path)!r})
+second = EntityTrie.build(names, make_word_tokenizer(), end_token_id=2, cache_dir={str(tmp_path)!r})
+assert len(os.listdir({str(tmp_path)!r})) == 1 and second.metadata["cache_path"] is not None
+assert (first.edge_key == second.edge_key).all()
+print("ok")
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr

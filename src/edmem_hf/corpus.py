@@ -177,12 +177,16 @@ def _count_links(table: pa.Table, num_entities: int, require_existing_pages: boo
                 redirects[title] = redirect
             else:
                 malformed += 1
-    pairs = pa.table(
-        {
-            "anchor": pc.list_flatten(table.column("link_anchors")),
-            "target": pc.list_flatten(table.column("link_targets")),
-        }
-    ).group_by(["anchor", "target"], use_threads=False).aggregate([([], "count_all")])
+    pairs = (
+        pa.table(
+            {
+                "anchor": pc.list_flatten(table.column("link_anchors")),
+                "target": pc.list_flatten(table.column("link_targets")),
+            }
+        )
+        .group_by(["anchor", "target"], use_threads=False)
+        .aggregate([([], "count_all")])
+    )
     counts = pairs.column("count_all")
     targets = pc.unique(pairs.column("target"))
     target_names = targets.to_pylist()
@@ -282,7 +286,9 @@ def _has_upper_or_digit(text: str) -> bool:
     return any(c.isupper() or c.isdigit() for c in text)
 
 
-def heuristic_aliases(name: str, anchors: Counter[str] | dict[str, int], max_aliases: int = 10, min_count: int = 1) -> list[str]:
+def heuristic_aliases(
+    name: str, anchors: Counter[str] | dict[str, int], max_aliases: int = 10, min_count: int = 1
+) -> list[str]:
     """The strings searched for unlinked mentions of an entity: its name, the name without a trailing
     "(disambiguation)"-style qualifier, and its `max_aliases` most frequent anchors seen `min_count`+ times.
 
@@ -525,7 +531,9 @@ class _PieceEncoder:
             return
         self.words = regex.compile(_BYTE_LEVEL_WORDS)
         self.ascii_words = re.compile(_ASCII_BYTE_LEVEL_WORDS)
-        contents = sorted({token.content for token in self.backend.get_added_tokens_decoder().values() if token.content})
+        contents = sorted(
+            {token.content for token in self.backend.get_added_tokens_decoder().values() if token.content}
+        )
         self.added = re.compile("|".join(map(re.escape, contents))) if contents else None
 
     def _bound_caches(self) -> None:
@@ -636,7 +644,8 @@ class _PieceEncoder:
         lookup = self.cache.__getitem__
         added = self.added.search if self.added is not None else lambda piece: None
         results = [
-            None if added(piece) else list(chain.from_iterable(map(lookup, self._split_words(piece)))) for piece in pieces
+            None if added(piece) else list(chain.from_iterable(map(lookup, self._split_words(piece))))
+            for piece in pieces
         ]
         fallback = [i for i, ids in enumerate(results) if ids is None]
         if fallback:
@@ -832,7 +841,12 @@ def window_passages(
 
 
 def _window_arrays(
-    ids: np.ndarray, labels: np.ndarray, spans: np.ndarray, settings: PassageSettings, bos_token_id: int, eos_token_id: int
+    ids: np.ndarray,
+    labels: np.ndarray,
+    spans: np.ndarray,
+    settings: PassageSettings,
+    bos_token_id: int,
+    eos_token_id: int,
 ) -> _Windows:
     """`window_passages` on arrays (`_document_arrays`), all windows at once: a `(windows, width)` grid of
     token positions, and a mask that drops the markers of mentions the window does not hold whole."""
@@ -937,7 +951,9 @@ def _parse_chunk(pages: list[WikiPage], path: str, strict: bool) -> pa.RecordBat
         row = _parsed_row(page, path, strict)
         for name, values in columns.items():
             values.append(row[name])
-        tokens.append(encoder.encode_words(row["text"]) if encoder is not None and row["status"] == "article" else None)
+        tokens.append(
+            encoder.encode_words(row["text"]) if encoder is not None and row["status"] == "article" else None
+        )
     ids = _int32_list_array([None if t is None else t[0] for t in tokens])
     starts = _int32_list_array([None if t is None else t[1] for t in tokens])
     return pa.RecordBatch.from_pydict({**columns, "token_ids": ids, "token_starts": starts}, schema=_PAGE_SCHEMA)
@@ -1192,14 +1208,18 @@ def _write_vocabulary_files(out_dir: Path, links: _EntityLinks, tokenizer: PreTr
     same counts by anchor: `_save_alias_counts`' order, sorted in Arrow) and the tokenizer; returns the number of
     aliases."""
     vocab, anchors = links.vocab, _EntityAnchors(links.anchor_table, len(links.vocab))
-    EntityVocab(vocab.names, [anchors.ranked(entity_id) for entity_id in range(len(vocab))], vocab.counts).save(out_dir)
+    EntityVocab(vocab.names, [anchors.ranked(entity_id) for entity_id in range(len(vocab))], vocab.counts).save(
+        out_dir
+    )
     table = links.anchor_table
     table = table.append_column("name", links.names.take(table.column("entity_id")))
     table = table.sort_by([("anchor", "ascending"), ("count", "descending"), ("name", "ascending")])
     aliases, names, counts = (table.column(name).to_pylist() for name in ("anchor", "name", "count"))
     cuts = [0, *(i for i in range(1, len(aliases)) if aliases[i] != aliases[i - 1]), len(aliases)]
     by_alias = {  # anchor -> entity -> links
-        aliases[begin]: dict(zip(names[begin:end], counts[begin:end])) for begin, end in zip(cuts, cuts[1:]) if end > begin
+        aliases[begin]: dict(zip(names[begin:end], counts[begin:end]))
+        for begin, end in zip(cuts, cuts[1:])
+        if end > begin
     }
     _write_json(by_alias, out_dir / ALIASES_NAME)
     tokenizer.save_pretrained(out_dir / "tokenizer")
@@ -1235,7 +1255,9 @@ def _make_passages(batch: dict, tokenizer, entity_aliases, settings, heuristics)
     left = [index for index, result in enumerate(tokenized) if result is None]
     for index, result in zip(left, _tokenize_documents([documents[i] for i in left], tokenizer)):
         tokenized[index] = _document_arrays(*result)
-    windows = [_window_arrays(*document, settings, tokenizer.bos_token_id, tokenizer.eos_token_id) for document in tokenized]
+    windows = [
+        _window_arrays(*document, settings, tokenizer.bos_token_id, tokenizer.eos_token_id) for document in tokenized
+    ]
     num_passages = [len(w.lengths) for w in windows]
     offsets = np.zeros(sum(num_passages) + 1, dtype=np.int32)
     np.cumsum(np.concatenate([w.lengths for w in windows] or [np.zeros(0, np.int64)]), out=offsets[1:])
@@ -1499,7 +1521,9 @@ class _PassageCounts:
         }
 
 
-def _split(passage_files: list[str], num_passages: int, validation_fraction: float, seed: int, work_dir: Path) -> datasets.DatasetDict:
+def _split(
+    passage_files: list[str], num_passages: int, validation_fraction: float, seed: int, work_dir: Path
+) -> datasets.DatasetDict:
     """`validation_fraction` of the passages (at least one when positive), drawn with `seed`. The passages are
     read (each file removed once read) and the two splits written batch by batch, in the passages' order
     (training shuffles anyway), without the stats columns. Memory stays flat: splits made of views of the
@@ -1558,7 +1582,8 @@ class BuildCorpusArguments:
     out: str = field(default="", metadata={"help": "Output directory (required)."})
     num_entities: int = field(default=1_000_000, metadata={"help": "Entity vocabulary size: top-N most linked."})
     tokenizer: str | None = field(
-        default=None, metadata={"help": "Local tokenizer directory (markers are added if missing). Default: train one."}
+        default=None,
+        metadata={"help": "Local tokenizer directory (markers are added if missing). Default: train one."},
     )
     vocab_size: int = field(default=DEFAULT_VOCAB_SIZE, metadata={"help": "Vocabulary size when training one."})
     num_proc: int = field(default=1, metadata={"help": "Processes for parsing and passaging."})

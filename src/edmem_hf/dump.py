@@ -374,7 +374,9 @@ def iter_pages(
                     match = _REDIRECT_TEXT.match(text)
                     redirect = match.group(1) if match else None
                 redirect = normalize_title(redirect) if redirect else None
-                yield WikiPage(page_id=int(page.id), title=title, namespace=page.namespace, text=text, redirect=redirect)
+                yield WikiPage(
+                    page_id=int(page.id), title=title, namespace=page.namespace, text=text, redirect=redirect
+                )
         except (ElementTree.ParseError, MalformedXML, EOFError, OSError) as err:
             raise DumpFormatError(f"{path} is not a readable MediaWiki XML dump: {err}") from err
         except (KeyError, AttributeError, TypeError, ValueError) as err:
