@@ -13,7 +13,8 @@ import torch
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.generation import GenerationConfig, GenerationMixin, LogitsProcessorList
 
-from .entity_decoding import EntityConstrainedLogitsProcessor, EntityMention, EntityTrie, marker_token_ids
+from .entity_decoding import EntityConstrainedLogitsProcessor, EntityMention, marker_token_ids
+from .entity_trie import EntityTrie
 
 ENTITY_DECODING_MODES = ("free", "static", "dynamic")
 # Batch fields that supervise training and mean nothing to generate() (Seq2SeqTrainer passes them through).
