@@ -43,7 +43,7 @@ from .entity_links import (
 )
 from .fast_tokenization import ByteLevelWordEncoder, insert_mention_markers
 from .marked_tokenization import MarkedTokens, tokenize_with_mentions
-from .mention_labels import label_mentions
+from .mention_labels import Mention, label_mentions
 from .passages import PassageSettings, window_passages
 from .tokenization import DEFAULT_VOCAB_SIZE, extend_tokenizer, train_tokenizer
 
@@ -169,7 +169,7 @@ def _parse_chunk(pages: list[WikiPage], path: str, strict: bool) -> pa.RecordBat
     """Parsed pages (PAGE_FEATURES), in the order given; articles also tokenised when the worker state has a
     `word_encoder` (the text's words do not depend on the entity vocabulary, only the markers do)."""
     columns: dict[str, list] = {name: [] for name in PAGE_FEATURES if name not in _TOKEN_COLUMNS}
-    encoder = _WORKER_STATE.get("word_encoder")
+    encoder = _WORKER_STATE.word_encoder if _WORKER_STATE.pretokenize else None
     tokens: list[tuple[np.ndarray, np.ndarray] | None] = []
     for page in pages:
         row = _parsed_row(page, path, strict)
@@ -266,15 +266,24 @@ def _write_passage_inputs(work_dir: Path, table: pa.Table, job: _PassageJob, lin
 
 # --- 3. label, tokenise and window -------------------------------------------------------------------------------
 
-# State of the worker processes: set by the pool initializer (inherited without pickling when forked).
-_WORKER_STATE: dict = {}
+
+@dataclass
+class _WorkerState:
+    """What the worker processes hold: set by the pool initializer (inherited without pickling when forked)."""
+
+    tokenizer: PreTrainedTokenizerBase | None = None
+    word_encoder: ByteLevelWordEncoder | None = None  # the fast path, where it applies to the tokenizer
+    pretokenize: bool = False  # the parse also tokenises the articles (the words do not depend on the vocabulary)
+
+
+_WORKER_STATE = _WorkerState()
 # A passage worker's pages (with their links' entity ids) and searched aliases, read once per job.
 _PASSAGE_INPUTS: dict[str, tuple[pa.Table, SearchedAliases]] = {}
 
 
-def _set_worker_state(state: dict) -> None:
-    _WORKER_STATE.clear()
-    _WORKER_STATE.update(state)
+def _set_worker_state(state: _WorkerState) -> None:
+    global _WORKER_STATE
+    _WORKER_STATE = state
 
 
 def _passage_inputs(job: _PassageJob) -> tuple[pa.Table, SearchedAliases]:
@@ -345,12 +354,11 @@ def _make_passages(
 
     An article is tokenised by the fast path (its words made while parsing, or here) where that applies, and by
     the reference (`tokenize_with_mentions`) otherwise."""
-    tokenizer = _WORKER_STATE["tokenizer"]
-    encoder: ByteLevelWordEncoder | None = _WORKER_STATE["word_encoder"]
+    tokenizer, encoder = _WORKER_STATE.tokenizer, _WORKER_STATE.word_encoder
     heuristics = settings.heuristic_labels
     start_id, end_id = tokenizer.convert_tokens_to_ids([ENTITY_START_TOKEN, ENTITY_END_TOKEN])
+    labelled: list[tuple[str, list[Mention]]] = []
     documents: list[MarkedTokens | None] = []
-    left = []  # (index, text, mentions) of the articles the fast path does not take
     for text, starts, ends, entity_ids, own_id, text_words in zip(
         articles["text"],
         articles["link_starts"],
@@ -370,17 +378,16 @@ def _make_passages(
         if own_id >= 0 and heuristics:
             candidates[own_id] = entity_aliases[own_id]
         mentions = label_mentions(text, links, candidates)
+        labelled.append((text, mentions))
         if text_words is None and encoder is not None:
             text_words = encoder.encode_words(text)
         marked = None
         if text_words is not None:
             marked = insert_mention_markers(text, *text_words, mentions, start_id, end_id, encoder.piece_ids)
-        if marked is None:
-            left.append((len(documents), text, mentions))
         documents.append(marked)
-    if left:
-        for (index, _, _), marked in zip(left, tokenize_with_mentions([item[1:] for item in left], tokenizer)):
-            documents[index] = marked
+    left = [index for index, document in enumerate(documents) if document is None]  # where the fast path declined
+    for index, marked in zip(left, tokenize_with_mentions([labelled[index] for index in left], tokenizer)):
+        documents[index] = marked
     passage_settings = settings.passage_settings
     windows = [
         window_passages(document, passage_settings, tokenizer.bos_token_id, tokenizer.eos_token_id)
@@ -437,10 +444,10 @@ def _fork_context():
 
 
 @contextlib.contextmanager
-def _worker_pool(num_workers: int, state: dict):
+def _worker_pool(num_workers: int, state: _WorkerState):
     """A pool of `num_workers` processes (forked where the platform allows), or None for no worker. `state` is
     the worker state of the pool's processes and, meanwhile, of this one (which runs the tasks without a pool)."""
-    previous = dict(_WORKER_STATE)
+    previous = _WORKER_STATE
     _set_worker_state(state)
     pool = None
     try:
@@ -457,13 +464,12 @@ def _worker_pool(num_workers: int, state: dict):
         _set_worker_state(previous)
 
 
-def _worker_state(tokenizer: PreTrainedTokenizerBase | None, pretokenize: bool) -> dict:
+def _worker_state(tokenizer: PreTrainedTokenizerBase | None, pretokenize: bool) -> _WorkerState:
     """The workers' tokenizer and its fast encoder (None where the fast path does not apply). With `pretokenize`,
     the encoder also tokenises the articles while they are parsed: only where the parsing processes inherit it
     (forked, not spawned)."""
     encoder = ByteLevelWordEncoder.for_tokenizer(tokenizer) if tokenizer is not None else None
-    pretokenize = pretokenize and encoder is not None and _fork_context() is not None
-    return {"tokenizer": tokenizer, "word_encoder": encoder, "pretokenize": pretokenize}
+    return _WorkerState(tokenizer, encoder, pretokenize and encoder is not None and _fork_context() is not None)
 
 
 def _ordered_map(pool, func, tasks, max_in_flight: int) -> Iterator:
@@ -583,7 +589,7 @@ def _build(
             cache_files,
             *(str(work_dir / f"{name}.arrow") for name in ("links", "names", "anchors")),
             settings=settings,
-            pretokenized=state["pretokenize"],
+            pretokenized=state.pretokenize,
         )
         _write_passage_inputs(work_dir, table, job, links)
         stage_done("vocab_and_aliases")
@@ -770,7 +776,9 @@ def format_stats(stats: dict) -> str:
 
 
 @dataclass
-class BuildCorpusArguments(CorpusSettings):
+class BuildCorpusArguments:
+    """`edmem build-corpus`'s input and output; its other options are `CorpusSettings`."""
+
     dump: list[str] = field(
         default_factory=list,
         metadata={"help": "MediaWiki pages-articles dump file(s), .xml or .xml.bz2 (required)."},
@@ -784,17 +792,16 @@ class BuildCorpusArguments(CorpusSettings):
 
 def cli_main(argv: list[str] | None = None) -> int:
     """`edmem build-corpus`."""
-    parser = HfArgumentParser(BuildCorpusArguments, prog="edmem build-corpus")
+    parser = HfArgumentParser([BuildCorpusArguments, CorpusSettings], prog="edmem build-corpus")
     try:
-        (args,) = parser.parse_args_into_dataclasses(args=sys.argv[1:] if argv is None else argv)
+        args, settings = parser.parse_args_into_dataclasses(args=sys.argv[1:] if argv is None else argv)
     except ValueError as err:  # CorpusSettings' checks
         parser.error(str(err))
     if not args.dump or not args.out:
         parser.error("--dump and --out are required")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    settings = {setting.name: getattr(args, setting.name) for setting in dataclasses.fields(CorpusSettings)}
     try:
-        stats = build_corpus(args.dump, args.out, tokenizer=args.tokenizer, **settings)
+        stats = build_corpus(args.dump, args.out, tokenizer=args.tokenizer, **dataclasses.asdict(settings))
     except (ValueError, FileNotFoundError) as err:  # DumpFormatError and MalformedPageError are ValueErrors
         print(f"edmem build-corpus: error: {err}", file=sys.stderr)
         return 1

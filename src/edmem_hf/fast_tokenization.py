@@ -8,6 +8,7 @@ import re
 from collections.abc import Callable, Sequence
 
 import numpy as np
+import regex
 from tokenizers.models import BPE
 from transformers import PreTrainedTokenizerBase
 
@@ -96,8 +97,6 @@ class ByteLevelWordEncoder:
     """
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, max_cache_words: int = 300_000):
-        import regex  # a dependency of transformers
-
         self.backend = tokenizer.backend_tokenizer
         self.max_cache_words = max_cache_words
         self.table = _WordTable(self.backend.model)
