@@ -54,27 +54,25 @@ class MalformedPageError(ValueError):
 # Namespaces whose links are not entity links. Files and categories are dropped with their text (captions,
 # sort keys); the others keep their anchor text as plain text.
 DROPPED_NAMESPACES = {"file", "image", "media", "category"}
-OTHER_NAMESPACES = {
-    "talk", "user", "user talk", "wikipedia", "wikipedia talk", "wp", "project", "file talk", "image talk",
-    "mediawiki", "mediawiki talk", "template", "template talk", "help", "help talk", "category talk", "portal",
-    "portal talk", "book", "book talk", "draft", "draft talk", "education program", "timedtext", "module",
-    "module talk", "special", "topic", "wikt", "wiktionary", "wikisource", "wikiquote", "wikibooks", "wikinews",
-    "wikiversity", "wikivoyage", "wikispecies", "species", "commons", "meta", "metawikipedia", "mw", "d",
-    "wikidata", "s", "q", "n", "b", "v", "voy", "c", "m", "w", "simple", "iarchive", "google", "doi", "arxiv",
-}  # fmt: skip
+OTHER_NAMESPACES = set(
+    "talk|user|user talk|wikipedia|wikipedia talk|wp|project|file talk|image talk|mediawiki|mediawiki talk|template|"
+    "template talk|help|help talk|category talk|portal|portal talk|book|book talk|draft|draft talk|education program|"
+    "timedtext|module|module talk|special|topic|wikt|wiktionary|wikisource|wikiquote|wikibooks|wikinews|"
+    "wikiversity|wikivoyage|wikispecies|species|commons|meta|metawikipedia|mw|d|wikidata|s|q|n|b|v|voy|c|m|w|"
+    "simple|iarchive|google|doi|arxiv".split("|")
+)
 # Interlanguage links: [[fr:Paris]], [[zh-min-nan:...]] (lower-case codes, as written in dumps).
 _LANGUAGE_PREFIX = re.compile(r"^[a-z]{2,3}(?:-[a-z]{1,8})*$")
 # Sections that hold lists of references and links, not prose.
-SKIPPED_SECTIONS = {
-    "references", "external links", "see also", "further reading", "notes", "bibliography", "sources",
-    "footnotes", "notes and references", "citations", "works cited",
-}  # fmt: skip
+SKIPPED_SECTIONS = set(
+    "references|external links|see also|further reading|notes|bibliography|sources|footnotes|notes and references|"
+    "citations|works cited".split("|")
+)
 # Tags whose content is not running text.
-DROPPED_TAGS = {
-    "ref", "references", "table", "gallery", "math", "chem", "ce", "timeline", "imagemap", "score", "graph",
-    "templatedata", "mapframe", "maplink", "syntaxhighlight", "source", "pre", "code", "hiero", "inputbox",
-    "categorytree", "noinclude", "includeonly", "onlyinclude", "style", "script",
-}  # fmt: skip
+DROPPED_TAGS = set(
+    "ref references table gallery math chem ce timeline imagemap score graph templatedata mapframe maplink "
+    "syntaxhighlight source pre code hiero inputbox categorytree noinclude includeonly onlyinclude style script".split()
+)
 _NEWLINE_TAGS = {"br", "hr", "p", "li", "dd", "dt", "tr"}
 _LINK_TRAIL = re.compile(r"[a-z]+")  # enwiki's $linkTrail
 _REDIRECT_TEXT = re.compile(r"^\s*#redirect\s*:?\s*\[\[([^\]|]*)", re.IGNORECASE)
@@ -773,8 +771,13 @@ def _token_nodes(token_list: list, stop: tuple, last: list) -> list:
 
 def _tag_node(token_list: list, open_token, last: list) -> tuple:
     wiki_markup = open_token.get("wiki_markup")
-    stops = (_tokens.TagAttrStart, _tokens.TagCloseOpen, _tokens.TagCloseSelfclose, _tokens.TagOpenClose,
-             _tokens.TagCloseClose)  # fmt: skip
+    stops = (
+        _tokens.TagAttrStart,
+        _tokens.TagCloseOpen,
+        _tokens.TagCloseSelfclose,
+        _tokens.TagOpenClose,
+        _tokens.TagCloseClose,
+    )
     name = None
     contents = None
     current = _token_nodes(token_list, stops, last)
