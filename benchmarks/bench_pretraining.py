@@ -85,7 +85,9 @@ def make_repeated_dump(dump: Path, out: Path, times: int) -> Path:
             if copy == 0:
                 f.write(pages)
                 continue
-            renamed = re.sub(r"<title>(.*?)</title>", lambda m, k=copy: f"<title>{m.group(1)} (copy {k})</title>", pages)
+            renamed = re.sub(
+                r"<title>(.*?)</title>", lambda m, k=copy: f"<title>{m.group(1)} (copy {k})</title>", pages
+            )
             renamed = re.sub(r"<id>(\d+)</id>", lambda m, k=copy: f"<id>{int(m.group(1)) + k * 10**9}</id>", renamed)
             f.write("\n  " + renamed)
         f.write(tail)
@@ -94,10 +96,23 @@ def make_repeated_dump(dump: Path, out: Path, times: int) -> Path:
 
 def train_benchmark_tokenizer(dump: Path, out: Path) -> Path:
     subprocess.run(
-        [sys.executable, "-m", "edmem_hf.cli", "train-tokenizer", "--corpus", str(dump), "--out", str(out),
-         "--vocab_size", "16000"],
-        check=True, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "edmem_hf.cli",
+            "train-tokenizer",
+            "--corpus",
+            str(dump),
+            "--out",
+            str(out),
+            "--vocab_size",
+            "16000",
+        ],
+        check=True,
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return out
 
 
@@ -108,8 +123,10 @@ def bench_corpus(dump: Path, tokenizer: Path, num_proc: int, work_dir: Path) -> 
     started = time.perf_counter()
     result = subprocess.run(
         [sys.executable, "-c", _BUILD_SCRIPT, str(dump), str(out), str(tokenizer), str(num_proc)],
-        env=_env(), capture_output=True, text=True,
-    )  # fmt: skip
+        env=_env(),
+        capture_output=True,
+        text=True,
+    )
     wall = time.perf_counter() - started
     if result.returncode != 0:
         raise RuntimeError(f"build failed:\n{result.stderr[-3000:]}")
@@ -127,8 +144,17 @@ def bench_wikiextractor(dump: Path, num_proc: int, work_dir: Path) -> dict:
     """wikiextractor on the same dump: plain text with links kept, `num_proc` processes; wall time."""
     out = work_dir / f"wikiextractor-{dump.stem}"
     shutil.rmtree(out, ignore_errors=True)
-    command = [sys.executable, "-c", _WIKIEXTRACTOR_SCRIPT, str(dump), "--links", "--processes", str(num_proc),
-               "-o", str(out)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-c",
+        _WIKIEXTRACTOR_SCRIPT,
+        str(dump),
+        "--links",
+        "--processes",
+        str(num_proc),
+        "-o",
+        str(out),
+    ]
     started = time.perf_counter()
     result = subprocess.run(command, env=_env(), capture_output=True, text=True)
     wall = time.perf_counter() - started
@@ -136,12 +162,11 @@ def bench_wikiextractor(dump: Path, num_proc: int, work_dir: Path) -> dict:
         raise RuntimeError(f"wikiextractor failed:\n{result.stderr[-3000:]}")
     line = next(line for line in result.stdout.splitlines() if line.startswith("BENCH_JSON "))
     report = json.loads(line[len("BENCH_JSON ") :])
-    articles = sum(
-        path.read_text(encoding="utf-8").count("<doc ") for path in out.rglob("wiki_*") if path.is_file()
-    )
+    articles = sum(path.read_text(encoding="utf-8").count("<doc ") for path in out.rglob("wiki_*") if path.is_file())
     shutil.rmtree(out, ignore_errors=True)
-    report.update(wall_s=wall, articles=articles, articles_per_s=articles / report["run_s"],
-                  articles_per_s_wall=articles / wall)  # fmt: skip
+    report.update(
+        wall_s=wall, articles=articles, articles_per_s=articles / report["run_s"], articles_per_s_wall=articles / wall
+    )
     return report
 
 
@@ -194,8 +219,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"dump: {args.dump} ({args.repeat}x: {ours_big['stats']['articles']} articles), {args.num_proc} processes")
     print(f"wikiextractor {version} (--links --processes {args.num_proc})")
     rows = [("1x", ours_1x, theirs_1x), (f"{args.repeat}x", ours_big, theirs_big)]
-    print(f"{'dump':<5} {'ours art/s':>11} {'wikiextractor art/s':>20} {'ratio':>6} {'ours wall':>10} "
-          f"{'theirs wall':>12} {'wall ratio':>11} {'peak RSS MB':>12}")  # fmt: skip
+    print(
+        f"{'dump':<5} {'ours art/s':>11} {'wikiextractor art/s':>20} {'ratio':>6} {'ours wall':>10} "
+        f"{'theirs wall':>12} {'wall ratio':>11} {'peak RSS MB':>12}"
+    )
     for name, ours, theirs in rows:
         print(
             f"{name:<5} {ours['articles_per_s']:>11.1f} {theirs['articles_per_s']:>20.1f} "
@@ -203,9 +230,13 @@ def main(argv: list[str] | None = None) -> int:
             f"{theirs['articles_per_s_wall']:>12.1f} "
             f"{ours['articles_per_s_wall'] / theirs['articles_per_s_wall']:>11.2f} {ours['peak_rss_mb']:>12.0f}"
         )
-    print(f"art/s: namespace-0 articles written / seconds, best of {args.trials} interleaved trials. Both tools run in a")
+    print(
+        f"art/s: namespace-0 articles written / seconds, best of {args.trials} interleaved trials. Both tools run in a"
+    )
     print("  fresh interpreter and are timed the same way, from after their import to the end of their work (ours:")
-    print("  build_corpus: parse, vocabulary, labels, tokenise, passages, save; wikiextractor: main()). 'wall': the whole")
+    print(
+        "  build_corpus: parse, vocabulary, labels, tokenise, passages, save; wikiextractor: main()). 'wall': the whole"
+    )
     print(f"  command with interpreter start-up and imports (importing edmem_hf takes {ours_1x['import_s']:.1f}s: its")
     print(f"  __init__ imports torch; wikiextractor's import takes {theirs_1x['import_s']:.2f}s).")
     # Projection from the bigger dump (fixed start-up costs amortised), assuming throughput scales linearly with

@@ -145,8 +145,10 @@ def main() -> None:
         steps[name] = [step_fn(model, optimizer, b, name != "bart") for b in batches]
         params = sum(p.numel() for p in model.parameters())
         print(f"{name}: {params / 1e6:.1f}M parameters")
-    print(f"threads={torch.get_num_threads()} batch={args.batch_size}x{batches[0]['input_ids'].shape[1]} "
-          f"vocab={args.vocab_size} d_model={args.d_model} layers={args.lower}+{args.upper}")  # fmt: skip
+    print(
+        f"threads={torch.get_num_threads()} batch={args.batch_size}x{batches[0]['input_ids'].shape[1]} "
+        f"vocab={args.vocab_size} d_model={args.d_model} layers={args.lower}+{args.upper}"
+    )
 
     for name in steps:  # warm-up: allocator, AdamW state
         steps[name][0]()

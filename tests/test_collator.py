@@ -19,10 +19,10 @@ WORDS = (
     "the river city is near a north south old new large small famous king queen born in was "
     "capital of and with by on mountain lake island founded century village castle"
 ).split()
-ENTITY_NAMES = [
-    "Alpha City", "Beta River", "Gamma Lake", "Delta Island", "Epsilon Castle", "Zeta Mountain",
-    "Eta Village", "Theta King", "Iota Queen", "Kappa North", "Lambda South", "Mu Old",
-]  # fmt: skip
+ENTITY_NAMES = (
+    "Alpha City|Beta River|Gamma Lake|Delta Island|Epsilon Castle|Zeta Mountain|Eta Village|Theta King|Iota Queen|"
+    "Kappa North|Lambda South|Mu Old"
+).split("|")
 TEMPLATES = [
     "{a} is near {b} .",
     "{a} was founded by {b} in the old century .",
@@ -134,8 +134,9 @@ def _examples(tokenizer, n, seed=0, with_index=False):
 
 
 def test_rates_and_never_masked(tokenizer):
-    collator = EDMemMaskingCollator(tokenizer, random_mask_prob=0.3, mention_mask_prob=0.5, seed=1,
-                                    return_salient_span_mask=True)  # fmt: skip
+    collator = EDMemMaskingCollator(
+        tokenizer, random_mask_prob=0.3, mention_mask_prob=0.5, seed=1, return_salient_span_mask=True
+    )
     batch = collator(_examples(tokenizer, 600))
     inp, lab = batch["input_ids"], batch["labels"]
     valid = batch["attention_mask"].bool()

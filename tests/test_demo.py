@@ -14,9 +14,24 @@ from edmem_hf.cli import main
 def test_demo_end_to_end_with_tiny_settings(tmp_path, capsys):
     out = tmp_path / "demo"
     code = main(
-        ["demo", "--out", str(out), "--num_entities", "24", "--pretrain_steps", "6", "--finetune_epochs", "1",
-         "--d_model", "32", "--show_questions", "1", "--num_proc", "1"]
-    )  # fmt: skip
+        [
+            "demo",
+            "--out",
+            str(out),
+            "--num_entities",
+            "24",
+            "--pretrain_steps",
+            "6",
+            "--finetune_epochs",
+            "1",
+            "--d_model",
+            "32",
+            "--show_questions",
+            "1",
+            "--num_proc",
+            "1",
+        ]
+    )
     assert code == 0
     printed = capsys.readouterr().out
     for mode in ("free", "static", "dynamic"):

@@ -47,11 +47,15 @@ def test_released_questions_encode_with_their_linked_mentions():
 def test_collator_pads_entity_labels_with_ignore_index():
     batch = EDMemSeq2SeqCollator(pad_token_id=1)(
         [
-            {"input_ids": [0, 5, 9, 6, 2], "entity_labels": [-100, 3, -100, -100, -100], "labels": [5, 9, 6, 2],
-             "decoder_entity_labels": [1, -100, -100, -100]},
+            {
+                "input_ids": [0, 5, 9, 6, 2],
+                "entity_labels": [-100, 3, -100, -100, -100],
+                "labels": [5, 9, 6, 2],
+                "decoder_entity_labels": [1, -100, -100, -100],
+            },
             {"input_ids": [0, 2], "entity_labels": [-100, -100], "labels": [2], "decoder_entity_labels": [-100]},
         ]
-    )  # fmt: skip
+    )
     assert batch["input_ids"][1].tolist() == [0, 2, 1, 1, 1]
     assert batch["attention_mask"][1].tolist() == [1, 1, 0, 0, 0]
     assert batch["entity_labels"][1].tolist() == [-100] * 5  # never the pad id: 1 is a valid entity id
