@@ -544,6 +544,16 @@ def _link_namespace(title: str) -> str | None:
     return None
 
 
+def _append_text(out: list[str], text: str, after_link: bool) -> None:
+    """Appends running text; right after a link, the link's trail (`[[Paris]]ian`) goes inside the link."""
+    if after_link:
+        trail = _LINK_TRAIL.match(text)
+        if trail:  # out[-1] is the closing marker of the link just emitted
+            out.insert(len(out) - 1, trail.group())
+            text = text[trail.end() :]
+    out.append(text)
+
+
 def _render(nodes, out: list[str], targets: list[str], allow_links: bool) -> None:
     skip_level = 0  # > 0 while inside a skipped section (its heading level)
     pending_trail = False
@@ -559,15 +569,8 @@ def _render(nodes, out: list[str], targets: list[str], allow_links: bool) -> Non
         if skip_level:
             continue
         if isinstance(node, Text):
-            value = node.value
-            if pending_trail:
-                pending_trail = False
-                trail = _LINK_TRAIL.match(value)
-                if trail:
-                    # out[-1] is the closing marker of the link just emitted: the trail goes inside it.
-                    out.insert(len(out) - 1, trail.group())
-                    value = value[trail.end() :]
-            out.append(value)
+            _append_text(out, node.value, after_link=pending_trail)
+            pending_trail = False
             continue
         pending_trail = False
         if isinstance(node, Wikilink):
@@ -852,14 +855,8 @@ def _render_lite(nodes: list, out: list[str], targets: list[str], allow_links: b
         if type(node) is str:
             if skip_level:
                 continue
-            value = node
-            if pending_trail:
-                pending_trail = False
-                trail = _LINK_TRAIL.match(value)
-                if trail:
-                    out.insert(len(out) - 1, trail.group())
-                    value = value[trail.end() :]
-            out.append(value)
+            _append_text(out, node, after_link=pending_trail)
+            pending_trail = False
             continue
         kind = node[0] if node is not _SKIPPED else None
         if kind == _HEADING:
