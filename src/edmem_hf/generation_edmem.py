@@ -244,7 +244,7 @@ class EDMemGenerationMixin(GenerationMixin):
                 candidate_scores=scores,
                 group_size=rows_per_example,
             )
-            if mode == "dynamic":
+            if mode == "dynamic":  # the `decoder_` prefix keeps it out of generate()'s encoder call
                 kwargs["decoder_dynamic_linking"] = DynamicEntityLinking(processor, top_k)
             processors.append(processor)
         output = super().generate(inputs, generation_config, processors, **kwargs)
