@@ -37,20 +37,9 @@ def test_from_pretrained_without_a_path_takes_config_and_state_dict():
 
 def _bart_twin(config: EDMemConfig) -> BartForConditionalGeneration:
     """A BART of EDMem's widths and depths: the paper's starting point."""
-    return BartForConditionalGeneration(
-        BartConfig(
-            vocab_size=config.vocab_size,
-            d_model=config.d_model,
-            encoder_layers=config.encoder_layers,
-            decoder_layers=config.decoder_layers,
-            encoder_attention_heads=config.encoder_attention_heads,
-            decoder_attention_heads=config.decoder_attention_heads,
-            encoder_ffn_dim=config.encoder_ffn_dim,
-            decoder_ffn_dim=config.decoder_ffn_dim,
-            max_position_embeddings=config.max_position_embeddings,
-            pad_token_id=config.pad_token_id,
-        )
-    )
+    shared = "vocab_size d_model encoder_layers decoder_layers encoder_attention_heads decoder_attention_heads"
+    shared += " encoder_ffn_dim decoder_ffn_dim max_position_embeddings pad_token_id"
+    return BartForConditionalGeneration(BartConfig(**{name: getattr(config, name) for name in shared.split()}))
 
 
 def test_loading_a_bart_checkpoint_reports_and_initialises_every_edmem_weight(tmp_path):
