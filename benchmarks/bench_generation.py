@@ -10,8 +10,11 @@ shared machine do not distort the ratio; `--clock wall --threads N` measures wal
 
     python benchmarks/bench_generation.py
     python benchmarks/bench_generation.py --d-model 256 --entities 20000 --repeats 1   # quick look
+    python benchmarks/bench_generation.py --paper --repeats 1                          # the paper's setting
 
-The paper's EDMem took 1.65x BART's time for free-form inference (28 s against 17 s). Target: at most 1.2x.
+The paper's EDMem took 1.65x BART's time for free-form inference (28 s against 17 s, BART-large widths, 1M
+entities); the RESULT line carries that figure only with `--paper`, the setting it was measured in. Target: at
+most 1.2x.
 """
 
 from __future__ import annotations
@@ -123,7 +126,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: 1 with --clock cpu)")
+    parser.add_argument(
+        "--paper",
+        action="store_true",
+        help="the paper's setting: BART-large widths (d_model 1024, 16 heads), 4 + 8 layers, 1M entities",
+    )
     args = parser.parse_args()
+    if args.paper:
+        args.d_model, args.heads, args.lower, args.upper, args.entities = 1024, 16, 4, 8, 1_000_000
     clock = CLOCKS[args.clock]
     torch.set_num_threads(args.threads or (1 if args.clock == "cpu" else torch.get_num_threads()))
 
@@ -156,7 +166,8 @@ def main() -> None:
             f"{label}_edmem_s={e:.2f} {label}_bart_s={b:.2f} {label}_ratio={r:.2f}"
             for label, (e, b, r) in results.items()
         )
-        + " paper_ratio=1.65"
+        # the paper's 1.65x (28 s against 17 s) was measured in its own setting: compared only in that setting
+        + (" paper_ratio=1.65" if args.paper else "")
     )
 
 
