@@ -117,7 +117,7 @@ def test_sigkill_while_writing_a_checkpoint(corpus, uninterrupted, tmp_path):
     out = tmp_path / "killed"
     proc = _start(out, corpus)
     half_written = _checkpoint(out, 1)  # the step-6 save
-    _kill_when(proc, lambda: os.path.isdir(half_written), "the second checkpoint")
+    _kill_when(proc, lambda: os.path.isfile(os.path.join(half_written, "model.safetensors")), "the second save")
     state = os.path.join(half_written, "trainer_state.json")
     if os.path.exists(state):
         # The kill landed after the save's last write: remove the file the save writes last, which leaves
