@@ -14,9 +14,11 @@ import pytest
 import torch
 from transformers import TrainerState
 
+from edmem_hf.pretraining import PretrainingArguments, pretrain
+
 sys.path.insert(0, os.path.dirname(__file__))
 from test_collator import make_corpus  # noqa: E402
-from test_pretraining import _argv, _log, _weights  # noqa: E402
+from test_pretraining import TINY, _argv, _log, _weights  # noqa: E402
 
 # Batch 4 over 64 passages: 16 micro-batches an epoch; accumulation 2: 8 optimizer steps an epoch. Checkpoints at
 # steps 3, 6, 9, 12: the step-3 one is in the middle of epoch 0 (6 micro-batches done), and the resumed runs cross
@@ -132,3 +134,15 @@ def test_sigkill_while_writing_a_checkpoint(corpus, uninterrupted, tmp_path):
     _assert_same_weights(uninterrupted(), out)
     # The incomplete checkpoint was deleted and its number reused by the resumed run.
     assert TrainerState.load_from_json(os.path.join(_checkpoint(out, 1), "trainer_state.json")).global_step == 6
+
+
+def test_fp16_on_cpu_is_refused(corpus, tmp_path):
+    # Accelerate would take fp16 on CPU and train in float32 with no grad scaler to save or resume.
+    out = tmp_path / "fp16"
+    with pytest.raises(ValueError, match="fp16 needs a GPU"):
+        pretrain(
+            PretrainingArguments(
+                output_dir=str(out), corpus_dir=corpus, mixed_precision="fp16", max_steps=1, report_to="none", **TINY
+            )
+        )
+    assert not os.path.exists(out)
