@@ -146,3 +146,25 @@ def test_fp16_on_cpu_is_refused(corpus, tmp_path):
             )
         )
     assert not os.path.exists(out)
+
+
+def test_resume_on_another_number_of_processes(corpus, tmp_path):
+    """A 1-process run stopped after its step-2 checkpoint, resumed by 2 processes (torchrun, gloo): the
+    documented warning, and the run goes on to its last step."""
+    out = tmp_path / "resized"
+    env = dict(os.environ, ACCELERATE_USE_CPU="true", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    options = _argv(
+        out, corpus, "--max_steps", "4", "--save_steps", "2", "--eval_steps", "0", "--max_eval_samples", "8"
+    )
+    pretrain_cmd = ["-m", "edmem_hf.cli", "pretrain", *options]
+    first = subprocess.run([sys.executable, *pretrain_cmd, "--max_steps_this_run", "3"], env=env, capture_output=True)
+    assert first.returncode == 0, first.stderr[-4000:]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    second = subprocess.run(torchrun + pretrain_cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert second.returncode == 0, second.stderr[-4000:]
+    assert "resuming a 1-process run on 2 processes" in second.stderr
+    starts = [r for r in _log(out) if r["type"] == "start"]
+    assert [(r["num_processes"], r["step"]) for r in starts] == [(1, 0), (2, 2)]
+    assert [r["step"] for r in _log(out) if r["type"] == "train"] == [1, 2, 3, 3, 4]
+    assert _log(out)[-1] == {**_log(out)[-1], "type": "end", "step": 4}
+    assert os.path.isfile(out / "model.safetensors")
