@@ -1,5 +1,6 @@
 """`edmem pretrain` killed with SIGKILL in a fresh process, then the same command again: it resumes from the newest
-complete checkpoint (skipping one left half-written) and ends with the uninterrupted run's weights, bit for bit."""
+complete checkpoint (skipping one left half-written) and ends with the uninterrupted run's weights, bit for bit.
+Also: a resume on another number of processes, and fp16 refused on CPU (it would have no grad scaler to resume)."""
 
 from __future__ import annotations
 
