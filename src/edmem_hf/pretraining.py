@@ -589,10 +589,13 @@ class _PretrainingRun:
     optimizer steps, `finish` evaluates and saves the model."""
 
     def __init__(self, args: PretrainingArguments, model: Any, tokenizer: Any, datasets: Any, entity_vocab: Any):
-        from accelerate import Accelerator
+        from accelerate import Accelerator, PartialState
         from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
         from transformers import get_linear_schedule_with_warmup
 
+        if args.mixed_precision == "fp16" and PartialState().device.type == "cpu":
+            # Accelerate accepts it, then trains in float32 without a grad scaler under an "fp16" label.
+            raise ValueError("--mixed_precision fp16 needs a GPU (on CPU it would train in float32); use bf16")
         tokenizer, datasets, entity_vocab = _load_inputs(args, model, tokenizer, datasets, entity_vocab)
         resume_from = _resolve_resume(args)
         self.args, self.tokenizer, self.entity_vocab = args, tokenizer, entity_vocab
