@@ -1,6 +1,7 @@
 """`edmem build-corpus`: the whole build (`edmem_hf.corpus`), its output, options and errors."""
 
 import json
+import re
 
 import datasets
 import pytest
@@ -50,6 +51,10 @@ def test_build_corpus_end_to_end_via_cli(toy_dump, tmp_path, capsys):
     aliases = json.loads((out / "aliases.json").read_text(encoding="utf-8"))  # anchor -> entity name -> links
     assert any(alias.startswith("Republic of ") for alias in aliases)
     assert all(name in vocab.names for entities in aliases.values() for name in entities)
+    assert all(alias.strip() == alias != "" for alias in aliases)
+    assert all(count > 0 for entities in aliases.values() for count in entities.values())
+    # Each entity's aliases in the vocabulary are anchors of its links in the alias table.
+    assert all(aliases[alias][vocab.names[i]] > 0 for i in range(len(vocab)) for alias in vocab.aliases[i])
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(out / "tokenizer", local_files_only=True)
@@ -61,8 +66,9 @@ def test_build_corpus_end_to_end_via_cli(toy_dump, tmp_path, capsys):
             if label != -100:
                 assert token == E_S
                 name = tokenizer.decode(ids[i + 1 : ids.index(E_E, i)]).strip()
-                # hyperlink anchors or aliases of the labelled entity
-                assert name == vocab.names[label] or name in vocab.aliases[label] or name in vocab.names[label]
+                # the labelled entity's name, its name without a trailing parenthetical, or one of its anchors
+                spelled = {vocab.names[label], re.sub(r" \([^()]*\)$", "", vocab.names[label]), *vocab.aliases[label]}
+                assert name in spelled, (name, vocab.names[label])
     links_only = tmp_path / "links-only"
     assert cli_main(["--dump", str(toy_dump), "--out", str(links_only), *options, "--no_heuristic_labels"]) == 0
     stats = json.loads((links_only / "stats.json").read_text())
