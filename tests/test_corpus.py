@@ -1,6 +1,8 @@
 """`edmem build-corpus`: the whole build (`edmem_hf.corpus`), its output, options and errors."""
 
 import json
+import logging
+import re
 
 import datasets
 import pytest
@@ -50,6 +52,10 @@ def test_build_corpus_end_to_end_via_cli(toy_dump, tmp_path, capsys):
     aliases = json.loads((out / "aliases.json").read_text(encoding="utf-8"))  # anchor -> entity name -> links
     assert any(alias.startswith("Republic of ") for alias in aliases)
     assert all(name in vocab.names for entities in aliases.values() for name in entities)
+    assert all(alias.strip() == alias != "" for alias in aliases)
+    assert all(count > 0 for entities in aliases.values() for count in entities.values())
+    # Each entity's aliases in the vocabulary are anchors of its links in the alias table.
+    assert all(aliases[alias][vocab.names[i]] > 0 for i in range(len(vocab)) for alias in vocab.aliases[i])
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(out / "tokenizer", local_files_only=True)
@@ -61,8 +67,9 @@ def test_build_corpus_end_to_end_via_cli(toy_dump, tmp_path, capsys):
             if label != -100:
                 assert token == E_S
                 name = tokenizer.decode(ids[i + 1 : ids.index(E_E, i)]).strip()
-                # hyperlink anchors or aliases of the labelled entity
-                assert name == vocab.names[label] or name in vocab.aliases[label] or name in vocab.names[label]
+                # the labelled entity's name, its name without a trailing parenthetical, or one of its anchors
+                spelled = {vocab.names[label], re.sub(r" \([^()]*\)$", "", vocab.names[label]), *vocab.aliases[label]}
+                assert name in spelled, (name, vocab.names[label])
     links_only = tmp_path / "links-only"
     assert cli_main(["--dump", str(toy_dump), "--out", str(links_only), *options, "--no_heuristic_labels"]) == 0
     stats = json.loads((links_only / "stats.json").read_text())
@@ -83,13 +90,36 @@ def test_bad_settings_are_clear_errors(toy_dump, tmp_path, capsys):
             build_corpus(toy_dump, tmp_path / "out", **settings)
     with pytest.raises(TypeError, match="no_such_setting"):
         build_corpus(toy_dump, tmp_path / "out", no_such_setting=1)
-    with pytest.raises(SystemExit):
+    for settings, problem in [
+        ({"num_proc": -1}, "num_proc must be at least 1, got -1"),
+        ({"validation_fraction": -0.1}, r"validation_fraction must be in \[0, 1\), got -0.1"),
+        ({"passage_overlap": -1}, r"passage_overlap=-1 must be in \[0, passage_length - 2\)"),
+        ({"passage_length": 7}, r"passage_length=7 is too short \(at least 8\)"),
+        ({"passage_length": 10, "passage_overlap": 8}, "passage_overlap=8"),
+    ]:
+        # Refused before the dump is read: the missing dump is never reached.
+        with pytest.raises(ValueError, match=problem):
+            build_corpus(tmp_path / "no-such-dump.xml", tmp_path / "out", **settings)
+    # The edges of the ranges are accepted.
+    edges = CorpusSettings(passage_length=8, passage_overlap=5, validation_fraction=0.0, num_proc=1)
+    assert edges.passage_settings.passage_overlap == 5
+    with pytest.raises(SystemExit) as exited:
         cli_main(["--dump", str(toy_dump), "--out", str(tmp_path / "out"), "--passage_length", "4"])
+    assert exited.value.code == 2
     assert "passage_length=4 is too short" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 
-def test_build_corpus_with_given_tokenizer_and_strict_malformed(toy_tokenizer, tmp_path):
+def test_missing_dump_is_a_clear_error(tmp_path, capsys):
+    missing = tmp_path / "no-such-dump.xml.bz2"
+    with pytest.raises(FileNotFoundError, match=f"dump file {missing} does not exist"):
+        build_corpus(missing, tmp_path / "out", num_entities=10)
+    assert cli_main(["--dump", str(missing), "--out", str(tmp_path / "out")]) == 1
+    assert f"edmem build-corpus: error: dump file {missing} does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # checked before anything is written
+
+
+def test_build_corpus_with_given_tokenizer_and_strict_malformed(toy_tokenizer, tmp_path, caplog):
     datasets.disable_progress_bars()
     xml = render_mediawiki_dump(generate_toy_world(30, seed=2))
     broken_page = (
@@ -98,8 +128,16 @@ def test_build_corpus_with_given_tokenizer_and_strict_malformed(toy_tokenizer, t
     )
     dump = tmp_path / "malformed.xml"
     dump.write_text(xml.replace("</mediawiki>", broken_page + "</mediawiki>"), encoding="utf-8")
-    stats = build_corpus(dump, tmp_path / "lenient", num_entities=10, tokenizer=toy_tokenizer, passage_length=64)
+    # Without --strict the page is skipped with a warning naming it, counted, and the command succeeds.
+    lenient = tmp_path / "lenient"
+    options = ["--num_entities", "10", "--tokenizer", str(toy_tokenizer), "--passage_length", "64"]
+    with caplog.at_level(logging.WARNING, logger="edmem_hf.corpus"):
+        assert cli_main(["--dump", str(dump), "--out", str(lenient), *options]) == 0
+    skipped = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert skipped == [f"skipping malformed page in {dump}: page 'Broken page' (id 999): no text"]
+    stats = json.loads((lenient / "stats.json").read_text())
     assert stats["malformed_pages"] == 1 and stats["articles"] == 30
+    assert 999 not in datasets.load_from_disk(str(lenient / "passages"))["train"]["doc_id"]
     with pytest.raises(MalformedPageError, match="Broken page"):
         build_corpus(dump, tmp_path / "strict", num_entities=10, tokenizer=toy_tokenizer, strict=True)
     assert (
@@ -108,6 +146,33 @@ def test_build_corpus_with_given_tokenizer_and_strict_malformed(toy_tokenizer, t
         )
         == 1
     )
+
+
+def test_wikitext_that_fails_to_parse_is_a_skipped_malformed_page(toy_tokenizer, tmp_path, monkeypatch, caplog):
+    """mwparserfromhell is tolerant and no text we know makes it raise: a parser raising on one page stands in."""
+    import edmem_hf.dump
+
+    parse_wikitext = edmem_hf.dump.parse_wikitext
+
+    def parse_or_raise(text):
+        if "Unparsable" in text:
+            raise RecursionError("maximum recursion depth exceeded")
+        return parse_wikitext(text)
+
+    monkeypatch.setattr(edmem_hf.dump, "parse_wikitext", parse_or_raise)
+    xml = render_mediawiki_dump(generate_toy_world(30, seed=2))
+    page = (
+        "  <page>\n    <title>Odd page</title>\n    <ns>0</ns>\n    <id>998</id>\n    <revision>\n      <id>4</id>\n"
+    )
+    page += "      <text>Unparsable [[markup]]</text>\n    </revision>\n  </page>\n"
+    dump = tmp_path / "unparsable.xml"
+    dump.write_text(xml.replace("</mediawiki>", page + "</mediawiki>"), encoding="utf-8")
+    with caplog.at_level(logging.WARNING, logger="edmem_hf.corpus"):
+        stats = build_corpus(dump, tmp_path / "out", num_entities=10, tokenizer=toy_tokenizer, passage_length=64)
+    assert stats["malformed_pages"] == 1 and stats["articles"] == 30
+    assert "page 'Odd page' (id 998): wikitext does not parse: RecursionError" in caplog.text
+    with pytest.raises(MalformedPageError, match="'Odd page' .*wikitext does not parse"):
+        build_corpus(dump, tmp_path / "strict", num_entities=10, tokenizer=toy_tokenizer, strict=True)
 
 
 def test_build_corpus_bad_xml_is_a_clear_error(toy_tokenizer, tmp_path):

@@ -218,11 +218,28 @@ def _run_cli(out, corpus, *extra, processes=1):
 
 
 def test_bf16_mixed_precision(corpus, tmp_path):
+    """bf16 autocast really runs (losses near, but not equal to, float32's), the optimizer steps, and the saved
+    weights are the float32 parameters (Accelerate autocasts the forward pass; the parameters stay float32)."""
     # In its own process: Accelerate keeps one mixed-precision setting per process.
-    out = tmp_path / "bf16"
-    _run_cli(out, corpus, "--max_steps", "2", "--mixed_precision", "bf16")
+    out, reference = tmp_path / "bf16", tmp_path / "fp32"
+    common = ("--max_steps", "2", "--save_steps", "1", "--warmup_ratio", "0", "--learning_rate", "1e-3")
+    _run_cli(out, corpus, *common, "--mixed_precision", "bf16")
+    pretrain(_args(corpus, reference, max_steps=2, save_steps=1, warmup_ratio=0.0, per_device_train_batch_size=4))
     assert _log(out)[0]["mixed_precision"] == "bf16"
     assert TrainerState.load_from_json(str(out / "trainer_state.json")).global_step == 2
+    bf16_losses = [r["loss"] for r in _log(out) if r["type"] == "train"]
+    fp32_losses = [r["loss"] for r in _log(reference) if r["type"] == "train"]
+    assert len(bf16_losses) == 2 and all(torch.isfinite(torch.tensor(bf16_losses)))
+    # The first step sees the same weights and batch: only the autocast rounding separates the two losses.
+    assert bf16_losses[0] != fp32_losses[0]
+    assert bf16_losses[0] == pytest.approx(fp32_losses[0], rel=0.02)
+    final = _weights(out)
+    assert {t.dtype for t in final.values() if t.is_floating_point()} == {torch.float32}
+    from safetensors.torch import load_file
+
+    after_step_1 = load_file(str(out / "checkpoints" / "checkpoint_0" / "model.safetensors"))
+    changed = [k for k in after_step_1 if not torch.equal(after_step_1[k], final[k])]
+    assert len(changed) > len(after_step_1) // 2  # the second (bf16) step updated the parameters
 
 
 def test_bad_corpus(tmp_path):
@@ -275,17 +292,27 @@ def test_evaluate_counts_the_masked_tokens_and_mentions(corpus):
     collator = EDMemMaskingCollator(tok, seed=7, return_salient_span_mask=True)
     data = _IndexedPassages(passages["validation"], fixed_epoch=0)
     expected_tokens = expected_mentions = 0
+    masked_log_probs = []
+    model.eval()
     for start in range(0, len(data), 8):
         batch = collator([data[i] for i in range(start, min(start + 8, len(data)))])
         masked = (batch["input_ids"] != batch["labels"]) & (batch["labels"] != -100)
         expected_tokens += int(masked.sum())
         expected_mentions += int((batch["salient_span_mask"] & (batch["decoder_entity_labels"] != -100)).sum())
-    assert expected_mentions > 0
+        inputs = {k: v for k, v in batch.items() if k not in ("salient_span_mask", "example_index")}
+        with torch.no_grad():
+            log_probs = model(**inputs).logits.double().log_softmax(dim=-1)
+        # The probability the model gives each masked token's original id, position by position.
+        for row, position in masked.nonzero().tolist():
+            masked_log_probs.append(log_probs[row, position, batch["labels"][row, position]].item())
+    model.train()
+    assert expected_mentions > 0 and len(masked_log_probs) == expected_tokens
+    perplexity = torch.tensor(masked_log_probs, dtype=torch.float64).mean().neg().exp().item()
     loader = DataLoader(data, batch_size=8, collate_fn=collator)
     metrics = evaluate(model, loader, Accelerator(cpu=True))
     assert metrics["eval_masked_tokens"] == expected_tokens
     assert metrics["eval_masked_mentions"] == expected_mentions
-    assert 1.0 < metrics["eval_ppl"] < 10 * len(tok)
+    assert metrics["eval_ppl"] == pytest.approx(perplexity, rel=1e-4)
     assert 0.0 <= metrics["eval_acc"] <= 1.0 and 0.0 <= metrics["eval_encoder_acc"] <= 1.0
     assert model.training  # evaluate() restores the mode
 
@@ -294,10 +321,17 @@ def test_start_from_checkpoint_or_config_json(corpus, tmp_path):
     first = tmp_path / "first"
     pretrain(_args(corpus, first, max_steps=1))
     second = tmp_path / "second"
-    args = _args(corpus, second, max_steps=1)
+    # Another seed (a fresh model would differ) and a zero learning rate (training keeps what was loaded): the
+    # second run ends with the very weights of the named checkpoint.
+    args = _args(corpus, second, max_steps=1, seed=7, learning_rate=0.0, weight_decay=0.0)
     args.model_name_or_path = str(first)
     pretrain(args)
     assert _log(second)[-1]["type"] == "end"
+    loaded, named = _weights(second), _weights(first)
+    assert loaded.keys() == named.keys() and all(torch.equal(loaded[k], named[k]) for k in named)
+    fresh = tmp_path / "fresh"
+    pretrain(_args(corpus, fresh, max_steps=1, seed=7, learning_rate=0.0, weight_decay=0.0))
+    assert not torch.equal(_weights(fresh)["model.shared.weight"], named["model.shared.weight"])
     # A config JSON (e.g. the saved one) builds a new model; options override it.
     args = PretrainingArguments(
         output_dir=str(tmp_path / "third"),

@@ -124,3 +124,38 @@ def test_forward_does_not_depend_on_generate():
     assert torch.equal(before.logits, after.logits)
     assert set(vars(model)) == attributes
     assert N_ENTITIES == model.config.entity_vocab_size
+
+
+@pytest.mark.parametrize(
+    "overrides, problem",
+    [
+        ({"variant": "bart"}, "variant must be one of"),
+        ({"lower_decoder_attends_to": "nowhere"}, "lower_decoder_attends_to must be one of"),
+        ({"encoder_lower_layers": -1}, "encoder_lower_layers must be >= 0"),
+        ({"decoder_upper_layers": -2}, "decoder_upper_layers must be >= 0"),
+        ({"entity_vocab_size": 0}, "entity_vocab_size must be >= 1"),
+        ({"entity_start_token_id": None}, "entity_start_token_id and entity_end_token_id must be set"),
+        ({"entity_end_token_id": 10_000}, "entity_end_token_id=10000 is outside the vocabulary"),
+        ({"entity_start_token_id": -1}, "entity_start_token_id=-1 is outside the vocabulary"),
+        ({"memory_top_k": 0}, "memory_top_k must be >= 1 or None"),
+        ({"memory_chunk_size": 0}, "memory_chunk_size must be >= 1"),
+        ({"decoder_attention_heads": 5}, "d_model must be divisible by the number of attention heads"),
+    ],
+)
+def test_out_of_range_config_values_fail_when_the_config_is_built(overrides, problem):
+    """docs/model.md: a ValueError naming the value, raised (wrapped by the strict dataclass) when the config is
+    built, directly or from a saved dict."""
+    for build in (
+        lambda: tiny_config(**overrides),
+        lambda: EDMemConfig.from_dict({**tiny_config().to_dict(), **overrides}),
+    ):
+        with pytest.raises(Exception, match=problem) as raised:
+            build()
+        assert isinstance(raised.value.__cause__, ValueError) and problem in str(raised.value.__cause__)
+
+
+def test_in_range_edge_config_values_build():
+    # The edges of the ranges above are accepted: no memory top-k, no lower layers, a one-entity memory.
+    config = tiny_config(memory_top_k=None, encoder_lower_layers=0, entity_vocab_size=1, memory_chunk_size=1)
+    assert config.encoder_layers == 1 and config.memory_top_k is None
+    assert tiny_config(variant="encdec", entity_start_token_id=None, entity_end_token_id=None).variant == "encdec"
