@@ -14,7 +14,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, BartConfi
 
 from edmem_hf import EDMemForConditionalGeneration, EDMemForEntityLinking, EDMemModel, EntityVocab
 from edmem_hf.entity_attention import dense_entity_attention, entity_attention
-from tiny_models import EE, ES, N_ENTITIES, PAD, tiny_batch, tiny_config, tiny_model
+from tiny_models import EE, ES, N_ENTITIES, tiny_batch, tiny_config, tiny_model
 
 # --- shapes --------------------------------------------------------------------------------------------------------
 
@@ -66,13 +66,47 @@ def test_encmem_entity_linking_shapes():
         EDMemForConditionalGeneration(tiny_config(variant="encmem"))
 
 
+def _cross_attention_sources(model, batch):
+    """The `key_value_states` each decoder layer's cross-attention receives, captured by forward hooks."""
+    sources = {}
+
+    def record(idx):
+        def hook(module, args, kwargs):
+            sources[idx] = kwargs["key_value_states"]
+
+        return hook
+
+    hooks = [
+        layer.encoder_attn.register_forward_pre_hook(record(idx), with_kwargs=True)
+        for idx, layer in enumerate(model.model.decoder.layers)
+    ]
+    try:
+        encoder_outputs = model.get_encoder()(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True
+        )
+        logits = model(**batch, encoder_outputs=encoder_outputs).logits
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return sources, encoder_outputs, logits
+
+
 def test_lower_decoder_can_attend_to_lower_encoder_output():
-    upper = tiny_model(seed=1)
-    lower = tiny_model(seed=1, lower_decoder_attends_to="lower")
+    upper = tiny_model(seed=1, decoder_lower_layers=2, decoder_upper_layers=1)
+    lower = tiny_model(seed=1, decoder_lower_layers=2, decoder_upper_layers=1, lower_decoder_attends_to="lower")
     lower.load_state_dict(upper.state_dict())
     batch = tiny_batch()
     upper.eval(), lower.eval()
-    a, b = upper(**batch).logits, lower(**batch).logits
+    upper_sources, upper_encoded, a = _cross_attention_sources(upper, batch)
+    lower_sources, lower_encoded, b = _cross_attention_sources(lower, batch)
+    final = upper_encoded.last_hidden_state
+    lower_output = lower_encoded.lower_hidden_state
+    assert not torch.allclose(final, lower_output)
+    # the lower decoder layers read the lower encoder's output only when switched to; the upper ones always read the top
+    for idx in range(3):
+        assert torch.equal(upper_sources[idx], final)
+    assert torch.equal(lower_sources[0], lower_output) and torch.equal(lower_sources[1], lower_output)
+    assert torch.equal(lower_sources[2], final)
     assert a.shape == b.shape and not torch.allclose(a, b)
 
 
@@ -237,15 +271,26 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     assert torch.allclose(grads[0], grads[1], atol=1e-6)
 
 
-def test_sdpa_and_eager_attention_agree():
+def test_sdpa_and_eager_attention_agree(monkeypatch):
     batch = tiny_batch()
-    logits = []
+    logits, sdpa_calls = [], []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def counting_sdpa(*args, **kwargs):
+        sdpa_calls[-1] += 1
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", counting_sdpa)
     for implementation in ("eager", "sdpa"):
         model = tiny_model(seed=2)
         model.set_attn_implementation(implementation)
         assert model.config._attn_implementation == implementation
         model.eval()
+        sdpa_calls.append(0)
         logits.append(model(**batch).logits)
+    # self- and cross-attention of every layer: none in eager, all through SDPA when switched
+    layers = model.config.encoder_layers + 2 * model.config.decoder_layers
+    assert sdpa_calls == [0, layers]
     assert torch.allclose(logits[0], logits[1], atol=1e-5)
 
 
@@ -444,8 +489,16 @@ def test_vocabulary_and_checkpoint_mismatch_raise(tmp_path):
 
 
 def test_padding_token_is_not_a_marker():
+    """Padding adds no mention and no memory access: a padded row reads as it does alone."""
     model = tiny_model()
-    assert PAD not in (model.config.entity_start_token_id, model.config.entity_end_token_id)
+    model.eval()
+    batch = tiny_batch()
+    padded = model(batch["input_ids"], batch["attention_mask"], labels=batch["labels"], output_attended_entities=True)
+    row = batch["input_ids"][1:, :7]
+    alone = model(row, torch.ones_like(row), labels=batch["labels"][1:], output_attended_entities=True)
+    assert padded.encoder_attended_entities.positions.tolist() == [[0, 2], [0, 7], [1, 1]]
+    assert alone.encoder_attended_entities.positions.tolist() == [[0, 1]]
+    assert torch.allclose(padded.logits[1:], alone.logits, atol=1e-5)
 
 
 def test_bf16_autocast_and_bf16_weights_train_and_generate():
