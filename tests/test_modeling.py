@@ -257,7 +257,7 @@ def test_toy_batch_is_overfit():
 
 def test_gradient_checkpointing_gives_the_same_gradients():
     batch = tiny_batch()
-    grads = []
+    grads, layer_forwards = [], []
     for checkpointing in (False, True):
         model = tiny_model(seed=5)
         model.train()
@@ -265,10 +265,23 @@ def test_gradient_checkpointing_gives_the_same_gradients():
             # renamed activation_checkpointing_enable in recent Transformers 5 releases
             enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
             enable()
-            assert model.model.encoder.gradient_checkpointing
+        layers = [*model.model.encoder.layers, *model.model.decoder.layers]
+        calls = [0]
+        # Transformers checkpoints each layer's `forward`, so the recompute shows in the layer's submodules.
+        hooks = [
+            layer.fc1.register_forward_hook(lambda *_, calls=calls: calls.__setitem__(0, calls[0] + 1))
+            for layer in layers
+        ]
         model(**batch).loss.backward()
-        grads.append(model.model.encoder.layers[0].fc1.weight.grad.clone())
-    assert torch.allclose(grads[0], grads[1], atol=1e-6)
+        for hook in hooks:
+            hook.remove()
+        layer_forwards.append(calls[0])
+        grads.append({name: p.grad.clone() for name, p in model.named_parameters()})
+    # checkpointing recomputes every layer's forward in the backward pass
+    assert layer_forwards[1] == 2 * layer_forwards[0] == 2 * len(layers)
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        assert torch.allclose(grads[0][name], grads[1][name], atol=1e-6), name
 
 
 def test_sdpa_and_eager_attention_agree(monkeypatch):
