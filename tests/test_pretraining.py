@@ -1,5 +1,5 @@
-"""The Accelerate pre-training loop: loss falls, exact resume after a stop and a half-written checkpoint, a real
-2-process (gloo) run, the CLI."""
+"""The Accelerate pre-training loop: loss falls, exact resume after a stop and a half-written checkpoint, the CLI.
+Runs killed with SIGKILL and 2-process (gloo) runs are in test_crash_resume.py."""
 
 from __future__ import annotations
 
@@ -245,38 +245,6 @@ def test_bf16_mixed_precision(corpus, tmp_path):
 def test_bad_corpus(tmp_path):
     with pytest.raises(ValueError, match="not an EDMem corpus"):
         pretrain(PretrainingArguments(output_dir=str(tmp_path / "o"), corpus_dir=str(tmp_path), report_to="none"))
-
-
-def _torchrun(out, corpus, *extra):
-    options = ["--max_steps", "4", "--save_steps", "2", "--eval_steps", "2", "--max_eval_samples", "8"]
-    _run_cli(out, corpus, *options, "--dropout", "0.1", *extra, processes=2)
-
-
-def test_two_processes_gloo(corpus, tmp_path):
-    """A real 2-process CPU run (torchrun, gloo): both ranks train and checkpoint; a killed and resumed
-    2-process run ends with the same weights as the uninterrupted one."""
-    out = tmp_path / "ddp"
-    _torchrun(out, corpus)
-    log = _log(out)
-    start = [r for r in log if r["type"] == "start"][0]
-    assert start["num_processes"] == 2 and "MULTI_CPU" in start["distributed_type"]
-    assert [r["step"] for r in log if r["type"] == "train"] == [1, 2, 3, 4]
-    assert [r["step"] for r in log if r["type"] == "eval"] == [2, 4]
-    assert [os.path.basename(p) for p in list_checkpoints(str(out))] == ["checkpoint_0", "checkpoint_1"]
-    # Each rank saved its own RNG state.
-    assert {f for f in os.listdir(out / "checkpoints" / "checkpoint_1") if f.startswith("random_states")} == {
-        "random_states_0.pkl",
-        "random_states_1.pkl",
-    }
-    assert os.path.isfile(out / "model.safetensors")
-
-    killed = tmp_path / "ddp_killed"
-    _torchrun(killed, corpus, "--max_steps_this_run", "3")
-    assert not os.path.exists(killed / "model.safetensors")
-    _torchrun(killed, corpus)
-    assert [r["resumed_from"] for r in _log(killed) if r["type"] == "start"][-1].endswith("checkpoint_0")
-    a, b = _weights(out), _weights(killed)
-    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_evaluate_counts_the_masked_tokens_and_mentions(corpus):
