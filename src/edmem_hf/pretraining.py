@@ -422,7 +422,6 @@ def evaluate(model: Any, dataloader: Any, accelerator: Any) -> dict[str, float]:
         if "salient_span_mask" not in batch:
             raise ValueError("evaluate() needs batches from EDMemMaskingCollator(..., return_salient_span_mask=True)")
         span_mask = batch.pop("salient_span_mask")
-        batch.pop("example_index", None)
         outputs = model(**batch, output_attended_entities=True)  # the top-1 entities of each access
         labels, inputs = batch["labels"], batch["input_ids"]
         logits = outputs.logits.float()
@@ -741,7 +740,6 @@ class _PretrainingRun:
     def _forward_backward(self, batch: dict[str, torch.Tensor]) -> None:
         """One micro-batch; the optimizer steps when Accelerate syncs the gradients (end of an accumulation)."""
         accelerator = self.accelerator
-        batch.pop("example_index", None)
         with accelerator.accumulate(self.model):
             outputs = self.model(**batch)
             accelerator.backward(outputs.loss)
