@@ -58,14 +58,15 @@ def make_model(tokenizer, seed: int, variant: str = "edmem", **overrides) -> EDM
         decoder_start_token_id=tokenizer.eos_token_id,
         forced_eos_token_id=tokenizer.eos_token_id,
         variant=variant,
+        init_std=0.3,  # large enough weights that the entity-linking head's choice depends on the input
     )
     settings.update(overrides)
     model = EDMemForConditionalGeneration(EDMemConfig(**settings))
     model.entity_vocab = EntityVocab(NAMES)
     model.eval()
     with torch.no_grad():  # a random model that opens many mentions
-        model.final_logits_bias[0, start] = 4.0
-        model.final_logits_bias[0, tokenizer.eos_token_id] = -4.0
+        model.final_logits_bias[0, start] = 12.0
+        model.final_logits_bias[0, tokenizer.eos_token_id] = -12.0
     return model
 
 
@@ -149,8 +150,8 @@ def check_dynamic_mentions(model, tokenizer, batch, out, k: int) -> int:
 
 DYNAMIC_SEARCH = {
     "greedy": dict(),
-    "beams": dict(num_beams=3),
-    "beams_without_cache": dict(num_beams=3, use_cache=False),
+    "beams": dict(num_beams=4),
+    "beams_without_cache": dict(num_beams=4, use_cache=False),
     "sampling": dict(do_sample=True, num_return_sequences=3),
 }
 
@@ -251,6 +252,7 @@ def test_sampling_and_num_return_sequences(tokenizer):
     )
     assert out.sequences.shape[0] == 9 and len(out.entity_mentions) == 9
     linked, _ = model.link_entities(batch.input_ids, batch.attention_mask, top_k=2)
+    assert len({tuple(row) for row in linked.tolist()}) > 1, "the examples must be linked to different entities"
     closed = 0
     for i, mentions in enumerate(out.entity_mentions):
         offered = linked[i // 3].tolist()
