@@ -482,20 +482,13 @@ def mention_stats(sequences: torch.Tensor, start_id: int, end_id: int, trie: Ent
     mentions = inside = closed = valid = closed_tokens = 0
     rows = sequences[:, 1:].tolist()
     for seq in rows:
-        span = None
-        for tok in seq:
-            if tok == start_id:
-                mentions += 1
-                span = []
-            elif span is not None:
-                inside += 1
-                if tok == end_id:
-                    closed += 1
-                    closed_tokens += len(span)
-                    valid += trie is not None and trie.lookup(span + [end_id]) >= 0
-                    span = None
-                else:
-                    span.append(tok)
+        for start, end, is_closed in marked_spans(seq, start_id, end_id):
+            mentions += 1
+            inside += end - start - 1 + is_closed
+            if is_closed:
+                closed += 1
+                closed_tokens += end - start - 1
+                valid += trie is not None and trie.lookup(seq[start + 1 : end + 1]) >= 0
     return (
         mentions / len(rows),
         inside / (len(rows) * len(rows[0])),
