@@ -59,7 +59,7 @@ from transformers import (
 )
 
 from edmem_hf import EDMemConfig, EDMemForConditionalGeneration, EntityVocab
-from edmem_hf.entity_decoding import EntityConstrainedLogitsProcessor, EntityTrie, marker_token_ids
+from edmem_hf.entity_decoding import EntityConstrainedLogitsProcessor, EntityTrie, marked_spans, marker_token_ids
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WIKI = os.path.join(ROOT, "..", "shared", "data", "wikipedia", "enwiki-pages-articles-sample-206.xml.bz2")
@@ -206,16 +206,11 @@ def check_spans(sequences: torch.Tensor, start_id: int, end_id: int, valid: set[
     """Fraction of closed spans that are names (must be 1.0 for our processor)."""
     good = total = 0
     for seq in sequences.tolist():
-        for i, tok in enumerate(seq):
-            if tok != start_id:
-                continue
-            j = i + 1
-            while j < len(seq) and seq[j] not in (start_id, end_id):
-                j += 1
-            if j < len(seq) and seq[j] == end_id:
+        for start, end, closed in marked_spans(seq, start_id, end_id):
+            if closed:
                 total += 1
-                good += tuple(seq[i + 1 : j + 1]) in valid
-            elif j < len(seq):
+                good += tuple(seq[start + 1 : end + 1]) in valid
+            elif end < len(seq):
                 total += 1  # interrupted by another <E_s>: not a name
     return good / max(total, 1)
 
@@ -487,20 +482,13 @@ def mention_stats(sequences: torch.Tensor, start_id: int, end_id: int, trie: Ent
     mentions = inside = closed = valid = closed_tokens = 0
     rows = sequences[:, 1:].tolist()
     for seq in rows:
-        span = None
-        for tok in seq:
-            if tok == start_id:
-                mentions += 1
-                span = []
-            elif span is not None:
-                inside += 1
-                if tok == end_id:
-                    closed += 1
-                    closed_tokens += len(span)
-                    valid += trie is not None and trie.lookup(span + [end_id]) >= 0
-                    span = None
-                else:
-                    span.append(tok)
+        for start, end, is_closed in marked_spans(seq, start_id, end_id):
+            mentions += 1
+            inside += end - start - 1 + is_closed
+            if is_closed:
+                closed += 1
+                closed_tokens += end - start - 1
+                valid += trie is not None and trie.lookup(seq[start + 1 : end + 1]) >= 0
     return (
         mentions / len(rows),
         inside / (len(rows) * len(rows[0])),

@@ -12,7 +12,13 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from edmem_hf.entity_decoding import EntityConstrainedLogitsProcessor, EntityTrie, marker_token_ids
+from edmem_hf.entity_decoding import (
+    EntityConstrainedLogitsProcessor,
+    EntityTrie,
+    MarkedSpan,
+    marked_spans,
+    marker_token_ids,
+)
 from tiny_models import make_word_tokenizer, make_words
 
 
@@ -90,14 +96,7 @@ def inputs(tokenizer):
 
 def spans(sequence: list[int], start_id: int, end_id: int) -> list[tuple[list[int], bool]]:
     """(tokens after each start marker up to the end marker, closed?)"""
-    out = []
-    for i, tok in enumerate(sequence):
-        if tok == start_id:
-            j = i + 1
-            while j < len(sequence) and sequence[j] not in (start_id, end_id):
-                j += 1
-            out.append((sequence[i + 1 : j], j < len(sequence) and sequence[j] == end_id))
-    return out
+    return [(sequence[span.start + 1 : span.end], span.closed) for span in marked_spans(sequence, start_id, end_id)]
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -370,3 +369,45 @@ def test_set_candidates_for_some_rows(tokenizer, names):
     assert set(torch.isfinite(out[0]).nonzero().flatten().tolist()) == expected
     assert torch.isfinite(out[1]).sum() == vocab - 1
     assert processor.candidates[0].tolist() == [3, 4] and processor.candidates[1].tolist() == [-1, -1]
+
+
+S, E = 90, 91  # a start and an end marker
+
+
+@pytest.mark.parametrize(
+    "sequence, expected",
+    [
+        ([5, S, 7, 8, E, 9], [(1, 4, True)]),
+        ([S, 3, E, S, 4, E], [(0, 2, True), (3, 5, True)]),
+        ([S, E], [(0, 1, True)]),  # an empty span is closed
+        ([S, 7, 8], [(0, 3, False)]),  # unclosed: runs to the end of the sequence
+        ([5, 6, S], [(2, 3, False)]),
+        ([S, 7, S, 8, E], [(0, 2, False), (2, 4, True)]),  # nested: the second <E_s> cuts the first span short
+        ([S, S, E], [(0, 1, False), (1, 2, True)]),
+        ([7, E, S, 8, E, E], [(2, 4, True)]),  # an <E_e> outside a span opens and closes nothing
+        ([E, 7], []),
+        ([], []),
+    ],
+)
+def test_marked_spans(sequence, expected):
+    assert marked_spans(sequence, S, E) == [MarkedSpan(*span) for span in expected]
+
+
+def test_marked_spans_from_given_openings():
+    """Position mode: no start marker; each span opens at a given position and runs to the end token."""
+    assert marked_spans([0, 5, 6, E, 7], None, E, starts=[0]) == [MarkedSpan(0, 3, True)]
+    assert marked_spans([0, 5, 6], None, E, starts=[1]) == [MarkedSpan(1, 3, False)]
+    with pytest.raises(ValueError, match="needs start_token_id"):
+        marked_spans([0, E], None, E)
+
+
+def test_mentions_report_the_marked_spans(tokenizer, names):
+    """`processor.mentions` reads spans as `marked_spans` does and names the closed ones that spell an entity."""
+    start_id, end_id = marker_token_ids(tokenizer)
+    trie = EntityTrie.build(names, tokenizer, end_token_id=end_id)
+    processor = EntityConstrainedLogitsProcessor(trie, start_token_id=start_id)
+    name = trie.sequence(3)  # ends with <E_e>
+    sequence = [2, start_id, 9, start_id, *name, 7, end_id, start_id, name[0]]
+    (found,) = processor.mentions(torch.tensor([sequence]))
+    assert [(m.start, m.end) for m in found] == [s[:2] for s in marked_spans(sequence, start_id, end_id)]
+    assert [(m.token_ids, m.entity_id) for m in found] == [([9], -1), (name[:-1], 3), ([name[0]], -1)]

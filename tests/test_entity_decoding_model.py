@@ -7,6 +7,7 @@ import torch
 from transformers import GenerationConfig
 
 from edmem_hf import EDMemConfig, EDMemForConditionalGeneration, EntityVocab
+from edmem_hf.entity_decoding import marked_spans
 from edmem_hf.tokenization import train_tokenizer
 
 NAMES = [
@@ -57,14 +58,15 @@ def make_model(tokenizer, seed: int, variant: str = "edmem", **overrides) -> EDM
         decoder_start_token_id=tokenizer.eos_token_id,
         forced_eos_token_id=tokenizer.eos_token_id,
         variant=variant,
+        init_std=0.3,  # large enough weights that the entity-linking head's choice depends on the input
     )
     settings.update(overrides)
     model = EDMemForConditionalGeneration(EDMemConfig(**settings))
     model.entity_vocab = EntityVocab(NAMES)
     model.eval()
     with torch.no_grad():  # a random model that opens many mentions
-        model.final_logits_bias[0, start] = 4.0
-        model.final_logits_bias[0, tokenizer.eos_token_id] = -4.0
+        model.final_logits_bias[0, start] = 12.0
+        model.final_logits_bias[0, tokenizer.eos_token_id] = -12.0
     return model
 
 
@@ -75,13 +77,9 @@ def questions(tokenizer):
 
 def spans(sequence: list[int], start: int, end: int) -> list[tuple[int, list[int]]]:
     """(position of <E_s>, tokens up to <E_e>) for every closed mention."""
-    found = []
-    for i, tok in enumerate(sequence):
-        if tok == start and end in sequence[i + 1 :]:
-            j = sequence.index(end, i + 1)
-            if start not in sequence[i + 1 : j]:
-                found.append((i, sequence[i + 1 : j]))
-    return found
+    return [
+        (span.start, sequence[span.start + 1 : span.end]) for span in marked_spans(sequence, start, end) if span.closed
+    ]
 
 
 def name_tokens(tokenizer, entity_id: int) -> list[int]:
@@ -113,40 +111,67 @@ def test_static_mentions_spell_one_of_the_linked_candidates(tokenizer, seed, num
     assert seen > 0, "the random model must open mentions for the test to mean something"
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_dynamic_mentions_spell_the_head_top_k_at_their_own_position(tokenizer, seed):
-    model = make_model(tokenizer, seed)
-    batch = questions(tokenizer)
-    k = 2
-    out = model.generate(
-        **batch,
-        entity_decoding="dynamic",
-        entity_candidates=k,
-        tokenizer=tokenizer,
-        max_new_tokens=24,
-        return_dict_in_generate=True,
-    )
-    sequences = out.sequences
-    # Recompute the head's top-k at every generated <E_s> by teacher forcing the returned sequences.
+def head_top_k(model, batch, sequences: torch.Tensor, k: int) -> dict[tuple[int, int], list[int]]:
+    """The entity-linking head's top-k at every `<E_s>` of `sequences`, keyed by (row, position), from one
+    teacher-forced pass over them (the returned rows of each example follow each other, as generate() returns them)."""
+    repeat = sequences.shape[0] // batch.input_ids.shape[0]
     with torch.no_grad():
-        forced = model(**batch, decoder_input_ids=sequences, output_attended_entities=True, use_cache=False)
-    expected = {
-        tuple(pos): ids[:k]
-        for pos, ids in zip(forced.linked_entities.positions.tolist(), forced.linked_entities.top_entity_ids.tolist())
-    }
+        forced = model(
+            input_ids=batch.input_ids.repeat_interleave(repeat, dim=0),
+            attention_mask=batch.attention_mask.repeat_interleave(repeat, dim=0),
+            decoder_input_ids=sequences,
+            entity_linking_top_k=k,
+            use_cache=False,
+        )
+    linked = forced.linked_entities
+    return {tuple(pos): ids for pos, ids in zip(linked.positions.tolist(), linked.top_entity_ids.tolist())}
+
+
+def check_dynamic_mentions(model, tokenizer, batch, out, k: int) -> int:
+    """Every mention of a dynamic generation was offered the head's top-k at its own `<E_s>` and every closed one
+    spells one of them. Returns the number of closed mentions."""
+    expected = head_top_k(model, batch, out.sequences, k)
     start, end = model.config.entity_start_token_id, model.config.entity_end_token_id
-    seen = 0
-    for row, seq in enumerate(sequences.tolist()):
+    closed = 0
+    for row, seq in enumerate(out.sequences.tolist()):
         reported = {m.start: m for m in out.entity_mentions[row]}
+        assert sorted(reported) == [i for i, token in enumerate(seq) if token == start]
+        for pos, mention in reported.items():
+            assert [c[0] for c in mention.candidates] == expected[(row, pos)], (row, pos)
+            assert all(isinstance(name, str) and isinstance(score, float) for _, name, score in mention.candidates)
         for pos, tokens in spans(seq, start, end):
             allowed = [name_tokens(tokenizer, e) for e in expected[(row, pos)]]
             assert tokens in allowed, (row, pos, tokenizer.decode(tokens))
             mention = reported[pos]
-            assert [c[0] for c in mention.candidates] == expected[(row, pos)]
             assert mention.entity_name == NAMES[mention.entity_id] and mention.entity_id in expected[(row, pos)]
-            assert all(isinstance(name, str) and isinstance(score, float) for _, name, score in mention.candidates)
-            seen += 1
-    assert seen > 0
+            closed += 1
+    return closed
+
+
+DYNAMIC_SEARCH = {
+    "greedy": dict(),
+    "beams": dict(num_beams=4),
+    "beams_without_cache": dict(num_beams=4, use_cache=False),
+    "sampling": dict(do_sample=True, num_return_sequences=3),
+}
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("search", DYNAMIC_SEARCH)
+def test_dynamic_mentions_spell_the_head_top_k_at_their_own_position(tokenizer, seed, search):
+    model = make_model(tokenizer, seed)
+    batch = questions(tokenizer)
+    torch.manual_seed(seed)
+    out = model.generate(
+        **batch,
+        entity_decoding="dynamic",
+        entity_candidates=2,
+        tokenizer=tokenizer,
+        max_new_tokens=24,
+        return_dict_in_generate=True,
+        **DYNAMIC_SEARCH[search],
+    )
+    assert check_dynamic_mentions(model, tokenizer, batch, out, k=2) > 0, "no mention was generated"
 
 
 def test_generate_sets_nothing_that_forward_reads(tokenizer):
@@ -185,13 +210,30 @@ def test_generate_sets_nothing_that_forward_reads(tokenizer):
     assert model_attributes() == attributes
 
 
-def test_dynamic_beam_search_with_cache_equals_without(tokenizer):
+CACHE_SETTINGS = {
+    "static_greedy": dict(entity_decoding="static"),
+    "static_beams": dict(entity_decoding="static", num_beams=3),
+    "static_sampling": dict(entity_decoding="static", do_sample=True, num_return_sequences=3),
+    "dynamic_greedy": dict(entity_decoding="dynamic"),
+    "dynamic_beams": dict(entity_decoding="dynamic", num_beams=3),
+    "dynamic_sampling": dict(entity_decoding="dynamic", do_sample=True, num_return_sequences=3),
+}
+
+
+@pytest.mark.parametrize("setting", CACHE_SETTINGS)
+def test_cache_and_no_cache_generate_the_same(tokenizer, setting):
+    """The key/value cache (and the static pass's reused cross-attention cache) changes nothing in what is
+    generated, mentions included; sampling draws from the same seed."""
     model = make_model(tokenizer, seed=1)
     batch = questions(tokenizer)
-    kwargs = dict(entity_decoding="dynamic", entity_candidates=2, tokenizer=tokenizer, max_new_tokens=16, num_beams=3)
+    kwargs = dict(entity_candidates=2, tokenizer=tokenizer, max_new_tokens=16, **CACHE_SETTINGS[setting])
+    torch.manual_seed(0)
     cached = model.generate(**batch, use_cache=True, **kwargs)
+    torch.manual_seed(0)
     uncached = model.generate(**batch, use_cache=False, **kwargs)
     assert torch.equal(cached, uncached)
+    start, end = model.config.entity_start_token_id, model.config.entity_end_token_id
+    assert sum(len(spans(seq, start, end)) for seq in cached.tolist()) > 0, "no mention was generated"
 
 
 def test_sampling_and_num_return_sequences(tokenizer):
@@ -210,11 +252,17 @@ def test_sampling_and_num_return_sequences(tokenizer):
     )
     assert out.sequences.shape[0] == 9 and len(out.entity_mentions) == 9
     linked, _ = model.link_entities(batch.input_ids, batch.attention_mask, top_k=2)
+    assert len({tuple(row) for row in linked.tolist()}) > 1, "the examples must be linked to different entities"
+    closed = 0
     for i, mentions in enumerate(out.entity_mentions):
+        offered = linked[i // 3].tolist()
+        assert mentions, f"sequence {i} has no mention"
         for mention in mentions:
+            assert [c[0] for c in mention.candidates] == offered
             if mention.end < out.sequences.shape[1]:
-                assert mention.entity_id in linked[i // 3].tolist()
-                assert [c[0] for c in mention.candidates] == linked[i // 3].tolist()
+                assert mention.entity_id in offered and mention.token_ids == name_tokens(tokenizer, mention.entity_id)
+                closed += 1
+    assert closed > 0
 
 
 def test_free_decoding_reports_attended_entities(tokenizer):
@@ -241,20 +289,27 @@ def test_default_mode_comes_from_the_generation_config_and_is_saved(tokenizer, t
     out = loaded.generate(**batch, tokenizer=tokenizer, max_new_tokens=12)
     linked, _ = loaded.link_entities(batch.input_ids, batch.attention_mask, top_k=1)
     start, end = loaded.config.entity_start_token_id, loaded.config.entity_end_token_id
+    seen = 0
     for row, seq in enumerate(out.tolist()):
         for _, tokens in spans(seq, start, end):
             assert tokens == name_tokens(tokenizer, int(linked[row, 0]))
+            seen += 1
+    assert seen > 0, "no mention was generated"
 
 
 def test_training_fields_are_dropped_before_generation(tokenizer):
     model = make_model(tokenizer, seed=5)
-    batch = dict(questions(tokenizer))
+    inputs = questions(tokenizer)
     labels = tokenizer(["<E_s> Paris <E_e>"] * 3, return_tensors="pt").input_ids
-    batch["labels"] = labels
-    batch["entity_labels"] = torch.full_like(batch["input_ids"], -100)
-    batch["decoder_entity_labels"] = torch.full_like(labels, -100)
-    out = model.generate(**batch, max_new_tokens=6)
-    assert out.shape[0] == 3
+    training_batch = dict(inputs)
+    training_batch["labels"] = labels
+    training_batch["entity_labels"] = torch.where(inputs.input_ids == model.config.entity_start_token_id, 0, -100)
+    training_batch["decoder_entity_labels"] = torch.where(labels == model.config.entity_start_token_id, 0, -100)
+    kwargs = dict(entity_decoding="dynamic", entity_candidates=2, tokenizer=tokenizer, max_new_tokens=16)
+    out = model.generate(**training_batch, **kwargs)
+    assert torch.equal(out, model.generate(**inputs, **kwargs))
+    start, end = model.config.entity_start_token_id, model.config.entity_end_token_id
+    assert sum(len(spans(seq, start, end)) for seq in out.tolist()) > 0, "no mention was generated"
 
 
 def test_bad_entity_decoding_arguments(tokenizer):
@@ -303,9 +358,15 @@ def test_seq2seq_trainer_predict_with_generate_in_dynamic_mode(tokenizer, tmp_pa
     model.set_entity_trie(None)
     model.entity_trie(tokenizer)  # the trie is kept on the model: generate() needs no tokenizer argument
     prediction = trainer.predict(rows)
-    assert prediction.predictions.shape[0] == 3
+    sequences = torch.as_tensor(prediction.predictions)
+    assert sequences.shape[0] == 3
+    sequences = sequences.masked_fill(sequences < 0, tokenizer.pad_token_id)  # the Trainer pads with -100
+    k = model.generation_config.entity_candidates
+    expected = head_top_k(model, batch, sequences, k)
     end = model.config.entity_end_token_id
-    for seq in prediction.predictions.tolist():
-        seq = [t for t in seq if t >= 0]
-        for _, tokens in spans(seq, start, end):
-            assert tokens in [name_tokens(tokenizer, e) for e in range(len(NAMES))]
+    seen = 0
+    for row, seq in enumerate(sequences.tolist()):
+        for pos, tokens in spans(seq, start, end):
+            assert tokens in [name_tokens(tokenizer, e) for e in expected[(row, pos)]], (row, pos)
+            seen += 1
+    assert seen > 0, "no mention was generated"

@@ -7,9 +7,9 @@ Usage (free, static and dynamic entity linking, GENRE-style retrieval): docs/con
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from transformers import LogitsProcessor
@@ -18,7 +18,14 @@ from .configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN
 from .entity_trie import EntityTrie, TrieTensors
 from .entity_vocab import EntityVocab
 
-__all__ = ["EntityTrie", "EntityConstrainedLogitsProcessor", "EntityMention", "marker_token_ids"]
+__all__ = [
+    "EntityTrie",
+    "EntityConstrainedLogitsProcessor",
+    "EntityMention",
+    "MarkedSpan",
+    "marked_spans",
+    "marker_token_ids",
+]
 
 # The state of a row is a trie node id (>= 0) inside a span, or one of these.
 OUTSIDE = -1  # not inside a constrained span
@@ -40,10 +47,41 @@ def marker_token_ids(tokenizer: Any) -> tuple[int, int]:
     return ids[0], ids[1]
 
 
+class MarkedSpan(NamedTuple):
+    """A span of a token sequence: `sequence[start]` opens it and its tokens are `sequence[start + 1 : end]`.
+    `closed`: `sequence[end]` is the end token; otherwise `end` is the next start token's position or the length."""
+
+    start: int
+    end: int
+    closed: bool
+
+
+def marked_spans(
+    sequence: Sequence[int], start_token_id: int | None, end_token_id: int, starts: Iterable[int] | None = None
+) -> list[MarkedSpan]:
+    """The spans of `sequence`, one per start token (or, with `starts`, one per given opening position).
+
+    A span runs to the first end token after its opening, unless another start token or the end of the sequence
+    comes first: then it is left unclosed. An end token outside any span opens nothing. The one reading of
+    `<E_s> ... <E_e>` for mention reports and checks, whatever generated the sequence.
+    """
+    if starts is None:
+        if start_token_id is None:
+            raise ValueError("marked_spans needs start_token_id, or the opening positions as starts")
+        starts = [i for i, token in enumerate(sequence) if token == start_token_id]
+    spans = []
+    for start in starts:
+        end = start + 1
+        while end < len(sequence) and sequence[end] != end_token_id and sequence[end] != start_token_id:
+            end += 1
+        spans.append(MarkedSpan(start, end, end < len(sequence) and sequence[end] == end_token_id))
+    return spans
+
+
 @dataclass
 class EntityMention:
-    """One generated span: `sequence[start]` is the start marker (or the span's first token in position mode),
-    `sequence[end]` the end token (or `end == len` if unfinished). `entity_id` is the entity the span spells (-1
+    """One generated span (see `marked_spans`): `sequence[start]` is the start marker (or the token before the span
+    in position mode), `sequence[end]` the end token if the span is closed. `entity_id` is the entity the span spells (-1
     if none); `candidate_ids`/`candidate_scores` the row's candidates when the span was opened (empty if unknown)."""
 
     start: int
@@ -566,19 +604,14 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
             for e, p, c, s in zip(example.tolist(), prefixes.tolist(), cands.tolist(), cscores.tolist()):
                 log_index[(e, tuple(p))] = (c, s)
         span_start = self._rows.span_start
+        starts = None  # marker mode: a span at every start token
+        if self.start_token_id is None:  # position mode: the one span opens after the decoder prompt
+            starts = [span_start - 1] if span_start is not None else []
         out = []
         for i, seq in enumerate(sequences.tolist()):
             found = []
-            if self.start_token_id is None:
-                starts = [span_start - 1] if span_start is not None else []
-            else:
-                starts = [j for j, tok in enumerate(seq) if tok == self.start_token_id]
-            for s in starts:
-                end = s + 1
-                while end < len(seq) and seq[end] != self.end_token_id and seq[end] != self.start_token_id:
-                    end += 1
+            for s, end, closed in marked_spans(seq, self.start_token_id, self.end_token_id, starts):
                 span = seq[s + 1 : end]
-                closed = end < len(seq) and seq[end] == self.end_token_id
                 entity = self.trie.lookup(span + [self.end_token_id]) if closed else -1
                 cand_ids: list[int] = []
                 cand_scores: list[float] = []

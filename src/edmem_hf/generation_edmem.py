@@ -13,7 +13,7 @@ import torch
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.generation import GenerationConfig, GenerationMixin, LogitsProcessorList
 
-from .entity_decoding import EntityConstrainedLogitsProcessor, EntityMention, marker_token_ids
+from .entity_decoding import EntityConstrainedLogitsProcessor, EntityMention, marked_spans, marker_token_ids
 from .entity_trie import EntityTrie
 
 ENTITY_DECODING_MODES = ("free", "static", "dynamic")
@@ -26,7 +26,8 @@ class GeneratedMention:
     """One `<E_s> ... <E_e>` span of a generated sequence, and the entities that were on offer for it.
 
     Args:
-        start / end: positions of `<E_s>` and of `<E_e>` in the returned sequence (`end == len` if unclosed).
+        start / end: positions of `<E_s>` and of `<E_e>` in the returned sequence (if unclosed, `end` is the
+            next `<E_s>`'s position or the sequence's length).
         token_ids: the tokens between the markers.
         entity_id / entity_name: the entity whose name the span spells (-1 / None if it spells none).
         candidates: `(entity_id, name, score)` of the candidate entities when the span was opened, best first
@@ -329,16 +330,9 @@ class EDMemGenerationMixin(GenerationMixin):
         result = []
         for row, seq in enumerate(sequences.tolist()):
             mentions = []
-            for start, token in enumerate(seq):
-                if token != start_id:
-                    continue
-                end = start + 1
-                while end < len(seq) and seq[end] not in (start_id, end_id):
-                    end += 1
+            for start, end, closed in marked_spans(seq, start_id, end_id):
                 span = seq[start + 1 : end]
-                entity = -1
-                if end < len(seq) and seq[end] == end_id and trie is not None:
-                    entity = trie.lookup(span + [end_id])
+                entity = trie.lookup(span + [end_id]) if closed and trie is not None else -1
                 ids, scores = attended.get((row, start), ([], []))
                 mentions.append(EntityMention(start, end, span, entity, ids, scores))
             result.append(mentions)
