@@ -393,6 +393,17 @@ def test_marked_spans(sequence, expected):
     assert marked_spans(sequence, S, E) == [MarkedSpan(*span) for span in expected]
 
 
+def test_marked_spans_stop_at_the_stop_tokens():
+    """A mention cut off by the end of generation ends at EOS / padding: neither is part of its tokens."""
+    eos, pad = 2, 1
+    assert marked_spans([S, 7, eos, pad], S, E, stop_token_ids={eos, pad}) == [MarkedSpan(0, 2, False)]
+    assert marked_spans([S, 7, pad], S, E, stop_token_ids={eos, pad}) == [MarkedSpan(0, 2, False)]
+    assert marked_spans([S, 7, E, eos], S, E, stop_token_ids={eos}) == [MarkedSpan(0, 2, True)]
+    assert marked_spans([S, 7, eos, pad], S, E) == [MarkedSpan(0, 4, False)]  # without stop tokens: to the end
+    # Position mode, where EOS is the end token: a stop token equal to it still closes the span.
+    assert marked_spans([0, 5, eos, pad], None, eos, starts=[0], stop_token_ids={eos, pad}) == [MarkedSpan(0, 2, True)]
+
+
 def test_marked_spans_from_given_openings():
     """Position mode: no start marker; each span opens at a given position and runs to the end token."""
     assert marked_spans([0, 5, 6, E, 7], None, E, starts=[0]) == [MarkedSpan(0, 3, True)]
@@ -411,3 +422,6 @@ def test_mentions_report_the_marked_spans(tokenizer, names):
     (found,) = processor.mentions(torch.tensor([sequence]))
     assert [(m.start, m.end) for m in found] == [s[:2] for s in marked_spans(sequence, start_id, end_id)]
     assert [(m.token_ids, m.entity_id) for m in found] == [([9], -1), (name[:-1], 3), ([name[0]], -1)]
+    eos = tokenizer.eos_token_id
+    (cut_off,) = processor.mentions(torch.tensor([[*sequence, eos, eos]]), stop_token_ids={eos})
+    assert cut_off[-1].token_ids == [name[0]] and cut_off[-1].end == len(sequence)

@@ -138,6 +138,7 @@ def check_dynamic_mentions(model, tokenizer, batch, out, k: int) -> int:
         assert sorted(reported) == [i for i, token in enumerate(seq) if token == start]
         for pos, mention in reported.items():
             assert [c[0] for c in mention.candidates] == expected[(row, pos)], (row, pos)
+            assert not {model.config.eos_token_id, model.config.pad_token_id} & set(mention.token_ids), (row, pos)
             assert all(isinstance(name, str) and isinstance(score, float) for _, name, score in mention.candidates)
         for pos, tokens in spans(seq, start, end):
             allowed = [name_tokens(tokenizer, e) for e in expected[(row, pos)]]
@@ -259,7 +260,10 @@ def test_sampling_and_num_return_sequences(tokenizer):
         assert mentions, f"sequence {i} has no mention"
         for mention in mentions:
             assert [c[0] for c in mention.candidates] == offered
-            if mention.end < out.sequences.shape[1]:
+            if (
+                mention.end < out.sequences.shape[1]
+                and out.sequences[i, mention.end] == model.config.entity_end_token_id
+            ):
                 assert mention.entity_id in offered and mention.token_ids == name_tokens(tokenizer, mention.entity_id)
                 closed += 1
     assert closed > 0

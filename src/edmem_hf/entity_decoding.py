@@ -7,7 +7,7 @@ Usage (free, static and dynamic entity linking, GENRE-style retrieval): docs/con
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -49,7 +49,8 @@ def marker_token_ids(tokenizer: Any) -> tuple[int, int]:
 
 class MarkedSpan(NamedTuple):
     """A span of a token sequence: `sequence[start]` opens it and its tokens are `sequence[start + 1 : end]`.
-    `closed`: `sequence[end]` is the end token; otherwise `end` is the next start token's position or the length."""
+    `closed`: `sequence[end]` is the end token; otherwise `end` is the position of the next start token or stop
+    token, or the length."""
 
     start: int
     end: int
@@ -57,22 +58,28 @@ class MarkedSpan(NamedTuple):
 
 
 def marked_spans(
-    sequence: Sequence[int], start_token_id: int | None, end_token_id: int, starts: Iterable[int] | None = None
+    sequence: Sequence[int],
+    start_token_id: int | None,
+    end_token_id: int,
+    starts: Iterable[int] | None = None,
+    stop_token_ids: Collection[int] = (),
 ) -> list[MarkedSpan]:
     """The spans of `sequence`, one per start token (or, with `starts`, one per given opening position).
 
-    A span runs to the first end token after its opening, unless another start token or the end of the sequence
-    comes first: then it is left unclosed. An end token outside any span opens nothing. The one reading of
-    `<E_s> ... <E_e>` for mention reports and checks, whatever generated the sequence.
+    A span runs to the first end token after its opening, unless another start token, a stop token (e.g. EOS and
+    padding of a finished generation) or the end of the sequence comes first: then it is left unclosed. An end
+    token outside any span opens nothing. The one reading of `<E_s> ... <E_e>` for mention reports and checks,
+    whatever generated the sequence.
     """
     if starts is None:
         if start_token_id is None:
             raise ValueError("marked_spans needs start_token_id, or the opening positions as starts")
         starts = [i for i, token in enumerate(sequence) if token == start_token_id]
+    stops = {start_token_id, *stop_token_ids} - {end_token_id}
     spans = []
     for start in starts:
         end = start + 1
-        while end < len(sequence) and sequence[end] != end_token_id and sequence[end] != start_token_id:
+        while end < len(sequence) and sequence[end] != end_token_id and sequence[end] not in stops:
             end += 1
         spans.append(MarkedSpan(start, end, end < len(sequence) and sequence[end] == end_token_id))
     return spans
@@ -593,11 +600,15 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
     # --- reporting --------------------------------------------------------------------------------------
 
     def mentions(
-        self, sequences: torch.LongTensor, example_index: torch.Tensor | Sequence[int] | None = None
+        self,
+        sequences: torch.LongTensor,
+        example_index: torch.Tensor | Sequence[int] | None = None,
+        stop_token_ids: Collection[int] = (),
     ) -> list[list[EntityMention]]:
         """
         Parses returned sequences `(n, T)` into their spans. `example_index` `(n,)`: the example of each returned
         sequence (e.g. `arange(batch).repeat_interleave(num_return_sequences)`); needed to report candidates.
+        `stop_token_ids` (e.g. EOS and padding) end an unclosed span (see `marked_spans`).
         """
         log_index: dict[tuple[int, tuple[int, ...]], tuple[list[int], list[float]]] = {}
         for example, prefixes, cands, cscores in self._log:
@@ -610,7 +621,7 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
         out = []
         for i, seq in enumerate(sequences.tolist()):
             found = []
-            for s, end, closed in marked_spans(seq, self.start_token_id, self.end_token_id, starts):
+            for s, end, closed in marked_spans(seq, self.start_token_id, self.end_token_id, starts, stop_token_ids):
                 span = seq[s + 1 : end]
                 entity = self.trie.lookup(span + [self.end_token_id]) if closed else -1
                 cand_ids: list[int] = []

@@ -27,7 +27,7 @@ class GeneratedMention:
 
     Args:
         start / end: positions of `<E_s>` and of `<E_e>` in the returned sequence (if unclosed, `end` is the
-            next `<E_s>`'s position or the sequence's length).
+            position of the next `<E_s>`, EOS or padding, or the sequence's length).
         token_ids: the tokens between the markers.
         entity_id / entity_name: the entity whose name the span spells (-1 / None if it spells none).
         candidates: `(entity_id, name, score)` of the candidate entities when the span was opened, best first
@@ -252,11 +252,14 @@ class EDMemGenerationMixin(GenerationMixin):
         if not isinstance(output, torch.Tensor):
             if mode == "free" and tokenizer is not None and self.entity_vocab is not None:
                 self.entity_trie(tokenizer)  # to name the entities that free-form mentions spell
+            # A mention still open at EOS or padding was cut off by the end of generation.
+            stops = {kwargs.get(name, getattr(config, name, None)) for name in ("pad_token_id", "eos_token_id")}
+            stops = {i for value in stops - {None} for i in (value if isinstance(value, list) else [value])}
             if processor is not None:
                 examples = torch.arange(output.sequences.shape[0] // num_return).repeat_interleave(num_return)
-                parsed = processor.mentions(output.sequences, examples)
+                parsed = processor.mentions(output.sequences, examples, stop_token_ids=stops)
             else:
-                parsed = self._free_mentions(output.sequences, input_ids, kwargs.get("attention_mask"))
+                parsed = self._free_mentions(output.sequences, input_ids, kwargs.get("attention_mask"), stops)
             output["entity_mentions"] = self._name_mentions(parsed)
         return output
 
@@ -302,7 +305,7 @@ class EDMemGenerationMixin(GenerationMixin):
         ]
 
     @torch.no_grad()
-    def _free_mentions(self, sequences, input_ids, attention_mask) -> list[list[EntityMention]]:
+    def _free_mentions(self, sequences, input_ids, attention_mask, stop_token_ids) -> list[list[EntityMention]]:
         """Mentions of freely generated sequences, with the entities the decoder memory attended to at each.
 
         One teacher-forced pass over the returned sequences reads what the decoder memory attended to at each
@@ -330,7 +333,7 @@ class EDMemGenerationMixin(GenerationMixin):
         result = []
         for row, seq in enumerate(sequences.tolist()):
             mentions = []
-            for start, end, closed in marked_spans(seq, start_id, end_id):
+            for start, end, closed in marked_spans(seq, start_id, end_id, stop_token_ids=stop_token_ids):
                 span = seq[start + 1 : end]
                 entity = trie.lookup(span + [end_id]) if closed and trie is not None else -1
                 ids, scores = attended.get((row, start), ([], []))
