@@ -46,3 +46,14 @@ def test_qa_pairs_match_the_world():
         assert pair.answer_with_markers == f"<E_s> {pair.answer} <E_e>"
         if pair.relation == "born_in":
             assert world.entity(pair.subject).attributes["birthplace"] == pair.answer
+
+
+def test_large_world_has_distinct_articles(tmp_path):
+    """The corpus benchmark's large dump is one big world: every article its own text, none repeated."""
+    world = generate_toy_world(1000, seed=0)
+    assert len(world.pages) >= 1000
+    assert len(set(world.pages.values())) == len(world.pages)
+    path = write_mediawiki_dump(world, tmp_path / "large.xml.bz2")
+    articles = [page for page in iter_parsed_pages(path) if page.redirect is None]
+    assert len(articles) == len(world.pages)
+    assert len({page.text for page in articles}) == len(articles)
