@@ -209,13 +209,22 @@ def test_model_entity_mask_hides_entities_from_every_access():
 
 
 def test_memory_softmax_is_float32_under_bf16():
+    """With bf16 queries and table, the scores are bf16 products but the softmax, its log-partition and the
+    weighted sum run in float32: the results equal a float32 softmax over the same scores, and are far from a bf16
+    softmax (the checks below could tell the two apart)."""
     torch.manual_seed(0)
-    queries, table = torch.randn(6, 16), torch.randn(100, 16)
-    ref_read, ref_lp, _, _, _ = entity_attention(queries, table, chunk_size=32)
-    read, lp, _, _, _ = entity_attention(queries.bfloat16(), table.bfloat16(), chunk_size=32)
-    assert read.dtype == torch.bfloat16 and lp.dtype == torch.float32
-    assert torch.allclose(lp, ref_lp, atol=0.1)
-    assert torch.allclose(read.float(), ref_read, atol=0.05)
+    queries, table = torch.randn(8, 64).bfloat16(), torch.randn(1000, 64).bfloat16()
+    read, log_partition, _, _, _ = entity_attention(queries, table, chunk_size=256)  # 4 chunks: running log-sum-exp
+    assert read.dtype == torch.bfloat16 and log_partition.dtype == torch.float32
+    scores = queries @ table.t()
+    float32_log_partition = torch.logsumexp(scores.float(), dim=-1)
+    float32_read = (torch.softmax(scores.float(), dim=-1) @ table.float()).bfloat16().float()
+    bf16_log_partition = torch.logsumexp(scores, dim=-1).float()
+    bf16_read = (torch.softmax(scores, dim=-1) @ table).float()
+    assert (bf16_log_partition - float32_log_partition).abs().max() > 1e-2  # what a bf16 softmax would be off by
+    assert (bf16_read - float32_read).abs().max() > 1e-2
+    torch.testing.assert_close(log_partition, float32_log_partition, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(read.float(), float32_read, atol=2e-3, rtol=0)
 
 
 # --- losses and training -------------------------------------------------------------------------------------------
