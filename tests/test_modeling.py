@@ -359,9 +359,27 @@ def test_incremental_decoding_matches_full_forward():
 # --- save / load ---------------------------------------------------------------------------------------------------
 
 
-def test_save_load_round_trip(tmp_path):
-    model = tiny_model(seed=7)
-    model.eval()
+def _perturbed(model):
+    """Every parameter and buffer set to random values, so that nothing a fresh model would rebuild (zero biases,
+    unit norms, the initialised table) can pass for a loaded one."""
+    torch.manual_seed(123)
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            tensor.copy_(torch.randn_like(tensor, dtype=torch.float32).to(tensor.dtype) * 0.5)
+    return model.eval()
+
+
+def _assert_same_tensors(model, loaded):
+    expected, actual = model.state_dict(), loaded.state_dict()
+    assert expected.keys() == actual.keys()
+    for name in expected:
+        assert actual[name].dtype == expected[name].dtype, name
+        assert torch.equal(actual[name], expected[name]), name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_save_load_round_trip(tmp_path, dtype):
+    model = _perturbed(tiny_model(seed=7).to(dtype))
     batch = tiny_batch()
     model.save_pretrained(tmp_path)
     files = set(os.listdir(tmp_path))
@@ -374,10 +392,11 @@ def test_save_load_round_trip(tmp_path):
         "AutoModel": "modeling_edmem.EDMemModel",
         "AutoModelForSeq2SeqLM": "modeling_edmem.EDMemForConditionalGeneration",
     }
-    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
-    assert isinstance(loaded, EDMemForConditionalGeneration)
-    loaded.eval()
-    assert torch.equal(model(**batch).logits, loaded(**batch).logits)
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path, dtype="auto").eval()
+    assert isinstance(loaded, EDMemForConditionalGeneration) and loaded.dtype == dtype
+    _assert_same_tensors(model, loaded)
+    out, out_loaded = model(**batch), loaded(**batch)
+    assert torch.equal(out.logits, out_loaded.logits) and torch.equal(out.loss, out_loaded.loss)
     assert loaded.entity_vocab == model.entity_vocab
     # tied weights stay tied after loading
     assert loaded.lm_head.weight.data_ptr() == loaded.model.shared.weight.data_ptr()
@@ -385,8 +404,24 @@ def test_save_load_round_trip(tmp_path):
     assert loaded.model.encoder.entity_embeddings.weight is table
     assert loaded.model.decoder.entity_embeddings.weight is table
     assert isinstance(AutoConfig.from_pretrained(tmp_path).to_dict(), dict)
-    base = AutoModel.from_pretrained(tmp_path)
+    base = AutoModel.from_pretrained(tmp_path, dtype="auto")
     assert isinstance(base, EDMemModel) and base.entity_vocab == model.entity_vocab
+    _assert_same_tensors(model.model, base)
+
+
+def test_entity_linking_model_save_load_round_trip(tmp_path):
+    model = _perturbed(EDMemForEntityLinking(tiny_config(variant="encmem")))
+    model.entity_vocab = EntityVocab([f"Entity {i}" for i in range(model.config.entity_vocab_size)])
+    batch = tiny_batch()
+    model.save_pretrained(tmp_path)
+    loaded = EDMemForEntityLinking.from_pretrained(tmp_path).eval()
+    _assert_same_tensors(model, loaded)
+    inputs = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    inputs["entity_labels"] = batch["entity_labels"]
+    out, out_loaded = model(**inputs, output_attended_entities=True), loaded(**inputs, output_attended_entities=True)
+    assert torch.equal(out.logits, out_loaded.logits) and torch.equal(out.loss, out_loaded.loss)
+    assert torch.equal(out.linked_entities.top_entity_ids, out_loaded.linked_entities.top_entity_ids)
+    assert loaded.entity_vocab == model.entity_vocab
 
 
 def test_remote_code_load_without_the_package(tmp_path):
