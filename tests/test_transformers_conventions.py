@@ -5,7 +5,7 @@ import torch
 from transformers import BartConfig, BartForConditionalGeneration
 
 from edmem_hf import EDMemConfig, EDMemForConditionalGeneration, EDMemForEntityLinking, EDMemModel
-from tiny_models import N_ENTITIES, tiny_batch, tiny_config, tiny_model
+from tiny_models import EE, ES, N_ENTITIES, tiny_batch, tiny_config, tiny_model
 
 
 def test_return_dict_false_returns_tuples():
@@ -137,6 +137,12 @@ def test_forward_does_not_depend_on_generate():
         ({"entity_start_token_id": None}, "entity_start_token_id and entity_end_token_id must be set"),
         ({"entity_end_token_id": 10_000}, "entity_end_token_id=10000 is outside the vocabulary"),
         ({"entity_start_token_id": -1}, "entity_start_token_id=-1 is outside the vocabulary"),
+        ({"entity_end_token_id": ES}, f"entity_start_token_id and entity_end_token_id are both {ES}"),
+        ({"pad_token_id": ES}, f"entity_start_token_id and pad_token_id are both {ES}"),
+        ({"pad_token_id": EE}, f"entity_end_token_id and pad_token_id are both {EE}"),
+        ({"eos_token_id": EE}, f"entity_end_token_id and eos_token_id are both {EE}"),
+        ({"bos_token_id": ES}, f"entity_start_token_id and bos_token_id are both {ES}"),
+        ({"decoder_start_token_id": ES}, f"entity_start_token_id and decoder_start_token_id are both {ES}"),
         ({"memory_top_k": 0}, "memory_top_k must be >= 1 or None"),
         ({"memory_chunk_size": 0}, "memory_chunk_size must be >= 1"),
         ({"decoder_attention_heads": 5}, "d_model must be divisible by the number of attention heads"),

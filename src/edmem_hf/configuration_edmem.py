@@ -118,6 +118,15 @@ class EDMemConfig(PreTrainedConfig):
                     raise ValueError(
                         f"{name}={getattr(self, name)} is outside the vocabulary (size {self.vocab_size})"
                     )
+            if self.entity_start_token_id == self.entity_end_token_id:
+                raise ValueError(f"entity_start_token_id and entity_end_token_id are both {self.entity_end_token_id}")
+            # A marker that is also padding or a sequence boundary would open or close mentions where there are none.
+            for other in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
+                for name in ("entity_start_token_id", "entity_end_token_id"):
+                    if getattr(self, other, None) == getattr(self, name):
+                        raise ValueError(
+                            f"{name} and {other} are both {getattr(self, name)}: a marker needs its own id"
+                        )
         if self.memory_top_k is not None and self.memory_top_k < 1:
             raise ValueError(f"memory_top_k must be >= 1 or None, got {self.memory_top_k}")
         if self.memory_chunk_size < 1:
