@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 from transformers import GenerationConfig
@@ -374,3 +380,46 @@ def test_seq2seq_trainer_predict_with_generate_in_dynamic_mode(tokenizer, tmp_pa
             assert tokens in [name_tokens(tokenizer, e) for e in expected[(row, pos)]], (row, pos)
             seen += 1
     assert seen > 0, "no mention was generated"
+
+
+def test_remote_code_runs_static_decoding_without_the_package(tokenizer, tmp_path):
+    """A saved model and tokenizer, loaded with trust_remote_code in a fresh interpreter where `edmem_hf` cannot be
+    imported, generate with entity_decoding="static" exactly what the package's model generates."""
+    model = make_model(tokenizer, seed=1)
+    save_dir = tmp_path / "edmem-static"
+    model.save_pretrained(save_dir)
+    tokenizer.save_pretrained(save_dir)
+    texts = ["Where is <E_s> Paris <E_e>?", "Who was <E_s> Alan Turing <E_e> and <E_s> Rome <E_e>", "Tell me more."]
+    settings = dict(entity_decoding="static", entity_candidates=3, max_new_tokens=16, num_beams=2)
+    expected = model.generate(**tokenizer(texts, return_tensors="pt", padding=True), tokenizer=tokenizer, **settings)
+    start, end = model.config.entity_start_token_id, model.config.entity_end_token_id
+    assert any(spans(seq, start, end) for seq in expected.tolist()), "the model must generate mentions"
+    script = textwrap.dedent(
+        f"""
+        import json, sys
+        try:
+            import edmem_hf  # noqa: F401
+        except ImportError:
+            pass
+        else:
+            sys.exit("edmem_hf must not be importable here")
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+        model = AutoModelForSeq2SeqLM.from_pretrained({str(save_dir)!r}, trust_remote_code=True).eval()
+        tokenizer = AutoTokenizer.from_pretrained({str(save_dir)!r}, trust_remote_code=True)
+        batch = tokenizer({texts!r}, return_tensors="pt", padding=True)
+        out = model.generate(**batch, tokenizer=tokenizer, **{settings!r})
+        print(type(model).__module__)
+        print(json.dumps(out.tolist()))
+        """
+    )
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "edmem_hf.py").write_text("raise ImportError('hidden for this test')\n")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf_home"), "PYTHONPATH": str(hide)}
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    module, sequences = result.stdout.strip().splitlines()[-2:]
+    assert module.startswith("transformers_modules")
+    assert json.loads(sequences) == expected.tolist()
