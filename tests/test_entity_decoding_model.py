@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
@@ -15,6 +11,7 @@ from transformers import GenerationConfig
 from edmem_hf import EDMemConfig, EDMemForConditionalGeneration, EntityVocab
 from edmem_hf.entity_decoding import marked_spans
 from edmem_hf.tokenization import train_tokenizer
+from tiny_models import run_without_the_package
 
 NAMES = [
     "Paris",
@@ -394,15 +391,8 @@ def test_remote_code_runs_static_decoding_without_the_package(tokenizer, tmp_pat
     expected = model.generate(**tokenizer(texts, return_tensors="pt", padding=True), tokenizer=tokenizer, **settings)
     start, end = model.config.entity_start_token_id, model.config.entity_end_token_id
     assert any(spans(seq, start, end) for seq in expected.tolist()), "the model must generate mentions"
-    script = textwrap.dedent(
-        f"""
-        import json, sys
-        try:
-            import edmem_hf  # noqa: F401
-        except ImportError:
-            pass
-        else:
-            sys.exit("edmem_hf must not be importable here")
+    script = f"""
+        import json
         from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
         model = AutoModelForSeq2SeqLM.from_pretrained({str(save_dir)!r}, trust_remote_code=True).eval()
         tokenizer = AutoTokenizer.from_pretrained({str(save_dir)!r}, trust_remote_code=True)
@@ -411,15 +401,7 @@ def test_remote_code_runs_static_decoding_without_the_package(tokenizer, tmp_pat
         print(type(model).__module__)
         print(json.dumps(out.tolist()))
         """
-    )
-    hide = tmp_path / "hide"
-    hide.mkdir()
-    (hide / "edmem_hf.py").write_text("raise ImportError('hidden for this test')\n")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf_home"), "PYTHONPATH": str(hide)}
-    result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = run_without_the_package(script, tmp_path)
     module, sequences = result.stdout.strip().splitlines()[-2:]
     assert module.startswith("transformers_modules")
     assert json.loads(sequences) == expected.tolist()

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
@@ -14,7 +11,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, BartConfi
 
 from edmem_hf import EDMemForConditionalGeneration, EDMemForEntityLinking, EDMemModel, EntityVocab
 from edmem_hf.entity_attention import dense_entity_attention, entity_attention
-from tiny_models import EE, ES, N_ENTITIES, tiny_batch, tiny_config, tiny_model
+from tiny_models import EE, ES, N_ENTITIES, run_without_the_package, tiny_batch, tiny_config, tiny_model
 
 # --- shapes --------------------------------------------------------------------------------------------------------
 
@@ -431,16 +428,9 @@ def test_remote_code_load_without_the_package(tmp_path):
     save_dir = tmp_path / "edmem-tiny"
     model.save_pretrained(save_dir)
     expected = model(**batch).logits[0, :, :5].tolist()
-    script = textwrap.dedent(
-        f"""
+    script = f"""
         import json, sys
         import torch
-        try:
-            import edmem_hf  # noqa: F401
-        except ImportError:
-            pass
-        else:
-            sys.exit("edmem_hf must not be importable here")
         from transformers import AutoModelForSeq2SeqLM
         model = AutoModelForSeq2SeqLM.from_pretrained({str(save_dir)!r}, trust_remote_code=True)
         model.eval()
@@ -448,23 +438,7 @@ def test_remote_code_load_without_the_package(tmp_path):
         print(type(model).__module__, type(model).__name__, len(model.entity_vocab))
         print(json.dumps(model(**batch).logits[0, :, :5].tolist()))
         """
-    )
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf_home"), "PYTHONPATH": ""}
-    # Run from a directory where `src/` is not on the path, with the package hidden from imports.
-    hide = tmp_path / "hide"
-    hide.mkdir()
-    (hide / "edmem_hf.py").write_text("raise ImportError('hidden for this test')\n")
-    env["PYTHONPATH"] = str(hide)
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        input=json.dumps({k: v.tolist() for k, v in batch.items()}),
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = run_without_the_package(script, tmp_path, stdin=json.dumps({k: v.tolist() for k, v in batch.items()}))
     header, logits = result.stdout.strip().splitlines()[-2:]
     assert header.startswith("transformers_modules") and "EDMemForConditionalGeneration" in header
     assert header.endswith(str(N_ENTITIES))

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -117,3 +122,17 @@ def make_word_tokenizer(
         mask_token="<mask>",
         additional_special_tokens=["<E_s>", "<E_e>"] if markers else [],
     )
+
+
+def run_without_the_package(script: str, tmp_path: Path, stdin: str | None = None) -> subprocess.CompletedProcess:
+    """Runs `script` (dedented) in a fresh interpreter where `import edmem_hf` fails (as on a machine with only
+    Transformers), offline, with its own HF_HOME; fails the test if the script fails."""
+    hide = tmp_path / "hide"
+    hide.mkdir(exist_ok=True)
+    (hide / "edmem_hf.py").write_text("raise ImportError('hidden for this test')\n")
+    guard = 'try:\n    import edmem_hf\nexcept ImportError:\n    pass\nelse:\n    raise SystemExit("edmem_hf is importable")\n'
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf_home"), "PYTHONPATH": str(hide)}
+    command = [sys.executable, "-c", guard + textwrap.dedent(script)]
+    result = subprocess.run(command, input=stdin, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
