@@ -11,7 +11,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, BartConfi
 
 from edmem_hf import EDMemForConditionalGeneration, EDMemForEntityLinking, EDMemModel, EntityVocab
 from edmem_hf.entity_attention import dense_entity_attention, entity_attention
-from tiny_models import EE, ES, N_ENTITIES, run_without_the_package, tiny_batch, tiny_config, tiny_model
+from tiny_models import EE, EOS, ES, N_ENTITIES, PAD, run_without_the_package, tiny_batch, tiny_config, tiny_model
 
 # --- shapes --------------------------------------------------------------------------------------------------------
 
@@ -351,6 +351,46 @@ def test_incremental_decoding_matches_full_forward():
         past = out.past_key_values
         steps.append(out.logits)
     assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5)
+
+
+def test_left_padded_decoder_input_reads_as_unpadded():
+    """Decoder positions count the unmasked tokens (the authors' `cumsum(mask) - 1`): a left-padded decoder row
+    gives the logits of the same row alone, and continues it with the same tokens, with and without the cache."""
+    model = tiny_model(seed=4)
+    model.eval()
+    batch = tiny_batch()
+    prefix = [EOS, ES, 20, 21]  # decoder start, then a mention being spelled
+    padded = torch.tensor([prefix, [PAD, PAD, EOS, 23]])
+    mask = (torch.arange(4) >= torch.tensor([[0], [2]])).long()
+    out = model(batch["input_ids"], batch["attention_mask"], decoder_input_ids=padded, decoder_attention_mask=mask)
+    for row, start in ((0, 0), (1, 2)):
+        alone = model(
+            batch["input_ids"][row : row + 1],
+            batch["attention_mask"][row : row + 1],
+            decoder_input_ids=padded[row : row + 1, start:],
+        )
+        torch.testing.assert_close(out.logits[row, start:], alone.logits[0], atol=1e-5, rtol=1e-5)
+        for use_cache in (True, False):
+            settings = dict(max_new_tokens=6, do_sample=False, num_beams=1, use_cache=use_cache)
+            together = model.generate(
+                batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                decoder_input_ids=padded,
+                decoder_attention_mask=mask,
+                **settings,
+            )
+            single = model.generate(
+                batch["input_ids"][row : row + 1],
+                attention_mask=batch["attention_mask"][row : row + 1],
+                decoder_input_ids=padded[row : row + 1, start:],
+                **settings,
+            )
+            continuation = together[row, 4:].tolist()
+            assert continuation[: single.shape[1] - (4 - start)] == single[0, 4 - start :].tolist(), (row, use_cache)
+    with pytest.raises(ValueError, match="decoder_attention_mask covers 3 positions"):
+        model(
+            batch["input_ids"], batch["attention_mask"], decoder_input_ids=padded, decoder_attention_mask=mask[:, 1:]
+        )
 
 
 # --- save / load ---------------------------------------------------------------------------------------------------

@@ -127,8 +127,9 @@ class EDMemGenerationMixin(GenerationMixin):
     ) -> tuple[torch.LongTensor, torch.FloatTensor]:
         """Static entity linking: the entity-linking head's top-k for each example.
 
-        The decoder reads the start token and `<E_s>`, and the head scores the entities at `<E_s>`, as in the
-        paper's static setting. Returns ids and raw scores, each `(batch, top_k)`, best first. With an empty
+        The decoder reads the start token and `<E_s>`, and the head scores the entities at `<E_s>` (ours: the
+        paper's static setting puts the question before `<E_s>`; see docs/model.md, "Differences from the authors'
+        code"). Returns ids and raw scores, each `(batch, top_k)`, best first. With an empty
         `past_key_values`, the decoder fills it (its cross-attention part can then serve generation).
         """
         if self.config.variant != "edmem":

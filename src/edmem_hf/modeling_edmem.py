@@ -498,9 +498,15 @@ class EDMemDecoder(EDMemPreTrainedModel):
             past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
         batch_size, seq_length = inputs_embeds.shape[:2]
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
-        position_ids = torch.arange(seq_length, device=inputs_embeds.device) + past_length
         if attention_mask is None:
             attention_mask = torch.ones(batch_size, past_length + seq_length, device=inputs_embeds.device)
+        if attention_mask.shape[-1] != past_length + seq_length:
+            raise ValueError(
+                f"decoder_attention_mask covers {attention_mask.shape[-1]} positions: it must cover the "
+                f"{past_length} cached and {seq_length} new ones"
+            )
+        # Positions count the unmasked tokens, as the authors' decoder does: a left-padded row reads as if unpadded.
+        position_ids = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)[:, -seq_length:]
         self_attn_cache = (
             past_key_values.self_attention_cache
             if isinstance(past_key_values, EncoderDecoderCache)
@@ -518,7 +524,9 @@ class EDMemDecoder(EDMemPreTrainedModel):
             attention_mask=encoder_attention_mask,
             encoder_hidden_states=encoder_hidden_states,
         )
-        positions = self.embed_positions(input_ids, past_length, position_ids=position_ids).to(inputs_embeds.device)
+        # (BartLearnedPositionalEmbedding takes one row of positions for the whole batch; these are per row.)
+        offset_ids = position_ids + self.embed_positions.offset
+        positions = nn.functional.embedding(offset_ids, self.embed_positions.weight).to(inputs_embeds.device)
         hidden_states = self.layernorm_embedding(inputs_embeds + positions)
         hidden_states = nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
         lower_source = encoder_hidden_states
