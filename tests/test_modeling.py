@@ -246,6 +246,23 @@ def test_entity_loss_averages_the_three_accesses():
     assert torch.allclose(out.entity_loss, expected)
 
 
+def test_entity_loss_reduction_over_all_accesses_divides_by_three():
+    """The authors' reduction: the three accesses' mean NLLs summed and divided by 3, also when one access has no
+    labelled mention (here the decoder side: no decoder entity labels), where ours averages the two that have."""
+    batch = tiny_batch()
+    batch["decoder_entity_labels"] = torch.full_like(batch["decoder_entity_labels"], -100)
+    ours = tiny_model().eval()
+    theirs = tiny_model(entity_loss_reduction="all_accesses").eval()
+    out, out_theirs = ours(**batch), theirs(**batch)
+    encoder_nll = out.encoder_attended_entities.entity_nll.mean()
+    assert out.decoder_attended_entities.entity_nll.numel() == 0 and out.linked_entities.entity_nll.numel() == 0
+    torch.testing.assert_close(out.entity_loss, encoder_nll)
+    torch.testing.assert_close(out_theirs.entity_loss, encoder_nll / 3)
+    torch.testing.assert_close(out_theirs.loss, out_theirs.lm_loss + encoder_nll / 3)
+    full = tiny_batch()  # every access labelled: both reductions agree
+    torch.testing.assert_close(ours(**full).entity_loss, theirs(**full).entity_loss)
+
+
 def test_toy_batch_is_overfit():
     model = tiny_model(seed=3)
     model.train()

@@ -11,6 +11,7 @@ ENTITY_END_TOKEN = "<E_e>"
 
 EDMEM_VARIANTS = ("edmem", "encdec", "encmem")
 LOWER_DECODER_SOURCES = ("upper", "lower")
+ENTITY_LOSS_REDUCTIONS = ("labelled_accesses", "all_accesses")
 
 
 @strict
@@ -31,6 +32,10 @@ class EDMemConfig(PreTrainedConfig):
         memory_chunk_size (`int`): entities scored at a time when the whole table is read, which bounds the
             memory of the read and of the entity-linking loss to `mentions x memory_chunk_size` scores.
         entity_loss_weight (`float`): lambda in `loss = lm_loss + lambda * entity_loss`.
+        entity_loss_reduction (`str`): how the accesses' mean entity NLLs (encoder memory, decoder memory,
+            entity-linking head) make `entity_loss`: `"labelled_accesses"` averages those that have labelled
+            mentions; `"all_accesses"` divides their sum by the number of accesses, one without a mention counting
+            0 (the authors' code: a batch with fewer labelled accesses gets a smaller effective lambda).
         entity_start_token_id / entity_end_token_id (`int`): ids of `<E_s>` and `<E_e>`.
         variant (`str`): `"edmem"` (full model), `"encdec"` (no memory, same LM objective) or `"encmem"`
             (encoder + memory, the EaE-style auto-encoder of the paper's ablations).
@@ -73,6 +78,7 @@ class EDMemConfig(PreTrainedConfig):
     memory_top_k: int | None = 100
     memory_chunk_size: int = 65536
     entity_loss_weight: float = 1.0
+    entity_loss_reduction: str = "labelled_accesses"
     entity_start_token_id: int | None = 50265
     entity_end_token_id: int | None = 50266
     variant: str = "edmem"
@@ -127,6 +133,10 @@ class EDMemConfig(PreTrainedConfig):
                         raise ValueError(
                             f"{name} and {other} are both {getattr(self, name)}: a marker needs its own id"
                         )
+        if self.entity_loss_reduction not in ENTITY_LOSS_REDUCTIONS:
+            raise ValueError(
+                f"entity_loss_reduction must be one of {ENTITY_LOSS_REDUCTIONS}, got {self.entity_loss_reduction!r}"
+            )
         if self.memory_top_k is not None and self.memory_top_k < 1:
             raise ValueError(f"memory_top_k must be >= 1 or None, got {self.memory_top_k}")
         if self.memory_chunk_size < 1:

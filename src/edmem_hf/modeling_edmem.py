@@ -227,7 +227,8 @@ class EDMemSeq2SeqLMOutput(Seq2SeqLMOutput):
         lm_loss (`torch.FloatTensor` of shape `()`): token negative log-likelihood of `labels`; `loss` is
             `lm_loss + config.entity_loss_weight * entity_loss`.
         entity_loss (`torch.FloatTensor` of shape `()`): mean entity negative log-likelihood, averaged over the
-            memory accesses and the entity-linking head that have labelled mentions; 0 when no mention is labelled.
+            memory accesses and the entity-linking head that have labelled mentions (0 when no mention is
+            labelled), or as `config.entity_loss_reduction` says.
         encoder_attended_entities / decoder_attended_entities (`EntityMemoryAccess`): the entities each `<E_s>`
             attended to in the memory, with their scores (with `output_attended_entities=True`).
         linked_entities (`EntityMemoryAccess`): the entity-linking head's predictions at each decoder `<E_s>` (with
@@ -750,9 +751,10 @@ class EDMemModel(_EntityVocabMixin, EDMemPreTrainedModel):
 
 
 def _mean_entity_loss(
-    accesses: list[EntityMemoryAccess | None], params: list[torch.Tensor], table: torch.Tensor
+    accesses: list[EntityMemoryAccess | None], params: list[torch.Tensor], table: torch.Tensor, reduction: str
 ) -> torch.Tensor:
-    """Mean NLL per access, averaged over the accesses that have labelled mentions (0 when none has).
+    """Mean NLL per access, averaged over the accesses that have labelled mentions (0 when none has), or with
+    `reduction="all_accesses"` summed and divided by the number of accesses (see `EDMemConfig`).
 
     The `0 * sum(params)` term keeps every memory parameter in the graph, so that distributed training does not
     stall on a batch where an access has no mention. The table joins it only when nothing is labelled: otherwise
@@ -764,6 +766,8 @@ def _mean_entity_loss(
     anchor = sum(p.sum() for p in params) * 0.0
     if not per_access:
         return (anchor + table.sum() * 0.0).float()
+    if reduction == "all_accesses":
+        return torch.stack(per_access).sum() / len(accesses) + anchor
     return torch.stack(per_access).mean() + anchor
 
 
@@ -889,6 +893,7 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EntityVocabMixin, EDM
                     [outputs.encoder_attended_entities, outputs.decoder_attended_entities, linked],
                     [p for module in memory_modules for p in module.parameters()],
                     self.model.entity_embeddings.weight,
+                    config.entity_loss_reduction,
                 )
                 loss = lm_loss + config.entity_loss_weight * entity_loss
         return EDMemSeq2SeqLMOutput(
@@ -990,6 +995,7 @@ class EDMemForEntityLinking(_EntityVocabMixin, EDMemPreTrainedModel):
                 [encoder_outputs.memory_access, linked],
                 [p for m in (self.model.encoder.memory, self.entity_linking_head) for p in m.parameters()],
                 self.model.entity_embeddings.weight,
+                self.config.entity_loss_reduction,
             )
             loss = self.config.entity_loss_weight * entity_loss
             if labels is not None:
