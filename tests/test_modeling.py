@@ -99,6 +99,14 @@ def test_lower_decoder_can_attend_to_lower_encoder_output():
     final = upper_encoded.last_hidden_state
     lower_output = lower_encoded.lower_hidden_state
     assert not torch.allclose(final, lower_output)
+    # "lower" is the last lower encoder layer's output, before the memory is merged (the authors' lower_encoder)
+    outputs = {}
+    top_lower_layer = lower.model.encoder.layers[lower.config.encoder_lower_layers - 1]
+    hook = top_lower_layer.register_forward_hook(lambda module, args, output: outputs.setdefault("h", output))
+    with torch.no_grad():
+        lower.model.encoder(batch["input_ids"], batch["attention_mask"])
+    hook.remove()
+    assert torch.equal(lower_output, outputs["h"])
     # the lower decoder layers read the lower encoder's output only when switched to; the upper ones always read the top
     for idx in range(3):
         assert torch.equal(upper_sources[idx], final)

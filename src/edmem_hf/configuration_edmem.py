@@ -40,8 +40,9 @@ class EDMemConfig(PreTrainedConfig):
         variant (`str`): `"edmem"` (full model), `"encdec"` (no memory, same LM objective) or `"encmem"`
             (encoder + memory, the EaE-style auto-encoder of the paper's ablations).
         lower_decoder_attends_to (`str`): which encoder output the lower decoder layers cross-attend to:
-            `"upper"` (the final encoder output, as in the authors' runs) or `"lower"` (the hidden states that
-            enter the upper encoder layers). The upper decoder layers always attend to the final output.
+            `"upper"` (the final encoder output, as in the authors' runs) or `"lower"` (the lower encoder layers'
+            output before the memory is merged: the authors' `lower_encoder` option). The upper decoder layers
+            always attend to the final output.
     """
 
     model_type = "edmem"

@@ -190,12 +190,12 @@ def _empty_access(positions: torch.Tensor, like: torch.Tensor, need_nll: bool) -
 
 @dataclass
 class EDMemEncoderOutput(BaseModelOutput):
-    """`BaseModelOutput` plus the hidden states entering the upper layers and the encoder's memory access.
+    """`BaseModelOutput` plus the lower layers' output and the encoder's memory access.
 
     Args:
         lower_hidden_state (`torch.FloatTensor` of shape `(batch_size, sequence_length, hidden_size)`):
-            `LayerNorm(h_lower + m)`, what the upper encoder layers receive (kept only when the lower decoder
-            layers attend to it).
+            `h_lower`, the lower encoder layers' output before the memory is merged into it (kept only when the
+            lower decoder layers attend to it, as the authors' `lower_encoder` option does).
         memory_access (`EntityMemoryAccess`): the memory read at each `<E_s>` of the input (when asked for with
             `output_attended_entities`, or when `entity_labels` make it part of the loss).
     """
@@ -415,18 +415,18 @@ class EDMemEncoder(EDMemPreTrainedModel):
         access = lower_hidden_state = None
         for idx, layer in enumerate(self.layers):
             if idx == self.config.encoder_lower_layers and has_memory:
+                lower_hidden_state = hidden_states  # before the memory is merged, as in the authors' code
                 hidden_states, access = self._read_memory(
                     hidden_states, input_ids, entity_labels, output_attended_entities
                 )
-                lower_hidden_state = hidden_states
             if self.training and self.layerdrop > 0.0 and torch.rand([]) < self.layerdrop:
                 continue
             hidden_states = layer(hidden_states, attention_mask, **kwargs)
         if has_memory and self.config.encoder_upper_layers == 0:
+            lower_hidden_state = hidden_states
             hidden_states, access = self._read_memory(
                 hidden_states, input_ids, entity_labels, output_attended_entities
             )
-            lower_hidden_state = hidden_states
         return EDMemEncoderOutput(
             last_hidden_state=hidden_states,
             lower_hidden_state=lower_hidden_state if self.config.lower_decoder_attends_to == "lower" else None,
@@ -482,8 +482,8 @@ class EDMemDecoder(EDMemPreTrainedModel):
         r"""
         input_ids: `(batch, tgt_len)` decoder inputs (only the new tokens when a cache is given).
         encoder_hidden_states: `(batch, src_len, d_model)` final encoder output.
-        encoder_lower_hidden_states: `(batch, src_len, d_model)` input of the upper encoder layers, attended to by
-            the lower decoder layers when `config.lower_decoder_attends_to == "lower"`.
+        encoder_lower_hidden_states: `(batch, src_len, d_model)` the lower encoder layers' output (before the memory
+            merge), attended to by the lower decoder layers when `config.lower_decoder_attends_to == "lower"`.
         entity_labels: `(batch, tgt_len)` aligned with `input_ids`: the entity id at each `<E_s>`, -100 elsewhere.
         output_attended_entities: report the memory's top entities for each `<E_s>`.
         """
