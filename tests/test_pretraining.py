@@ -332,3 +332,20 @@ def test_epochs_when_no_max_steps_and_resume_at_an_epoch_end(corpus, tmp_path):
     assert [r["step"] for r in _log(stopped) if r["type"] == "start"] == [0, 4]
     a, b = _weights(out), _weights(stopped)
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_deepspeed_configs_clip_and_accumulate_like_the_defaults():
+    """DeepSpeed clips inside its engine: the shipped YAMLs must carry `edmem pretrain`'s defaults (the authors'
+    clipping of 0.1), or the documented command would train with another clipping than it says."""
+    import dataclasses
+
+    import yaml
+
+    defaults = {f.name: f.default for f in dataclasses.fields(PretrainingArguments)}
+    assert defaults["max_grad_norm"] == 0.1
+    examples = os.path.join(os.path.dirname(__file__), "..", "examples", "accelerate_configs")
+    for name in ("deepspeed_zero2.yaml", "deepspeed_zero3.yaml"):
+        with open(os.path.join(examples, name), encoding="utf-8") as f:
+            deepspeed = yaml.safe_load(f)["deepspeed_config"]
+        assert deepspeed["gradient_clipping"] == defaults["max_grad_norm"], name
+        assert deepspeed["gradient_accumulation_steps"] == defaults["gradient_accumulation_steps"], name

@@ -81,7 +81,9 @@ class PretrainingArguments:
             "help": "Fused AdamW kernel (2-3x faster update of the entity table on CPU); falls back if unsupported."
         },
     )
-    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping; <= 0 disables it."})
+    max_grad_norm: float = field(
+        default=0.1, metadata={"help": "Gradient clipping (the authors' runs: 0.1); <= 0 disables it."}
+    )
     warmup_ratio: float = field(default=0.1, metadata={"help": "Share of max_steps spent warming up."})
     max_steps: int = field(default=-1, metadata={"help": "Optimizer steps; <= 0: num_train_epochs epochs."})
     num_train_epochs: float = 1.0
