@@ -271,6 +271,44 @@ def test_entity_loss_reduction_over_all_accesses_divides_by_three():
     torch.testing.assert_close(ours(**full).entity_loss, theirs(**full).entity_loss)
 
 
+def test_authors_dropout_sites():
+    """`memory_dropout` after each memory projection (encoder and decoder memory: W_in and W_out; entity-linking
+    head: W_in) and `upper_input_dropout` on each upper stack's input; off at 0 and in eval mode."""
+    batch = tiny_batch()
+    model = tiny_model(memory_dropout=0.3, upper_input_dropout=0.4)
+    calls = {}
+
+    def count(name):
+        def hook(module, args, output):
+            calls.setdefault(name, []).append((module.p, (output == 0).float().mean().item()))
+
+        return hook
+
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.register_forward_hook(count(name))
+    model.train()
+    first, second = model(**batch).loss, model(**batch).loss
+    assert not torch.equal(first, second)  # dropout is random in training
+    sites = {name: [p for p, _ in ps] for name, ps in calls.items()}
+    assert sites == {
+        "model.encoder.memory.projection_dropout": [0.3, 0.3] * 2,  # W_in and W_out, two forwards
+        "model.encoder.memory.upper_input_dropout": [0.4] * 2,
+        "model.decoder.memory.projection_dropout": [0.3, 0.3] * 2,
+        "model.decoder.memory.upper_input_dropout": [0.4] * 2,
+        "entity_linking_head.projection_dropout": [0.3] * 2,
+    }
+    upper_input_zeros = [zeros for _, zeros in calls["model.encoder.memory.upper_input_dropout"]]
+    assert all(0.3 < zeros < 0.5 for zeros in upper_input_zeros)  # about 40% of the entries dropped
+    model.eval()
+    assert torch.equal(model(**batch).loss, model(**batch).loss)
+    plain = tiny_model()
+    plain.load_state_dict(model.state_dict())
+    torch.testing.assert_close(model(**batch).logits, plain.eval()(**batch).logits, atol=0, rtol=0)
+    plain.train()  # at 0, training is deterministic (tiny_config has dropout 0 elsewhere)
+    assert torch.equal(plain(**batch).loss, plain(**batch).loss)
+
+
 def test_toy_batch_is_overfit():
     model = tiny_model(seed=3)
     model.train()

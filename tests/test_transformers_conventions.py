@@ -144,6 +144,8 @@ def test_forward_does_not_depend_on_generate():
         ({"bos_token_id": ES}, f"entity_start_token_id and bos_token_id are both {ES}"),
         ({"decoder_start_token_id": ES}, f"entity_start_token_id and decoder_start_token_id are both {ES}"),
         ({"entity_loss_reduction": "sum"}, "entity_loss_reduction must be one of"),
+        ({"memory_dropout": 1.0}, "memory_dropout must be in"),
+        ({"upper_input_dropout": -0.1}, "upper_input_dropout must be in"),
         ({"memory_top_k": 0}, "memory_top_k must be >= 1 or None"),
         ({"memory_chunk_size": 0}, "memory_chunk_size must be >= 1"),
         ({"decoder_attention_heads": 5}, "d_model must be divisible by the number of attention heads"),

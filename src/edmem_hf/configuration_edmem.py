@@ -31,6 +31,10 @@ class EDMemConfig(PreTrainedConfig):
         memory_top_k (`int` or `None`): entities read at inference; `None` reads the whole table.
         memory_chunk_size (`int`): entities scored at a time when the whole table is read, which bounds the
             memory of the read and of the entity-linking loss to `mentions x memory_chunk_size` scores.
+        memory_dropout (`float`): dropout after the memory's query and output projections and the entity-linking
+            head's query projection (the authors' code uses `dropout` there; 0 leaves them out).
+        upper_input_dropout (`float`): dropout on `LayerNorm(h + m)`, the input of the upper encoder and decoder
+            layers (the authors' code uses `dropout` there; 0 leaves it out).
         entity_loss_weight (`float`): lambda in `loss = lm_loss + lambda * entity_loss`.
         entity_loss_reduction (`str`): how the accesses' mean entity NLLs (encoder memory, decoder memory,
             entity-linking head) make `entity_loss`: `"labelled_accesses"` averages those that have labelled
@@ -78,6 +82,8 @@ class EDMemConfig(PreTrainedConfig):
     entity_embed_dim: int = 256
     memory_top_k: int | None = 100
     memory_chunk_size: int = 65536
+    memory_dropout: float | int = 0.0
+    upper_input_dropout: float | int = 0.0
     entity_loss_weight: float = 1.0
     entity_loss_reduction: str = "labelled_accesses"
     entity_start_token_id: int | None = 50265
@@ -134,6 +140,9 @@ class EDMemConfig(PreTrainedConfig):
                         raise ValueError(
                             f"{name} and {other} are both {getattr(self, name)}: a marker needs its own id"
                         )
+        for name in ("memory_dropout", "upper_input_dropout"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.entity_loss_reduction not in ENTITY_LOSS_REDUCTIONS:
             raise ValueError(
                 f"entity_loss_reduction must be one of {ENTITY_LOSS_REDUCTIONS}, got {self.entity_loss_reduction!r}"

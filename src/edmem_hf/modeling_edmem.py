@@ -71,7 +71,8 @@ class EntityMemory(nn.Module):
 
     For each `<E_s>` the query `W_in h` attends to the entity table (all N entities in training, the top
     `memory_top_k` at inference); `m = W_out(sum_i alpha_i e_i)` at `<E_s>` and 0 elsewhere; the upper layers
-    receive `LayerNorm(h + m)` at every position, as in the authors' released code.
+    receive `LayerNorm(h + m)` at every position, as in the authors' released code. Dropout where theirs has it:
+    `config.memory_dropout` after `W_in` and `W_out`, `config.upper_input_dropout` on what the upper layers receive.
     """
 
     def __init__(self, config: EDMemConfig):
@@ -79,6 +80,8 @@ class EntityMemory(nn.Module):
         self.query_proj = nn.Linear(config.d_model, config.entity_embed_dim)
         self.output_proj = nn.Linear(config.entity_embed_dim, config.d_model)
         self.layer_norm = nn.LayerNorm(config.d_model)
+        self.projection_dropout = nn.Dropout(config.memory_dropout)
+        self.upper_input_dropout = nn.Dropout(config.upper_input_dropout)
         self.top_k = config.memory_top_k
         self.chunk_size = config.memory_chunk_size
 
@@ -106,8 +109,9 @@ class EntityMemory(nn.Module):
         positions = mention_mask.nonzero()
         need_nll = entity_labels is not None
         if positions.shape[0] == 0:
-            return self.layer_norm(hidden_states), _empty_access(positions, hidden_states, need_nll)
-        queries = self.query_proj(hidden_states[mention_mask])
+            upper_input = self.upper_input_dropout(self.layer_norm(hidden_states))
+            return upper_input, _empty_access(positions, hidden_states, need_nll)
+        queries = self.projection_dropout(self.query_proj(hidden_states[mention_mask]))
         result = entity_attention(
             queries,
             entity_table,
@@ -119,8 +123,9 @@ class EntityMemory(nn.Module):
             return_top_k=return_top_k,
         )
         update = torch.zeros_like(hidden_states)
-        update[mention_mask] = self.output_proj(result.read.to(hidden_states.dtype)).to(update.dtype)  # autocast
-        hidden_states = self.layer_norm(hidden_states + update)
+        read = self.projection_dropout(self.output_proj(result.read.to(hidden_states.dtype)))
+        update[mention_mask] = read.to(update.dtype)  # autocast
+        hidden_states = self.upper_input_dropout(self.layer_norm(hidden_states + update))
         access = EntityMemoryAccess(
             positions=positions,
             top_entity_ids=result.top_ids,
@@ -131,11 +136,13 @@ class EntityMemory(nn.Module):
 
 
 class EntityLinkingHead(nn.Module):
-    """Scores the entities for the hidden state of each `<E_s>`: `W_in h` against the entity table (eq. 2)."""
+    """Scores the entities for the hidden state of each `<E_s>`: `W_in h` against the entity table (eq. 2), with
+    `config.memory_dropout` after `W_in` as in the authors' code."""
 
     def __init__(self, config: EDMemConfig):
         super().__init__()
         self.query_proj = nn.Linear(config.d_model, config.entity_embed_dim)
+        self.projection_dropout = nn.Dropout(config.memory_dropout)
         self.chunk_size = config.memory_chunk_size
 
     def forward(
@@ -156,7 +163,7 @@ class EntityLinkingHead(nn.Module):
             return_top_k: report the best entities of each mention.
         """
         positions = mention_mask.nonzero()
-        queries = self.query_proj(hidden_states[mention_mask])
+        queries = self.projection_dropout(self.query_proj(hidden_states[mention_mask]))
         need_nll = entity_labels is not None
         if queries.shape[0] == 0 or not (need_nll or return_top_k):
             return _empty_access(positions, hidden_states, need_nll)
