@@ -63,6 +63,26 @@ def test_encmem_entity_linking_shapes():
         EDMemForConditionalGeneration(tiny_config(variant="encmem"))
 
 
+def test_encmem_masked_lm_head_is_bert_style_and_tied():
+    """The authors' EncMem head: dense, activation, LayerNorm, then the tied token embeddings plus a bias, which
+    resizes with the vocabulary."""
+    torch.manual_seed(0)
+    model = EDMemForEntityLinking(tiny_config(variant="encmem")).eval()
+    with torch.no_grad():
+        model.lm_head.decoder.bias.normal_()
+    batch = tiny_batch()
+    out = model(batch["input_ids"], batch["attention_mask"])
+    hidden = model.model.encoder(batch["input_ids"], batch["attention_mask"]).last_hidden_state
+    head = model.lm_head
+    transformed = head.layer_norm(torch.nn.functional.gelu(head.dense(hidden)))
+    expected = transformed @ model.model.shared.weight.t() + head.decoder.bias
+    torch.testing.assert_close(out.logits, expected)
+    assert head.decoder.weight is model.model.shared.weight
+    model.resize_token_embeddings(model.config.vocab_size + 6, mean_resizing=False)
+    assert head.decoder.weight is model.model.shared.weight and head.decoder.bias.shape == (model.config.vocab_size,)
+    assert model(batch["input_ids"], batch["attention_mask"]).logits.shape[-1] == model.config.vocab_size
+
+
 def _cross_attention_sources(model, batch):
     """The `key_value_states` each decoder layer's cross-attention receives, captured by forward hooks."""
     sources = {}

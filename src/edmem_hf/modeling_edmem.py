@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from transformers import initialization as init
+from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.generation import GenerationConfig
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
@@ -182,6 +183,25 @@ class EntityLinkingHead(nn.Module):
             top_entity_scores=result.top_scores,
             entity_nll=result.nll,
         )
+
+
+class MaskedLMHead(nn.Module):
+    """EncMem's masked-LM head, BERT-style as in the authors' EncMem: `dense -> dropout -> activation -> LayerNorm`,
+    then the tied token embeddings with a bias of its own (`decoder.bias`, resized with the vocabulary)."""
+
+    def __init__(self, config: EDMemConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.d_model, config.d_model)
+        self.activation = ACT2FN[config.activation_function]
+        self.layer_norm = nn.LayerNorm(config.d_model)
+        self.dropout = config.dropout
+        self.decoder = nn.Linear(config.d_model, config.vocab_size)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """`(batch, seq, d_model)` -> `(batch, seq, vocab_size)` logits."""
+        hidden_states = nn.functional.dropout(self.dense(hidden_states), p=self.dropout, training=self.training)
+        hidden_states = self.layer_norm(self.activation(hidden_states))
+        return self.decoder(hidden_states)
 
 
 def _empty_access(positions: torch.Tensor, like: torch.Tensor, need_nll: bool) -> EntityMemoryAccess:
@@ -943,9 +963,9 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EntityVocabMixin, EDM
 
 class EDMemForEntityLinking(_EntityVocabMixin, EDMemPreTrainedModel):
     """The encoder-only EncMem variant (EaE-style auto-encoder): encoder + memory, an entity-linking head on the
-    final encoder states and a masked-LM head. Predicts the entity of every `<E_s>` in the input."""
+    final encoder states and a BERT-style masked-LM head. Predicts the entity of every `<E_s>` in the input."""
 
-    _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
+    _tied_weights_keys = {"lm_head.decoder.weight": "model.shared.weight"}
 
     def __init__(self, config: EDMemConfig):
         super().__init__(config)
@@ -954,9 +974,15 @@ class EDMemForEntityLinking(_EntityVocabMixin, EDMemPreTrainedModel):
                 f"EDMemForEntityLinking is the 'encmem' variant; got a config with variant={config.variant!r}"
             )
         self.model = EDMemModel(config)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.lm_head = MaskedLMHead(config)
         self.entity_linking_head = EntityLinkingHead(config)
         self.post_init()
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head.decoder
+
+    def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
+        self.lm_head.decoder = new_embeddings
 
     @can_return_tuple
     def forward(
@@ -1028,6 +1054,7 @@ __all__ = [
     "EDMemModel",
     "EDMemPreTrainedModel",
     "EntityLinkingHead",
+    "MaskedLMHead",
     "EntityMemory",
     "EntityMemoryAccess",
 ]
