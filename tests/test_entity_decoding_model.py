@@ -405,3 +405,52 @@ def test_remote_code_runs_static_decoding_without_the_package(tokenizer, tmp_pat
     module, sequences = result.stdout.strip().splitlines()[-2:]
     assert module.startswith("transformers_modules")
     assert json.loads(sequences) == expected.tolist()
+
+
+def test_static_linking_with_the_question_in_the_decoder(tokenizer):
+    """The paper's static setting: the decoder reads `question[:-1] + [<E_s>, EOS]` and the head is read at that
+    `<E_s>`; batched rows (right-padded decoder inputs) link as each row alone."""
+    model = make_model(tokenizer, seed=2)
+    batch = questions(tokenizer)
+    start, eos = model.config.entity_start_token_id, model.config.eos_token_id
+    ids, scores = model.link_entities(batch.input_ids, batch.attention_mask, top_k=3, decoder_input="question")
+    for row in range(batch.input_ids.shape[0]):
+        question = batch.input_ids[row][batch.attention_mask[row].bool()][None]
+        decoder_input_ids = torch.cat([question[:, :-1], torch.tensor([[start, eos]])], dim=1)
+        with torch.no_grad():
+            out = model(input_ids=question, decoder_input_ids=decoder_input_ids, entity_linking_top_k=3)
+        placeholder = out.linked_entities.positions.tolist().index([0, decoder_input_ids.shape[1] - 2])
+        assert ids[row].tolist() == out.linked_entities.top_entity_ids[placeholder].tolist()
+        torch.testing.assert_close(scores[row], out.linked_entities.top_entity_scores[placeholder])
+    _, our_scores = model.link_entities(batch.input_ids, batch.attention_mask, top_k=3)
+    assert not torch.allclose(our_scores, scores)  # the two readings differ (the start token sees no question)
+    with pytest.raises(ValueError, match="decoder_input must be one of"):
+        model.link_entities(batch.input_ids, batch.attention_mask, decoder_input="answer")
+
+
+def test_static_decoding_with_a_separate_entity_linker(tokenizer):
+    """`entity_linker=`: the candidates come from another model's head (the authors' separately fine-tuned
+    linker), read with the question in its decoder; mentions spell those candidates."""
+    model, linker = make_model(tokenizer, seed=0), make_model(tokenizer, seed=5)
+    batch = questions(tokenizer)
+    k = 2
+    linked, _ = linker.link_entities(batch.input_ids, batch.attention_mask, top_k=k, decoder_input="question")
+    assert not torch.equal(linked, model.link_entities(batch.input_ids, batch.attention_mask, top_k=k)[0])
+    settings = dict(entity_decoding="static", entity_candidates=k, tokenizer=tokenizer, max_new_tokens=16)
+    out = model.generate(
+        **batch, **settings, entity_linker=linker, static_linking_input="question", return_dict_in_generate=True
+    )
+    closed = 0
+    for row, mentions in enumerate(out.entity_mentions):
+        for mention in mentions:
+            assert [c[0] for c in mention.candidates] == linked[row].tolist()
+            if mention.entity_id >= 0:
+                assert mention.entity_id in linked[row].tolist()
+                closed += 1
+    assert closed > 0, "the model must generate mentions"
+    with pytest.raises(ValueError, match="apply to entity_decoding='static' only"):
+        model.generate(**batch, entity_decoding="dynamic", tokenizer=tokenizer, entity_linker=linker)
+    other = make_model(tokenizer, seed=5)
+    other.config.entity_vocab_size = len(NAMES) - 1  # a linker over another entity table
+    with pytest.raises(ValueError, match="must share one entity table"):
+        model.generate(**batch, **settings, entity_linker=other)

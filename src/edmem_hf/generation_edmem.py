@@ -17,6 +17,8 @@ from .entity_decoding import EntityConstrainedLogitsProcessor, EntityMention, ma
 from .entity_trie import EntityTrie
 
 ENTITY_DECODING_MODES = ("free", "static", "dynamic")
+# What the decoder reads before the `<E_s>` placeholder of static linking (see `link_entities`).
+STATIC_LINKING_INPUTS = ("start", "question")
 # Batch fields that supervise training and mean nothing to generate() (Seq2SeqTrainer passes them through).
 TRAINING_ONLY_FIELDS = ("labels", "entity_labels", "decoder_entity_labels")
 
@@ -124,61 +126,110 @@ class EDMemGenerationMixin(GenerationMixin):
         top_k: int = 5,
         encoder_outputs=None,
         past_key_values: EncoderDecoderCache | None = None,
+        decoder_input: str = "start",
     ) -> tuple[torch.LongTensor, torch.FloatTensor]:
-        """Static entity linking: the entity-linking head's top-k for each example.
+        """Static entity linking: the entity-linking head's top-k for each example, read at an `<E_s>` placeholder.
 
-        The decoder reads the start token and `<E_s>`, and the head scores the entities at `<E_s>` (ours: the
-        paper's static setting puts the question before `<E_s>`; see docs/model.md, "Differences from the authors'
-        code"). Returns ids and raw scores, each `(batch, top_k)`, best first. With an empty
-        `past_key_values`, the decoder fills it (its cross-attention part can then serve generation).
+        `decoder_input="start"` (ours): the decoder reads the start token and `<E_s>`. `decoder_input="question"`
+        (the paper's static setting, Section 3.3, as the authors' code builds it): the decoder reads the question
+        (`input_ids` without its final token, its mention markers kept), then `<E_s>` and EOS, and the head is read
+        at that `<E_s>`. Returns ids and raw scores, each `(batch, top_k)`, best first. With an empty
+        `past_key_values` (`"start"` only), the decoder fills it (its cross-attention part can then serve
+        generation).
         """
         if self.config.variant != "edmem":
             raise ValueError(f"entity linking needs the full EDMem (variant 'edmem'), not {self.config.variant!r}")
+        if decoder_input not in STATIC_LINKING_INPUTS:
+            raise ValueError(f"decoder_input must be one of {STATIC_LINKING_INPUTS}, got {decoder_input!r}")
         if encoder_outputs is None:
             encoder_outputs = self.get_encoder()(input_ids=input_ids, attention_mask=attention_mask, return_dict=True)
         batch = encoder_outputs.last_hidden_state.shape[0]
         device = encoder_outputs.last_hidden_state.device
-        decoder_input_ids = torch.tensor(
-            [[self.config.decoder_start_token_id, self.config.entity_start_token_id]], device=device
-        ).expand(batch, 2)
+        start_id = self.config.entity_start_token_id
+        decoder_attention_mask = None
+        if decoder_input == "start":
+            decoder_input_ids = torch.tensor([[self.config.decoder_start_token_id, start_id]], device=device)
+            decoder_input_ids = decoder_input_ids.expand(batch, 2)
+            placeholder = torch.zeros_like(decoder_input_ids, dtype=torch.bool)
+            placeholder[:, 1] = True
+        else:
+            if input_ids is None or past_key_values is not None:
+                raise ValueError('decoder_input="question" needs input_ids and no past_key_values')
+            decoder_input_ids, decoder_attention_mask, placeholder = self._question_then_placeholder(
+                input_ids, attention_mask
+            )
         outputs = self.model(
             attention_mask=attention_mask,
             decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
             encoder_outputs=encoder_outputs,
             past_key_values=past_key_values,
             use_cache=past_key_values is not None,
             return_dict=True,
         )
-        linked = self._link_mentions(
-            outputs.last_hidden_state, decoder_input_ids, top_k=min(top_k, self.config.entity_vocab_size)
+        hidden = outputs.last_hidden_state
+        linked = self.entity_linking_head(
+            hidden,
+            placeholder,
+            self.model.entity_embeddings.weight,
+            entity_mask=self._get_entity_mask(hidden.device),
+            return_top_k=min(top_k, self.config.entity_vocab_size),
         )
         return linked.top_entity_ids, linked.top_entity_scores
 
-    def _static_candidates(self, input_ids, top_k: int, rows_per_example: int, kwargs: dict, config):
-        """Runs the static linking pass before generation; returns the candidates `(batch, top_k)` and scores.
+    def _question_then_placeholder(self, input_ids, attention_mask):
+        """Decoder inputs `question[:-1] + [<E_s>, EOS]` per row, right-padded; their mask; True at each `<E_s>`
+        placeholder `(batch, length)`."""
+        mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+        rows = [ids[keep].tolist()[:-1] for ids, keep in zip(input_ids, mask)]
+        rows = [row + [self.config.entity_start_token_id, self.config.eos_token_id] for row in rows]
+        length = max(map(len, rows))
+        pad = self.config.pad_token_id
+        decoder_input_ids = torch.tensor([row + [pad] * (length - len(row)) for row in rows], device=input_ids.device)
+        lengths = torch.tensor([len(row) for row in rows], device=input_ids.device)
+        positions = torch.arange(length, device=input_ids.device)
+        decoder_attention_mask = (positions[None, :] < lengths[:, None]).long()
+        placeholder = positions[None, :] == (lengths - 2)[:, None]
+        return decoder_input_ids, decoder_attention_mask, placeholder
 
-        The pass computes the cross-attention keys and values of the encoder output: generation reuses them
-        (expanded to its rows, through `kwargs["past_key_values"]`) instead of computing them again at its first
-        step.
+    def _static_candidates(
+        self, input_ids, top_k: int, rows_per_example: int, kwargs: dict, config, linker=None, linking_input="start"
+    ):
+        """Runs the static linking pass before generation (with this model, or with `linker`, a separately
+        fine-tuned entity-linking EDMem); returns the candidates `(batch, top_k)` and scores.
+
+        With this model and `linking_input="start"`, the pass computes the cross-attention keys and values of the
+        encoder output: generation reuses them (expanded to its rows, through `kwargs["past_key_values"]`)
+        instead of computing them again at its first step.
         """
+        if input_ids is None:
+            raise ValueError("static entity decoding needs input_ids")
+        attention_mask = kwargs.get("attention_mask")
+        if linker is not None:
+            if linker.config.entity_vocab_size != self.config.entity_vocab_size:
+                raise ValueError(
+                    f"entity_linker has {linker.config.entity_vocab_size} entities, this model "
+                    f"{self.config.entity_vocab_size}: they must share one entity table's ids"
+                )
+            return linker.link_entities(input_ids, attention_mask, top_k, decoder_input=linking_input)
         if kwargs.get("encoder_outputs") is None:
-            if input_ids is None:
-                raise ValueError("static entity decoding needs input_ids (or encoder_outputs)")
             kwargs["encoder_outputs"] = self.get_encoder()(
-                input_ids=input_ids, attention_mask=kwargs.get("attention_mask"), return_dict=True
+                input_ids=input_ids, attention_mask=attention_mask, return_dict=True
             )
         reuse = (
-            kwargs.get("past_key_values") is None
+            linking_input == "start"
+            and kwargs.get("past_key_values") is None
             and kwargs.get("use_cache", getattr(config, "use_cache", True)) is not False
             and getattr(config, "cache_implementation", None) is None
         )
         link_cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
         ids, scores = self.link_entities(
             input_ids,
-            kwargs.get("attention_mask"),
+            attention_mask,
             top_k,
             encoder_outputs=kwargs["encoder_outputs"],
             past_key_values=link_cache if reuse else None,
+            decoder_input=linking_input,
         )
         if reuse:
             cross = link_cache.cross_attention_cache
@@ -197,6 +248,8 @@ class EDMemGenerationMixin(GenerationMixin):
         entity_decoding: str | None = None,
         entity_candidates: int | None = None,
         tokenizer=None,
+        entity_linker=None,
+        static_linking_input: str = "start",
         **kwargs,
     ):
         r"""
@@ -210,6 +263,10 @@ class EDMemGenerationMixin(GenerationMixin):
             entity_candidates (`int`, *optional*): k, the candidates per mention. Defaults to
                 `generation_config.entity_candidates` (5).
             tokenizer: the model's tokenizer, needed once to spell entity names (the prefix tree is then kept).
+            entity_linker (`EDMemForConditionalGeneration`, *optional*): static decoding takes its candidates from
+                this model's entity-linking head (the authors ran a separately fine-tuned linker) instead of this one's.
+            static_linking_input (`str`): what the decoder reads before the `<E_s>` placeholder of static linking:
+                `"start"` (ours, the default) or `"question"` (the paper's); see `link_entities`.
 
         Training-only batch fields (`labels`, `entity_labels`, `decoder_entity_labels`) are dropped, so that a
         training batch can be passed as is (`Seq2SeqTrainer(predict_with_generate=True)` does). With
@@ -225,6 +282,8 @@ class EDMemGenerationMixin(GenerationMixin):
             raise ValueError(f"entity_decoding must be one of {ENTITY_DECODING_MODES}, got {mode!r}")
         if mode != "free" and self.config.variant != "edmem":
             raise ValueError(f"entity_decoding={mode!r} needs the full EDMem, not variant {self.config.variant!r}")
+        if (entity_linker is not None or static_linking_input != "start") and mode != "static":
+            raise ValueError("entity_linker and static_linking_input apply to entity_decoding='static' only")
         if not isinstance(top_k, int) or top_k < 1:
             raise ValueError(f"entity_candidates must be a positive integer, got {top_k!r}")
         num_beams = kwargs.get("num_beams", getattr(config, "num_beams", 1)) or 1
@@ -237,7 +296,9 @@ class EDMemGenerationMixin(GenerationMixin):
             trie = self.entity_trie(tokenizer)
             candidates = scores = None
             if mode == "static":
-                candidates, scores = self._static_candidates(input_ids, top_k, rows_per_example, kwargs, config)
+                candidates, scores = self._static_candidates(
+                    input_ids, top_k, rows_per_example, kwargs, config, entity_linker, static_linking_input
+                )
             processor = EntityConstrainedLogitsProcessor(
                 trie,
                 start_token_id=self.config.entity_start_token_id,
