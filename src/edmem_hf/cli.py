@@ -9,6 +9,10 @@ COMMANDS = {
     "build-corpus": ("edmem_hf.corpus", "Build linked passages, entity vocabulary and aliases from a MediaWiki dump."),
     "train-tokenizer": ("edmem_hf.tokenization", "Train (or extend) a byte-level BPE tokenizer with entity markers."),
     "pretrain": ("edmem_hf.pretraining", "Pre-train EDMem with Accelerate (resumable)."),
+    "convert-original": (
+        "edmem_hf.convert_original",
+        "Convert the authors' EDMem checkpoint to this package's format.",
+    ),
     "evaluate": ("edmem_hf.evaluation", "Score predictions: exact match (QA), ROUGE and unigram F1 (generation)."),
     "demo": ("edmem_hf.demo", "Run the whole path offline on a generated toy world."),
 }
