@@ -126,7 +126,9 @@ def test_cli_writes_a_folder_that_loads_and_refuses_pickled_code(tmp_path, capsy
     loaded = AutoModelForSeq2SeqLM.from_pretrained(out).eval()
     batch = tiny_batch()
     assert torch.equal(loaded(**batch).logits, model(**batch).logits)
-    assert edmem(["convert-original", str(checkpoint), str(tmp_path / "bad"), "--set", "memory_top_k=0"]) == 1
+    tiny_options = [a for s in settings for a in ("--set", s)]
+    bad = ["convert-original", str(checkpoint), str(tmp_path / "bad"), *tiny_options, "--set", "memory_top_k=0"]
+    assert edmem(bad) == 1
     assert "memory_top_k must be >= 1" in capsys.readouterr().err
     malicious = tmp_path / "malicious.bin"
     with open(malicious, "wb") as f:
