@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForSeq2SeqLM
 
+from authors_reference import authors_forward
 from edmem_hf.cli import main as edmem
 from edmem_hf.convert_original import AUTHORS_DEFAULTS, convert_state_dict, load_original_state_dict
 from tiny_models import tiny_batch, tiny_model
@@ -138,3 +139,43 @@ def test_cli_writes_a_folder_that_loads_and_refuses_pickled_code(tmp_path, capsy
     assert "this must never run" not in capsys.readouterr().out
     assert edmem(["convert-original", str(malicious), str(tmp_path / "never")]) == 1
     assert "not a plain state dict" in capsys.readouterr().err and not (tmp_path / "never").exists()
+
+
+@pytest.mark.parametrize("lower_encoder", [False, True])
+def test_converted_model_computes_what_the_authors_forward_computes(lower_encoder):
+    """A forward pass written from the authors' code (tests/authors_reference.py) on their state dict, against the
+    converted model: logits, the memory's and the entity-linking head's top-k, with a left-padded decoder row."""
+    source = "lower" if lower_encoder else "upper"
+    model = tiny_model(seed=3, lower_decoder_attends_to=source)
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            tensor.copy_(torch.randn_like(tensor) * 0.3)
+    state_dict = authors_layout(model)
+    converted = convert_state_dict(state_dict, **{**TINY, "lower_decoder_attends_to": source})
+    batch = tiny_batch()
+    decoder_input_ids = torch.tensor([[2, 5, 20, 21, 6, 22], [1, 1, 2, 23, 5, 24]])
+    decoder_attention_mask = (decoder_input_ids != 1).long()
+    with torch.no_grad():
+        ours = converted(
+            batch["input_ids"],
+            batch["attention_mask"],
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
+            output_attended_entities=True,
+        )
+        logits, head_top, encoder_top = authors_forward(
+            state_dict,
+            batch["input_ids"],
+            batch["attention_mask"],
+            decoder_input_ids,
+            decoder_attention_mask,
+            heads=4,
+            start_id=5,
+            top_k=8,
+            lower_encoder=lower_encoder,
+        )
+    real = decoder_attention_mask.bool()
+    torch.testing.assert_close(ours.logits[real], logits[real], atol=1e-4, rtol=1e-4)
+    assert torch.equal(ours.linked_entities.top_entity_ids, head_top)
+    assert torch.equal(ours.encoder_attended_entities.top_entity_ids, encoder_top)
