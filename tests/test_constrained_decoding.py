@@ -19,6 +19,7 @@ from edmem_hf.entity_decoding import (
     marked_spans,
     marker_token_ids,
 )
+from edmem_hf.entity_trie import authors_spelling
 from tiny_models import make_word_tokenizer, make_words
 
 
@@ -425,3 +426,31 @@ def test_mentions_report_the_marked_spans(tokenizer, names):
     eos = tokenizer.eos_token_id
     (cut_off,) = processor.mentions(torch.tensor([[*sequence, eos, eos]]), stop_token_ids={eos})
     assert cut_off[-1].token_ids == [name[0]] and cut_off[-1].end == len(sequence)
+
+
+def test_authors_spelling_shares_a_path_and_names_the_candidate(tokenizer):
+    """`normalize="authors"`: lower-cased names without a trailing parenthetical, as the authors' QA tries spell
+    them; entities spelled alike share one path, decoding allows it for any of them, the report names the
+    candidate."""
+    assert authors_spelling("Baro (band)") == "baro" and authors_spelling("Baro Kita") == "baro kita"
+    names = ["Baro", "Baro (band)", "Kita"]
+    start_id, end_id = marker_token_ids(tokenizer)
+    trie = EntityTrie.build(names, tokenizer, end_token_id=end_id, normalize="authors")
+    spelled = tokenizer(" baro", add_special_tokens=False).input_ids + [end_id]
+    assert trie.lookup_all(spelled) == [0, 1] and trie.lookup(spelled) in (0, 1)
+    assert trie.lookup_all(tokenizer(" Baro", add_special_tokens=False).input_ids + [end_id]) == []
+    cased = EntityTrie.build(names, tokenizer, end_token_id=end_id)
+    assert cased.lookup_all(spelled) == [] and cased.num_nodes != trie.num_nodes
+    # Only "Baro (band)" is on offer: its spelling "baro" is allowed and the report names entity 1.
+    processor = EntityConstrainedLogitsProcessor(trie, start_token_id=start_id, candidates=torch.tensor([[1]]))
+    sequence = [start_id, *spelled]
+    scores = torch.zeros(1, len(tokenizer))
+    for step in range(1, len(sequence)):
+        allowed = processor(torch.tensor([sequence[:step]]), scores.clone())
+        assert allowed[0, sequence[step]] == 0, step
+    (found,) = processor.mentions(torch.tensor([sequence]), [0])
+    assert [(m.token_ids, m.entity_id) for m in found] == [(spelled[:-1], 1)]
+    with pytest.raises(ValueError, match="normalize must be one of"):
+        EntityTrie.build(names, tokenizer, end_token_id=end_id, normalize="lower")
+    with pytest.raises(ValueError, match="name 1 is empty"):
+        EntityTrie.build(["Baro", "(band)"], tokenizer, end_token_id=end_id, normalize="authors")

@@ -623,7 +623,6 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
             found = []
             for s, end, closed in marked_spans(seq, self.start_token_id, self.end_token_id, starts, stop_token_ids):
                 span = seq[s + 1 : end]
-                entity = self.trie.lookup(span + [self.end_token_id]) if closed else -1
                 cand_ids: list[int] = []
                 cand_scores: list[float] = []
                 if self.start_token_id is not None:
@@ -632,6 +631,9 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
                     if hit is not None:
                         cand_ids = [c for c in hit[0] if c >= 0]
                         cand_scores = [sc for c, sc in zip(*hit) if c >= 0]
+                # A spelling several entities share names the candidate among them (the first one otherwise).
+                spelled = self.trie.lookup_all(span + [self.end_token_id]) if closed else []
+                entity = next((e for e in spelled if e in cand_ids), spelled[0] if spelled else -1)
                 found.append(EntityMention(s, end, span, entity, cand_ids, cand_scores))
             out.append(found)
         return out

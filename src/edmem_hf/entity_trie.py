@@ -10,7 +10,8 @@ import itertools
 import json
 import os
 import pickle
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,16 @@ except ImportError:  # then the pickled values are hashed: the same tokenizer in
 __all__ = ["EntityTrie", "TrieTensors"]
 
 _TRIE_FORMAT_VERSION = 1
+
+
+def authors_spelling(name: str) -> str:
+    """How the authors' QA tries spell an entity: lower-cased, without a trailing parenthetical
+    (`"Paris (band)"` -> `"paris"`). Several entities may then share a spelling."""
+    return re.sub(r"\s*\(.+\)$", "", name).strip().lower()
+
+
+# Named spellings for `EntityTrie.build(normalize=...)`.
+NAME_SPELLINGS: dict[str, Callable[[str], str]] = {"authors": authors_spelling}
 
 
 class EntityTrie:
@@ -214,6 +225,7 @@ class EntityTrie:
         add_prefix_space: bool = True,
         add_special_tokens: bool = False,
         cache_dir: str | os.PathLike | None = None,
+        normalize: str | None = None,
     ) -> EntityTrie:
         """
         Tokenises `names` and builds the trie over `tokens(name) + [end_token_id]`.
@@ -229,16 +241,26 @@ class EntityTrie:
             add_special_tokens: let the tokenizer add its template (e.g. `<s> ... </s>` for BART, GENRE-style).
             cache_dir: if given, the arrays are cached there as `entity_trie-<hash>.npz`, keyed by a hash of the
                 names, the tokenizer and these options.
+            normalize: a name in `NAME_SPELLINGS` (`"authors"`: lower-cased, trailing parenthetical removed, as
+                the authors' QA tries spell names) applied to every name first; entities whose names then spell
+                alike share one path (`lookup_all` returns them all).
         """
         if isinstance(names, EntityVocab):
             names = names.names
         names = list(names)
         if not names:
             raise ValueError("EntityTrie.build: the list of names is empty")
+        if normalize is not None:
+            if normalize not in NAME_SPELLINGS:
+                raise ValueError(
+                    f"EntityTrie.build: normalize must be one of {sorted(NAME_SPELLINGS)}, got {normalize!r}"
+                )
+            names = [NAME_SPELLINGS[normalize](name) if isinstance(name, str) else name for name in names]
         for i, name in enumerate(names):
             if not isinstance(name, str) or not name:
                 raise ValueError(f"EntityTrie.build: name {i} is empty or not a string: {name!r}")
         options = {
+            "normalize": normalize,
             "end_token_id": end_token_id,
             "add_prefix_space": add_prefix_space,
             "add_special_tokens": add_special_tokens,
@@ -353,6 +375,13 @@ class EntityTrie:
         if node < 0 or self.first_child[node + 1] != self.first_child[node]:  # not the end of a sequence
             return -1
         return int(self.order[self.node_lo[node]])
+
+    def lookup_all(self, token_ids: Sequence[int]) -> list[int]:
+        """Every entity id whose full sequence is `token_ids` (several when names share a spelling), sorted."""
+        node = self._node_of(token_ids)
+        if node < 0 or self.first_child[node + 1] != self.first_child[node]:
+            return []
+        return sorted(self.order[self.node_lo[node] : self.node_hi[node]].tolist())
 
     def allowed_next_tokens(self, prefix: Sequence[int]) -> list[int]:
         """Tokens that continue `prefix` in the trie (empty if `prefix` is not in the trie or is complete)."""
