@@ -6,6 +6,7 @@ import pickle
 
 import pytest
 import torch
+from huggingface_hub import ModelCard
 from transformers import AutoModelForSeq2SeqLM
 
 from authors_reference import authors_forward
@@ -124,6 +125,10 @@ def test_cli_writes_a_folder_that_loads_and_refuses_pickled_code(tmp_path, capsy
     settings = [f"{key}={value}" for key, value in TINY.items()]
     assert edmem(["convert-original", str(checkpoint), str(out), *[a for s in settings for a in ("--set", s)]]) == 0
     assert "1+1 encoder and 1+2 decoder layers" in capsys.readouterr().out
+    card = ModelCard.load(out / "README.md")
+    assert card.data.pipeline_tag == "text2text-generation" and "custom_code" in card.data.tags
+    assert "from `pytorch_model.bin`" in card.text and "1+1 encoder and 1+2 decoder layers" in card.text
+    assert "`memory_top_k=8`" in card.text  # the --set value, not the authors' default
     loaded = AutoModelForSeq2SeqLM.from_pretrained(out).eval()
     batch = tiny_batch()
     assert torch.equal(loaded(**batch).logits, model(**batch).logits)

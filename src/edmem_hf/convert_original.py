@@ -171,6 +171,46 @@ def convert_state_dict(
     return model.eval()
 
 
+_CARD = """---
+{{ card_data }}
+---
+
+# EDMem converted from the authors' checkpoint
+
+An EDMem (Zhang et al., EMNLP 2022) converted by `edmem convert-original` from `{{ source }}`, a checkpoint of the
+authors' code (github DM2-ND/EDMem): {{ summary }}. Settings the weights could not tell were set to the authors'
+values or given with `--set`: {{ settings }}.
+
+```python
+from transformers import AutoModelForSeq2SeqLM
+
+model = AutoModelForSeq2SeqLM.from_pretrained("{{ folder }}", trust_remote_code=True)
+```
+
+Entity ids are the authors' (every row of their table kept; in their labels 0 means no entity).
+"""
+
+
+def write_model_card(model: EDMemForConditionalGeneration, folder: str | Path, source: str) -> None:
+    """A README.md model card (`huggingface_hub.ModelCard`) saying what was converted, from where, with what."""
+    from huggingface_hub import ModelCard, ModelCardData
+
+    config = model.config
+    summary = (
+        f"{config.encoder_lower_layers}+{config.encoder_upper_layers} encoder and "
+        f"{config.decoder_lower_layers}+{config.decoder_upper_layers} decoder layers, d_model {config.d_model}, "
+        f"a {config.entity_vocab_size} x {config.entity_embed_dim} entity table"
+    )
+    settings = ", ".join(f"`{key}={getattr(config, key)!r}`" for key in AUTHORS_DEFAULTS)
+    data = ModelCardData(
+        library_name="transformers", pipeline_tag="text2text-generation", tags=["edmem", "custom_code"]
+    )
+    card = ModelCard.from_template(
+        data, template_str=_CARD, source=source, summary=summary, settings=settings, folder=str(folder)
+    )
+    card.save(str(Path(folder) / "README.md"))
+
+
 def cli_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="edmem convert-original", description=__doc__)
     parser.add_argument("checkpoint", help="the authors' pytorch_model.bin (or a .safetensors file)")
@@ -195,6 +235,7 @@ def cli_main(argv: list[str] | None = None) -> int:
         print(f"edmem convert-original: {error}", file=sys.stderr)
         return 1
     model.save_pretrained(args.output_dir)
+    write_model_card(model, args.output_dir, source=Path(args.checkpoint).name)
     if args.tokenizer:
         from transformers import AutoTokenizer
 
@@ -208,4 +249,4 @@ def cli_main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["AUTHORS_DEFAULTS", "convert_state_dict", "infer_config", "load_original_state_dict"]
+__all__ = ["AUTHORS_DEFAULTS", "convert_state_dict", "infer_config", "load_original_state_dict", "write_model_card"]
