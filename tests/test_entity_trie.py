@@ -192,3 +192,27 @@ print("ok")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+def test_unnamed_rows_keep_their_ids_and_are_never_spelled(tokenizer, names, tmp_path):
+    """An `EntityVocab` with unnamed rows (a converted table): named entities keep their row ids in the trie, the
+    unnamed ones have no sequence, are padding among candidates and never a next token."""
+    _, end_id = marker_token_ids(tokenizer)
+    rows = [None] * 10 + names[:20] + [None, None]  # rows 0-9 reserved, two unnamed rows at the end
+    trie = EntityTrie.build(EntityVocab(rows), tokenizer, end_token_id=end_id, cache_dir=tmp_path)
+    assert len(trie) == 32 and trie.num_sequences == 20
+    for entity_id in (10, 17, 29):
+        sequence = tokenizer(" " + rows[entity_id], add_special_tokens=False).input_ids + [end_id]
+        assert trie.sequence(entity_id) == sequence and trie.lookup(sequence) == entity_id
+    with pytest.raises(ValueError, match="entity 3 has no sequence"):
+        trie.sequence(3)
+    padded = trie.sequences_for([12, 3, 31, -1])
+    assert (padded[1:] == -1).all() and padded[0, : len(trie.sequence(12))].tolist() == trie.sequence(12)
+    candidates = torch.tensor([[3, 12, 31]])
+    first = trie.tensors().next_tokens(torch.tensor([0]), candidates)
+    assert first.tolist() == [[-1, trie.sequence(12)[0], -1]]
+    reloaded = EntityTrie.load(trie.save(tmp_path / "saved"))
+    assert len(reloaded) == 32 and reloaded.lookup(trie.sequence(29)) == 29
+    # the cache tells the layouts apart: the same names at other rows are another trie
+    shifted = EntityTrie.build(EntityVocab([None] * 11 + names[:20] + [None]), tokenizer, end_id, cache_dir=tmp_path)
+    assert shifted.lookup(trie.sequence(10)) == 11

@@ -1,8 +1,10 @@
-"""`edmem convert-original`: the authors' EDMem checkpoints (github DM2-ND/EDMem) as an `EDMemForConditionalGeneration`.
+"""`edmem convert-original`: the authors' checkpoints (github DM2-ND/EDMem) as an `EDMemForConditionalGeneration`
+(EDMem) or an `EDMemForEntityLinking` (EncMem).
 
 Their layout names the stacks `Lower/Upper{Encoder,Decoder}` and keeps the entity table as an `nn.Linear` weight
 `(entity_dim, rows)`; ours is BART's layout with the memory between the lower and upper layers. Every width and
-depth is read from the shapes; the rest comes from overrides with the authors' values as defaults.
+depth is read from the shapes; the rest comes from overrides with the authors' values as defaults. Their entity ids
+are kept (all rows; 0 means "no entity" in their labels); names come from a names file or the released task files.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import argparse
 import json
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,8 @@ import torch
 from huggingface_hub.errors import StrictDataclassError
 
 from .configuration_edmem import EDMemConfig
-from .modeling_edmem import EDMemForConditionalGeneration
+from .entity_vocab import AUTHORS_ID_SPACE, ENTITY_VOCAB_NAME, EntityVocab
+from .modeling_edmem import EDMemForConditionalGeneration, EDMemForEntityLinking
 
 # What shapes cannot tell: bart-large's heads and dropouts, the authors' marker ids (50265, 50266 after
 # bart-large's vocabulary), their top-100 memory read, and their loss and dropout choices.
@@ -45,9 +48,14 @@ _COPIES = {
     "EncoderEntityMemory.EntityEmbedding.weight": "EntityEmbedding.weight",
     "DecoderEntityMemory.EntityEmbedding.weight": "EntityEmbedding.weight",
     "EntityLinkHead.EntityEmbedding.weight": "EntityEmbedding.weight",
+    "LMHead.decoder.weight": "shared.weight",  # EncMem's BERT-style head: tied decoder, bias under two names
+    "LMHead.decoder.bias": "LMHead.bias",
 }
 _IGNORED = {"LMLoss.weight"}
 _LAYER = re.compile(r"^(Lower|Upper)(Encoder|Decoder)\.layers\.(\d+)\.(.+)$")
+_ENCMEM_KEY = "LMHead.transform.dense.linear.weight"
+# In the authors' labels 0 means "no entity"; their entities start at row 10.
+AUTHORS_NO_ENTITY, AUTHORS_FIRST_ENTITY = 0, 10
 
 
 def load_original_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
@@ -82,8 +90,6 @@ def infer_config(state_dict: Mapping[str, torch.Tensor], **overrides: Any) -> ED
     for key in ("shared.weight", "EntityEmbedding.weight", "LowerEncoder.embed_positions.weight"):
         if key not in state_dict:
             raise ValueError(f"not an EDMem checkpoint in the authors' layout: {key!r} is missing")
-    if any(key.startswith("LMHead.transform.") for key in state_dict):
-        raise ValueError("this is an EncMem checkpoint (LMHead.transform.*): only EDMem checkpoints convert so far")
     vocab_size, d_model = state_dict["shared.weight"].shape
     entity_embed_dim, entity_vocab_size = state_dict["EntityEmbedding.weight"].shape
     settings: dict[str, Any] = dict(
@@ -94,9 +100,12 @@ def infer_config(state_dict: Mapping[str, torch.Tensor], **overrides: Any) -> ED
         max_position_embeddings=state_dict["LowerEncoder.embed_positions.weight"].shape[0] - 2,
         **_layer_counts(state_dict),
     )
+    if _ENCMEM_KEY in state_dict:  # their auto-encoder: encoder, memory, BERT-style LM head, entity-linking head
+        settings["variant"] = "encmem"
     for side in ("encoder", "decoder"):
-        fc1 = next(v for k, v in state_dict.items() if k.endswith(".fc1.weight") and side.capitalize() in k)
-        settings[f"{side}_ffn_dim"] = fc1.shape[0]
+        fc1 = [v for k, v in state_dict.items() if k.endswith(".fc1.weight") and side.capitalize() in k]
+        if fc1:
+            settings[f"{side}_ffn_dim"] = fc1[0].shape[0]
     settings.update(AUTHORS_DEFAULTS)
     settings.update(overrides)
     return EDMemConfig(**settings)
@@ -125,19 +134,28 @@ def _our_key(key: str, config: EDMemConfig) -> str | None:
             return key.replace(f"{side}MemoryLayerNorm.", f"{ours}.memory.layer_norm.")
     if key.startswith("EntityLinkHead.InputLayer.linear."):
         return key.replace("EntityLinkHead.InputLayer.linear.", "entity_linking_head.query_proj.")
+    for theirs, mine in (
+        ("LMHead.transform.dense.linear.", "lm_head.dense."),
+        ("LMHead.transform.LayerNorm.", "lm_head.layer_norm."),
+    ):
+        if key.startswith(theirs):
+            return key.replace(theirs, mine)
+    if key == "LMHead.bias":
+        return "lm_head.decoder.bias"
     return None
 
 
 def convert_state_dict(
     state_dict: Mapping[str, torch.Tensor], **config_overrides: Any
-) -> EDMemForConditionalGeneration:
-    """An `EDMemForConditionalGeneration` computing what the authors' checkpoint computed.
+) -> EDMemForConditionalGeneration | EDMemForEntityLinking:
+    """The model computing what the authors' checkpoint computed: an `EDMemForConditionalGeneration`, or an
+    `EDMemForEntityLinking` for their EncMem (recognised by its `LMHead.transform.*`).
 
     Every unexpected key, missing weight, copy of a tied weight that differs from it, or shape that does not fit is
     a `ValueError` naming it. The entity id space is kept whole (all rows; in theirs 0 means no entity).
     """
     config = infer_config(state_dict, **config_overrides)
-    model = EDMemForConditionalGeneration(config)
+    model = (EDMemForEntityLinking if config.variant == "encmem" else EDMemForConditionalGeneration)(config)
     expected = model.state_dict()
     converted: dict[str, torch.Tensor] = {}
     unexpected = []
@@ -161,8 +179,12 @@ def convert_state_dict(
         converted[ours] = tensor
     if unexpected:
         raise ValueError(f"unexpected keys in the checkpoint: {', '.join(sorted(unexpected))}")
-    tied = {"model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", "lm_head.weight"}
-    tied |= {"model.encoder.entity_embeddings.weight", "model.decoder.entity_embeddings.weight"}
+    tied = {"lm_head.weight", "lm_head.decoder.weight"}
+    tied |= {
+        f"model.{stack}.{table}.weight"
+        for stack in ("encoder", "decoder")
+        for table in ("embed_tokens", "entity_embeddings")
+    }
     missing = sorted(set(expected) - set(converted) - tied)
     if missing:
         raise ValueError(f"missing from the checkpoint: {', '.join(missing)}")
@@ -171,42 +193,139 @@ def convert_state_dict(
     return model.eval()
 
 
+def entity_labels_from_authors(labels: torch.Tensor) -> torch.Tensor:
+    """Entity labels in the authors' convention (0 = no entity, ids kept) -> ours (-100 = no label)."""
+    return labels.masked_fill(labels == AUTHORS_NO_ENTITY, -100)
+
+
+def read_entity_names(path: str | Path, num_rows: int) -> dict[int, str]:
+    """`{entity id: name}` from a names file in one of the authors' shapes: a JSON list of names in row order (all
+    `num_rows` rows, or the entities only, starting at row 10; `null` for a row without a name), a JSON object
+    `{id: name}`, or text lines `id<TAB>name` (or one name per line, in row order as for the list)."""
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}: not JSON ({error.msg})") from None
+    elif all("\t" in line for line in text.splitlines() if line):
+        data = dict(line.split("\t", 1) for line in text.splitlines() if line)
+    else:
+        data = text.splitlines()
+    if isinstance(data, list):
+        if len(data) not in (num_rows, num_rows - AUTHORS_FIRST_ENTITY):
+            raise ValueError(
+                f"{path}: {len(data)} names for a table of {num_rows} rows (expected {num_rows}, or "
+                f"{num_rows - AUTHORS_FIRST_ENTITY} starting at row {AUTHORS_FIRST_ENTITY})"
+            )
+        first = num_rows - len(data)
+        data = {first + i: name for i, name in enumerate(data) if name is not None}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a list of names or an object mapping ids to names")
+    names = {}
+    for key, name in data.items():
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError(f"{path}: entity {key} has no usable name: {name!r}")
+        try:
+            names[int(key)] = name.strip()
+        except ValueError:
+            raise ValueError(f"{path}: {key!r} is not an entity id") from None
+    return names
+
+
+def entity_names_from_task_files(paths: Iterable[str | Path]) -> dict[int, str]:
+    """`{entity id: name}` as the authors' released task files give them (`.jsonl` files, or folders searched for
+    them): the linked mentions' `link_target` and `entity_name`. Their answer fields are not read: they name an
+    answer entity by the answer as written ("lithium" for Lithium). An id given two names is an error naming both."""
+    names: dict[int, str] = {}
+    files: list[Path] = []
+    for path in map(Path, paths):
+        files += sorted(path.rglob("*.jsonl")) if path.is_dir() else [path]
+    if not files:
+        raise ValueError(f"no task files (*.jsonl) found in {', '.join(map(str, paths))}")
+    for file in files:
+        with open(file, encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                record, where = json.loads(line), f"{file}, line {number}"
+                targets, entity_names = record.get("link_target", []), record.get("entity_name", [])
+                if len(targets) != len(entity_names):
+                    raise ValueError(f"{where}: {len(targets)} link targets but {len(entity_names)} entity names")
+                for entity_id, name in zip(map(int, targets), entity_names):
+                    if names.setdefault(entity_id, name) != name:
+                        raise ValueError(
+                            f"{where}: entity {entity_id} is named {name!r} here and {names[entity_id]!r} elsewhere"
+                        )
+    return names
+
+
+def authors_entity_vocab(num_rows: int, names: Mapping[int, str]) -> EntityVocab:
+    """The `EntityVocab` of a converted table: every row kept, the ones without a name unnamed (`None`)."""
+    rows: list[str | None] = [None] * num_rows
+    for entity_id, name in names.items():
+        if not AUTHORS_FIRST_ENTITY <= entity_id < num_rows:
+            raise ValueError(
+                f"entity id {entity_id} ({name!r}) is outside the table's entities "
+                f"({AUTHORS_FIRST_ENTITY}..{num_rows - 1})"
+            )
+        rows[entity_id] = name
+    return EntityVocab(rows, id_space=AUTHORS_ID_SPACE)
+
+
 _CARD = """---
 {{ card_data }}
 ---
 
-# EDMem converted from the authors' checkpoint
+# {{ variant }} converted from the authors' checkpoint
 
-An EDMem (Zhang et al., EMNLP 2022) converted by `edmem convert-original` from `{{ source }}`, a checkpoint of the
+An {{ variant }} (Zhang et al., EMNLP 2022) converted by `edmem convert-original` from `{{ source }}`, a checkpoint of the
 authors' code (github DM2-ND/EDMem): {{ summary }}. Settings the weights could not tell were set to the authors'
 values or given with `--set`: {{ settings }}.
 
 ```python
-from transformers import AutoModelForSeq2SeqLM
-
-model = AutoModelForSeq2SeqLM.from_pretrained("{{ folder }}", trust_remote_code=True)
+{{ usage }}
 ```
 
-Entity ids are the authors' (every row of their table kept; in their labels 0 means no entity).
+Entity ids are the authors' (every row of their table kept; in their labels 0 means no entity). {{ names }}
 """
 
 
-def write_model_card(model: EDMemForConditionalGeneration, folder: str | Path, source: str) -> None:
+def write_model_card(
+    model: EDMemForConditionalGeneration | EDMemForEntityLinking, folder: str | Path, source: str
+) -> None:
     """A README.md model card (`huggingface_hub.ModelCard`) saying what was converted, from where, with what."""
     from huggingface_hub import ModelCard, ModelCardData
 
     config = model.config
-    summary = (
-        f"{config.encoder_lower_layers}+{config.encoder_upper_layers} encoder and "
-        f"{config.decoder_lower_layers}+{config.decoder_upper_layers} decoder layers, d_model {config.d_model}, "
-        f"a {config.entity_vocab_size} x {config.entity_embed_dim} entity table"
+    summary = _summary(config)
+    vocab = model.entity_vocab
+    names = (
+        "No entity names were given: entity decoding needs them (convert again with `--entity-names`)."
+        if vocab is None or vocab.num_unnamed == len(vocab)
+        else f"{len(vocab) - vocab.num_unnamed} of the {len(vocab)} rows have a name (`entity_vocab.json`); "
+        "the others take part in the memory but are never spelled."
     )
     settings = ", ".join(f"`{key}={getattr(config, key)!r}`" for key in AUTHORS_DEFAULTS)
+    if config.variant == "encmem":  # no Auto class for the encoder-only variant: its class, from this package
+        usage = (
+            f'from edmem_hf import EDMemForEntityLinking\n\nmodel = EDMemForEntityLinking.from_pretrained("{folder}")'
+        )
+    else:
+        usage = "from transformers import AutoModelForSeq2SeqLM\n\n"
+        usage += f'model = AutoModelForSeq2SeqLM.from_pretrained("{folder}", trust_remote_code=True)'
+
     data = ModelCardData(
         library_name="transformers", pipeline_tag="text2text-generation", tags=["edmem", "custom_code"]
     )
     card = ModelCard.from_template(
-        data, template_str=_CARD, source=source, summary=summary, settings=settings, folder=str(folder)
+        data,
+        template_str=_CARD,
+        variant="EncMem" if config.variant == "encmem" else "EDMem",
+        source=source,
+        summary=summary,
+        settings=settings,
+        usage=usage,
+        names=names,
     )
     card.save(str(Path(folder) / "README.md"))
 
@@ -219,6 +338,18 @@ def cli_main(argv: list[str] | None = None) -> int:
         "--set", action="append", default=[], metavar="KEY=VALUE", help="a config value (JSON), e.g. memory_top_k=50"
     )
     parser.add_argument("--tokenizer", help="a tokenizer folder to save beside the model (bart-large + markers)")
+    names = parser.add_mutually_exclusive_group()
+    names.add_argument(
+        "--entity-names",
+        metavar="FILE",
+        help="the authors' entity names: a JSON list or {id: name}, or id<TAB>name lines",
+    )
+    names.add_argument(
+        "--task-data",
+        nargs="+",
+        metavar="PATH",
+        help="the authors' released task files (or folders of them): name the entities their linked mentions name",
+    )
     args = parser.parse_args(argv)
     overrides = {}
     for item in args.set:
@@ -231,6 +362,11 @@ def cli_main(argv: list[str] | None = None) -> int:
             overrides[key] = value
     try:
         model = convert_state_dict(load_original_state_dict(args.checkpoint), **overrides)
+        rows = model.config.entity_vocab_size
+        if args.entity_names:
+            model.entity_vocab = authors_entity_vocab(rows, read_entity_names(args.entity_names, rows))
+        elif args.task_data:
+            model.entity_vocab = authors_entity_vocab(rows, entity_names_from_task_files(args.task_data))
     except (OSError, ValueError, TypeError, StrictDataclassError) as error:  # the last: a bad --set value
         print(f"edmem convert-original: {error}", file=sys.stderr)
         return 1
@@ -240,13 +376,33 @@ def cli_main(argv: list[str] | None = None) -> int:
         from transformers import AutoTokenizer
 
         AutoTokenizer.from_pretrained(args.tokenizer).save_pretrained(args.output_dir)
-    config = model.config
-    print(
-        f"converted: {config.encoder_lower_layers}+{config.encoder_upper_layers} encoder and "
-        f"{config.decoder_lower_layers}+{config.decoder_upper_layers} decoder layers, d_model {config.d_model}, "
-        f"{config.entity_vocab_size} x {config.entity_embed_dim} entity table -> {args.output_dir}"
-    )
+    print(f"converted {type(model).__name__}: {_summary(model.config)} -> {args.output_dir}")
+    vocab = model.entity_vocab
+    named = 0 if vocab is None else len(vocab) - vocab.num_unnamed
+    print(f"entity names: {named} of {model.config.entity_vocab_size} rows named ({ENTITY_VOCAB_NAME})")
+    if not named:
+        print("  entity decoding needs names: give --entity-names FILE or --task-data PATH", file=sys.stderr)
     return 0
 
 
-__all__ = ["AUTHORS_DEFAULTS", "convert_state_dict", "infer_config", "load_original_state_dict", "write_model_card"]
+def _summary(config: EDMemConfig) -> str:
+    layers = f"{config.encoder_lower_layers}+{config.encoder_upper_layers} encoder"
+    if config.variant != "encmem":
+        layers += f" and {config.decoder_lower_layers}+{config.decoder_upper_layers} decoder"
+    return (
+        f"{layers} layers, d_model {config.d_model}, a {config.entity_vocab_size} x {config.entity_embed_dim} "
+        "entity table"
+    )
+
+
+__all__ = [
+    "AUTHORS_DEFAULTS",
+    "authors_entity_vocab",
+    "convert_state_dict",
+    "entity_labels_from_authors",
+    "entity_names_from_task_files",
+    "infer_config",
+    "load_original_state_dict",
+    "read_entity_names",
+    "write_model_card",
+]

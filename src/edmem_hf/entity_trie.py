@@ -61,7 +61,8 @@ class EntityTrie:
     - `node_depth` `(M,)`: tokens in the node's prefix.
     - `node_lo`, `node_hi` `(M,)`: the sequences below a node are the sorted positions `lo .. hi - 1`.
     - `seq_tokens` `(T,)`, `seq_offsets` `(N + 1,)`: the sorted sequences, concatenated.
-    - `order` `(N,)`: sorted position -> entity id; `rank` `(N,)`: entity id -> sorted position.
+    - `order` `(N,)`: sorted position -> entity id; `rank` `(E,)`: entity id -> sorted position, -1 for an entity
+      without a sequence (an unnamed row of the entity table; `E >= N` entities, `len(trie)` is `E`).
 
     A node without children ends a sequence. Every sequence must end with a token that no name contains (`<E_e>`,
     `</s>`), so that no sequence is a proper prefix of another.
@@ -82,6 +83,7 @@ class EntityTrie:
         vocab_size: int,
         end_token_id: int | None = None,
         metadata: dict | None = None,
+        num_entities: int | None = None,
     ):
         self.first_child = first_child
         self.edge_key = edge_key
@@ -91,7 +93,7 @@ class EntityTrie:
         self.seq_tokens = seq_tokens
         self.seq_offsets = seq_offsets
         self.order = order
-        self.rank = np.empty_like(order)
+        self.rank = np.full(len(order) if num_entities is None else num_entities, -1, dtype=order.dtype)
         self.rank[order] = np.arange(len(order), dtype=order.dtype)
         self.vocab_size = int(vocab_size)
         self.end_token_id = None if end_token_id is None else int(end_token_id)
@@ -107,10 +109,14 @@ class EntityTrie:
         vocab_size: int | None = None,
         end_token_id: int | None = None,
         metadata: dict | None = None,
+        entity_ids: np.ndarray | None = None,
+        num_entities: int | None = None,
     ) -> EntityTrie:
         """
         Builds the trie from token sequences: a list of id lists, or `(flat_ids, lengths)` arrays (the sequence of
         entity `i` is `flat_ids[sum(lengths[:i]) : sum(lengths[:i + 1])]`). Vectorised: one loop over depths.
+
+        `entity_ids` (increasing) gives the entity id of each sequence when some entities of `num_entities` have none.
         """
         if isinstance(sequences, tuple) and len(sequences) == 2 and isinstance(sequences[0], np.ndarray):
             flat, lengths = sequences[0], np.asarray(sequences[1], dtype=np.int64)
@@ -157,7 +163,7 @@ class EntityTrie:
         nested = (lcp[1:] >= shorter) & (sorted_lengths[1:] != sorted_lengths[:-1])
         if nested.any():
             i = int(np.flatnonzero(nested)[0]) + 1
-            a, b = int(order[i - 1]), int(order[i])
+            a, b = (int(x if entity_ids is None else entity_ids[x]) for x in (order[i - 1], order[i]))
             raise ValueError(
                 f"EntityTrie: the token sequence of entity {a} is a prefix of that of entity {b}; "
                 "end every sequence with an end token (e.g. <E_e> or </s>)"
@@ -202,6 +208,7 @@ class EntityTrie:
 
         seq_offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(sorted_lengths, out=seq_offsets[1:])
+        ids = order if entity_ids is None else np.asarray(entity_ids)[order]
         return cls(
             first_child=first_child,
             edge_key=edge_key,
@@ -210,10 +217,11 @@ class EntityTrie:
             node_hi=node_hi,
             seq_tokens=seq_tokens,
             seq_offsets=seq_offsets,
-            order=order.astype(np.int32 if n < 2**31 - 1 else np.int64),
+            order=ids.astype(np.int32 if max(n, num_entities or 0) < 2**31 - 1 else np.int64),
             vocab_size=vocab_size,
             end_token_id=end_token_id,
             metadata=metadata,
+            num_entities=num_entities,
         )
 
     @classmethod
@@ -231,7 +239,8 @@ class EntityTrie:
         Tokenises `names` and builds the trie over `tokens(name) + [end_token_id]`.
 
         Args:
-            names: entity names in entity-id order, or an `EntityVocab` (its `.names`).
+            names: entity names in entity-id order, or an `EntityVocab` (its `.names`); `None` for an unnamed row,
+                which keeps its id and has no sequence.
             tokenizer: a Transformers tokenizer.
             end_token_id: appended to every sequence (`<E_e>` for EDMem, `</s>` for GENRE-style retrieval);
                 `None` appends nothing (then `add_special_tokens=True` should supply the end, e.g. `</s>`).
@@ -247,6 +256,11 @@ class EntityTrie:
         """
         if isinstance(names, EntityVocab):
             names = names.names
+        num_entities = len(names)
+        entity_ids = None
+        if None in names:
+            entity_ids = np.array([i for i, name in enumerate(names) if name is not None], dtype=np.int64)
+            names = [names[i] for i in entity_ids]
         names = list(names)
         if not names:
             raise ValueError("EntityTrie.build: the list of names is empty")
@@ -268,7 +282,8 @@ class EntityTrie:
         }
         path = None
         if cache_dir is not None:
-            key = _fingerprint(options, tokenizer, "\n".join(names))
+            ids_key = None if entity_ids is None else (num_entities, entity_ids.tobytes())
+            key = _fingerprint(options, tokenizer, "\n".join(names), ids_key)
             path = os.path.join(os.fspath(cache_dir), f"entity_trie-{key[:24]}.npz")
             if os.path.exists(path):
                 return cls.load(path)
@@ -284,7 +299,12 @@ class EntityTrie:
             flat = np.insert(flat, np.cumsum(lengths), end_token_id)
             lengths += 1
         trie = cls.from_sequences(
-            (flat, lengths), vocab_size=len(tokenizer), end_token_id=end_token_id, metadata=options
+            (flat, lengths),
+            vocab_size=len(tokenizer),
+            end_token_id=end_token_id,
+            metadata=options,
+            entity_ids=entity_ids,
+            num_entities=num_entities,
         )
         trie.metadata["cache_path"] = path
         if path is not None:
@@ -301,6 +321,7 @@ class EntityTrie:
             path += ".npz"
         meta = {k: v for k, v in self.metadata.items() if k != "cache_path"}
         meta.update(vocab_size=self.vocab_size, end_token_id=self.end_token_id, format_version=_TRIE_FORMAT_VERSION)
+        meta.update(num_entities=len(self))
         tmp = path + ".tmp.npz"
         np.savez(tmp, metadata=np.array(json.dumps(meta)), **{k: getattr(self, k) for k in self._ARRAYS})
         os.replace(tmp, path)
@@ -314,12 +335,20 @@ class EntityTrie:
                 raise ValueError(f"{path}: entity trie format {meta['format_version']} is newer than this code")
             arrays = {k: data[k] for k in cls._ARRAYS}
         vocab_size, end_token_id = meta.pop("vocab_size"), meta.pop("end_token_id")
+        num_entities = meta.pop("num_entities", None)
         meta["cache_path"] = os.fspath(path)
-        return cls(**arrays, vocab_size=vocab_size, end_token_id=end_token_id, metadata=meta)
+        return cls(
+            **arrays, vocab_size=vocab_size, end_token_id=end_token_id, metadata=meta, num_entities=num_entities
+        )
 
     # --- queries ----------------------------------------------------------------------------------------
 
     def __len__(self) -> int:
+        """Entities of the id space, with a sequence or not (`num_sequences` have one)."""
+        return len(self.rank)
+
+    @property
+    def num_sequences(self) -> int:
         return len(self.order)
 
     @property
@@ -331,7 +360,8 @@ class EntityTrie:
         return sum(getattr(self, k).nbytes for k in self._ARRAYS) + self.rank.nbytes
 
     def __repr__(self) -> str:
-        return f"EntityTrie({len(self)} sequences, {self.num_nodes} nodes, {self.nbytes / 2**20:.1f} MiB)"
+        unnamed = f" of {len(self)} entities" if len(self) != self.num_sequences else ""
+        return f"EntityTrie({self.num_sequences} sequences{unnamed}, {self.num_nodes} nodes, {self.nbytes / 2**20:.1f} MiB)"
 
     def check_ids(self, entity_ids: torch.Tensor | np.ndarray | Sequence[int]) -> None:
         """A ValueError naming the first id that is neither an entity of the trie nor -1 (padding)."""
@@ -346,6 +376,8 @@ class EntityTrie:
         """Token ids of one entity's sequence (name tokens + end token)."""
         self.check_ids([entity_id])
         r = int(self.rank[entity_id])
+        if r < 0:
+            raise ValueError(f"entity {entity_id} has no sequence in the trie (an unnamed row)")
         return self.seq_tokens[self.seq_offsets[r] : self.seq_offsets[r + 1]].tolist()
 
     def sequences_for(
@@ -353,13 +385,15 @@ class EntityTrie:
     ) -> torch.Tensor:
         """
         Token sequences of a candidate subset, padded: `entity_ids` of shape `(k,)` (or `(..., k)`, `-1` = no
-        entity) -> a LongTensor of shape `(k, L)` (`(..., k, L)`), `L` the longest selected sequence.
+        entity) -> a LongTensor of shape `(k, L)` (`(..., k, L)`), `L` the longest selected sequence (an entity
+        without a sequence is all padding, as `-1` is).
         """
         ids = torch.as_tensor(entity_ids).long()
         self.check_ids(ids)
         flat_ids = ids.reshape(-1).numpy()
-        valid = flat_ids >= 0
-        ranks = np.where(valid, self.rank[np.clip(flat_ids, 0, None)], 0)
+        ranks = np.where(flat_ids >= 0, self.rank[np.clip(flat_ids, 0, None)], -1)
+        valid = ranks >= 0
+        ranks = np.where(valid, ranks, 0)
         starts = self.seq_offsets[ranks]
         lens = np.where(valid, self.seq_offsets[ranks + 1] - starts, 0)
         width = int(lens.max()) if len(lens) else 0
@@ -460,12 +494,12 @@ class TrieTensors:
         """For nodes `(rows,)` and entity ids `(rows, k)` (-1 padding): the token that follows the node's prefix
         in each entity's sequence, -1 where the entity is not below the node (or the node is negative or the
         end of the sequence)."""
-        rank = self.rank.take(entity_ids.clamp(min=0)).long()
+        rank = self.rank.take(entity_ids.clamp(min=0)).long()  # -1 for an entity without a sequence
         safe = node.clamp(min=0)
         lo, hi = self.node_lo.take(safe)[:, None], self.node_hi.take(safe)[:, None]
-        pos = self.seq_offsets.take(rank) + self.node_depth.take(safe)[:, None]
+        pos = self.seq_offsets.take(rank.clamp(min=0)) + self.node_depth.take(safe)[:, None]
         below = (entity_ids >= 0) & (node >= 0)[:, None] & (rank >= lo) & (rank < hi)
-        below &= pos < self.seq_offsets.take(rank + 1)
+        below &= pos < self.seq_offsets.take(rank.clamp(min=0) + 1)
         return torch.where(below, self.seq_tokens.take(pos.clamp_(max=self.seq_tokens.numel() - 1)), -1)
 
 

@@ -11,19 +11,26 @@ from collections.abc import Iterable, Sequence
 
 ENTITY_VOCAB_NAME = "entity_vocab.json"
 _FORMAT_VERSION = 1
+# The id space of the authors' 1M-entity table (github DM2-ND/EDMem): row 0 means "no entity" in their labels,
+# rows 1-9 are unused, entities start at row 10.
+AUTHORS_ID_SPACE = "DM2-ND/EDMem"
 
 
 class EntityVocab:
     """Entity id (a row of the entity table, `0..N-1`) -> canonical name, aliases and link count.
 
-    Names are unique: they are what constrained decoding spells out between `<E_s>` and `<E_e>`.
+    Names are unique: they are what constrained decoding spells out between `<E_s>` and `<E_e>`. A row may have no
+    name (`None`): a reserved row, or an entity whose name is not known (a converted checkpoint); it keeps its id and
+    takes part in the memory, but is never spelled. `id_space` says whose ids these are when they are not ours
+    (`AUTHORS_ID_SPACE` for a checkpoint converted from the authors': task files' entity ids then index it directly).
     """
 
     def __init__(
         self,
-        names: Sequence[str],
+        names: Sequence[str | None],
         aliases: Sequence[Sequence[str]] | None = None,
         counts: Sequence[int] | None = None,
+        id_space: str | None = None,
     ):
         names = list(names)
         if aliases is not None and len(aliases) != len(names):
@@ -33,16 +40,21 @@ class EntityVocab:
         self.names = names
         self.aliases = [list(a) for a in aliases] if aliases is not None else [[] for _ in names]
         self.counts = list(map(int, counts)) if counts is not None else [0] * len(names)
-        if not set(map(type, names)) <= {str}:
+        self.id_space = id_space
+        self.num_unnamed = names.count(None)
+        if not set(map(type, names)) <= {str, type(None)}:
             self._check_names()
         self._ids: dict[str, int] = dict(zip(names, range(len(names))))
-        if len(self._ids) != len(names) or "" in self._ids:
+        self._ids.pop(None, None)  # type: ignore[call-overload]
+        if len(self._ids) != len(names) - self.num_unnamed or "" in self._ids:
             self._check_names()
 
     def _check_names(self) -> None:
         """Raises a ValueError naming the first bad name (the constructor's checks, one name at a time)."""
         seen: dict[str, int] = {}
         for i, name in enumerate(self.names):
+            if name is None:
+                continue
             if not isinstance(name, str) or not name:
                 raise ValueError(f"EntityVocab: entity {i} has an empty or non-string name: {name!r}")
             if name in seen:
@@ -61,7 +73,8 @@ class EntityVocab:
 
     def __repr__(self) -> str:
         head = ", ".join(repr(n) for n in self.names[:3])
-        return f"EntityVocab({len(self)} entities: {head}{', ...' if len(self) > 3 else ''})"
+        unnamed = f", {self.num_unnamed} unnamed" if self.num_unnamed else ""
+        return f"EntityVocab({len(self)} entities{unnamed}: {head}{', ...' if len(self) > 3 else ''})"
 
     def __eq__(self, other: object) -> bool:
         return (
@@ -69,6 +82,7 @@ class EntityVocab:
             and self.names == other.names
             and self.aliases == other.aliases
             and self.counts == other.counts
+            and self.id_space == other.id_space
         )
 
     def id_of(self, name: str) -> int:
@@ -81,17 +95,18 @@ class EntityVocab:
         entity_id = int(entity_id)
         if not 0 <= entity_id < len(self.names):
             raise ValueError(f"unknown entity id {entity_id}: the vocabulary has ids 0..{len(self.names) - 1}")
-        return self.names[entity_id]
-
-    def check_ids(self, ids: Iterable[int]) -> None:
-        """Raises a ValueError naming the first id outside the vocabulary."""
-        for entity_id in ids:
-            self.name_of(entity_id)
+        name = self.names[entity_id]
+        if name is None:
+            raise ValueError(f"entity id {entity_id} has no name (a reserved or unnamed row of the table)")
+        return name
 
     # --- files -------------------------------------------------------------------------------------------
 
     def to_dict(self) -> dict:
-        return {"format_version": _FORMAT_VERSION, "names": self.names, "aliases": self.aliases, "counts": self.counts}
+        data = {"format_version": _FORMAT_VERSION, "names": self.names, "aliases": self.aliases, "counts": self.counts}
+        if self.id_space is not None:
+            data["id_space"] = self.id_space
+        return data
 
     @classmethod
     def from_dict(cls, data: dict) -> EntityVocab:
@@ -100,7 +115,7 @@ class EntityVocab:
         version = data.get("format_version", _FORMAT_VERSION)
         if version > _FORMAT_VERSION:
             raise ValueError(f"entity vocabulary format {version} is newer than this code reads ({_FORMAT_VERSION})")
-        return cls(data["names"], data.get("aliases"), data.get("counts"))
+        return cls(data["names"], data.get("aliases"), data.get("counts"), data.get("id_space"))
 
     def save(self, path: str | os.PathLike) -> str:
         """Writes `entity_vocab.json` into a directory (or to a file path ending in .json)."""
