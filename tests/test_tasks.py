@@ -8,8 +8,23 @@ import pytest
 import torch
 
 from conftest import shared_data_path
-from edmem_hf.tasks import EDMemSeq2SeqCollator, QAExample, encode_qa_example, exact_match, mark_mentions
+from edmem_hf import EntityVocab
+from edmem_hf.convert_original import authors_entity_vocab, entity_names_from_task_files
+from edmem_hf.tasks import (
+    EDMemSeq2SeqCollator,
+    QAExample,
+    encode_generation_record,
+    encode_qa_example,
+    encode_qa_record,
+    encode_static_linking_record,
+    exact_match,
+    mark_mentions,
+    read_answer_links,
+    read_generation,
+    read_qa,
+)
 from edmem_hf.tokenization import train_tokenizer
+from tiny_models import make_word_tokenizer, tiny_model
 
 
 @pytest.mark.parametrize(("mode", "published"), [("freeform", 28.89), ("dynamic", 27.59), ("static", 29.94)])
@@ -69,3 +84,175 @@ def test_bad_mentions_raise():
     with pytest.raises(ValueError, match="overlaps another or falls outside"):
         mark_mentions("abc", [(2, 9, 1)])
     assert exact_match("<E_s> The Beatles <E_e>", ["beatles"]) and not exact_match("Beatles", ["Rolling Stones"])
+
+
+# --- readers of the released files ------------------------------------------------------------------------------
+
+# (file, records read, records skipped as bad, answers that are entities): every released QA file
+QA_FILES = [
+    ("openqa/nq/edmem_nq-dev.jsonl", 8757, 0, 0),
+    ("openqa/nq/edmem_nq-test.jsonl", 3610, 0, 2544),
+    ("openqa/nq/entity_linking/el_nq-dev.jsonl", 8757, 0, 5669),
+    ("openqa/nq/entity_linking/el_nq-test.jsonl", 3610, 0, 2544),
+    ("openqa/wq/edmem_wq-train.jsonl", 3400, 0, 0),
+    ("openqa/wq/edmem_wq-dev.jsonl", 378, 0, 0),
+    ("openqa/wq/edmem_wq-test.jsonl", 2031, 1, 1802),
+    ("openqa/wq/entity_linking/el_wq-train.jsonl", 3054, 0, 3054),
+    ("openqa/wq/entity_linking/el_wq-dev.jsonl", 378, 0, 343),
+    ("openqa/wq/entity_linking/el_wq-test.jsonl", 2031, 1, 1802),
+]
+GENERATION_FILES = [
+    ("generation/creak/edmem_creak-dev.jsonl", 1018, 0),
+    ("generation/creak/edmem_creak-test.jsonl", 1371, 0),
+    ("generation/WoW/edmem_wow-dev.jsonl", 3048, 6),
+    ("generation/WoW/edmem_wow-test.jsonl", 2943, 1),
+    ("generation/eli5/edmem_eli5-test.jsonl", 1384, 0),
+]
+# (file, questions, of which the answer is not an entity)
+ANSWER_LINK_FILES = [
+    ("openqa/nq/entity_linking/sling_invocab-dev.json", 8757, 3088),
+    ("openqa/nq/entity_linking/sling_invocab-test.json", 3610, 1066),
+    ("openqa/tqa/tqa-inhouse-test/entity_linking/sling_invocab-dev.json", 8837, 1413),
+    ("openqa/tqa/tqa-inhouse-test/entity_linking/sling_invocab-test.json", 11313, 1762),
+    ("openqa/tqa/tqa-official-dev/entity_linking/sling_invocab-test.json", 11313, 1762),
+    ("openqa/wq/entity_linking/sling_invocab-train.json", 3400, 346),
+    ("openqa/wq/entity_linking/sling_invocab-dev.json", 378, 35),
+    ("openqa/wq/entity_linking/sling_invocab-test.json", 2032, 229),
+]
+
+
+@pytest.fixture(scope="module")
+def authors_vocab():
+    """A converted table's vocabulary: the authors' 1,000,010 rows, named from the released files' links."""
+    return authors_entity_vocab(1_000_010, entity_names_from_task_files([shared_data_path("edmem_release/data")]))
+
+
+@pytest.mark.parametrize(("name", "count", "bad", "entity_answers"), QA_FILES)
+def test_every_released_qa_file_reads(authors_vocab, name, count, bad, entity_answers, caplog):
+    path = shared_data_path(f"edmem_release/data/{name}")
+    if bad:
+        with pytest.raises(ValueError, match="overlaps the link before it"):
+            read_qa(path, authors_vocab)
+    with caplog.at_level("INFO", logger="edmem_hf.tasks"):
+        dataset = read_qa(path, authors_vocab, bad_records="skip")
+    assert len(dataset) == count and sum(a != -100 for a in dataset["answer_entity"]) == entity_answers
+    assert f"{count} records read, skipped: {f'{bad} bad' if bad else 'none'}" in caplog.text
+    assert "0 of them with an entity not in the vocabulary" in caplog.text
+    assert all(e != -100 for entities in dataset["mention_entities"] for e in entities)
+
+
+def test_a_qa_record_checked_by_hand(authors_vocab, caplog):
+    """nq-test's first record, in the authors' id space and by name in a vocabulary of our own."""
+    path = shared_data_path("edmem_release/data/openqa/nq/edmem_nq-test.jsonl")
+    first = read_qa(path, authors_vocab)[0]
+    assert first["id"] == "-3290814144789249484"
+    assert first["question"] == "who got the first <E_s> nobel prize in physics <E_e>"
+    assert first["answers"] == ["Wilhelm Conrad Röntgen", "Wilhelm Röntgen"]
+    assert first["mention_entities"] == [3601] and first["answer_entity"] == 56607
+    ours = EntityVocab(["Wilhelm Röntgen", "Deadpool (film)"])  # by name; Nobel Prize in Physics is not in it
+    with caplog.at_level("WARNING", logger="edmem_hf.tasks"):
+        dataset = read_qa(path, ours)
+    assert dataset[0]["mention_entities"] == [-100] and dataset[0]["answer_entity"] == 0
+    assert dataset[1]["question"] == "when is the next <E_s> deadpool <E_e> movie being released"
+    assert dataset[1]["mention_entities"] == [1] and dataset[1]["answer_entity"] == -100
+    assert "4736 linked mentions, 4734 of them with an entity not in the vocabulary" in caplog.text
+    assert "entity answers: 1" in caplog.text
+
+
+@pytest.mark.parametrize(("name", "count", "bad"), GENERATION_FILES)
+def test_every_released_generation_file_reads(authors_vocab, name, count, bad):
+    path = shared_data_path(f"edmem_release/data/{name}")
+    dataset = read_generation(path, authors_vocab, bad_records="skip")
+    assert len(dataset) == count
+    assert all(
+        len(names) == len(outputs) for names, outputs in zip(dataset["output_entity_names"], dataset["outputs"])
+    )
+    if bad:
+        with pytest.raises(ValueError, match="overlaps the link before it"):
+            read_generation(path, authors_vocab)
+
+
+def test_a_generation_record_checked_by_hand(authors_vocab):
+    record = read_generation(
+        shared_data_path("edmem_release/data/generation/creak/edmem_creak-test.jsonl"), authors_vocab
+    )[0]
+    assert record["input"] == "Eating <E_s> soup <E_e> means eating only <E_s> solids <E_e>."
+    assert record["mention_entities"] == [20234, 25493] and record["input_entity_names"] == ["Soup", "Solid"]
+    assert record["outputs"][0] == "This is false because Soup is mainly liquid sometimes with bits of food inside."
+    assert record["output_entity_names"] == [["Soup", "Liquid"], ["Soup", "Liquid"]]
+
+
+@pytest.mark.parametrize(("name", "count", "not_entities"), ANSWER_LINK_FILES)
+def test_every_released_answer_link_file_reads(name, count, not_entities):
+    links = read_answer_links(shared_data_path(f"edmem_release/data/{name}"))
+    assert len(links) == count and sum(v is None for v in links.values()) == not_entities
+    if "nq/entity_linking/sling_invocab-test" in name:
+        assert links["-3290814144789249484"] == [56607] and links["8851020722386421469"] is None
+
+
+def _write(tmp_path, record):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    return path
+
+
+def test_bad_records_name_the_record_and_the_problem(tmp_path, caplog):
+    vocab = EntityVocab(["Paris", "France"])
+    good = {"id": "q1", "question": "where is paris", "answer": ["France"], "link_offset": [9], "link_length": [5]}
+    good |= {"link_target": ["1"], "entity_name": ["Paris"]}
+    assert read_qa(_write(tmp_path, good), vocab)[0]["question"] == "where is <E_s> paris <E_e>"
+    outside = {**good, "link_length": [9]}
+    with pytest.raises(ValueError, match=r"record 'q1': link 'Paris' at 9..18 is outside the text \(14 characters\)"):
+        read_qa(_write(tmp_path, outside), vocab)
+    overlapping = {**good, "link_offset": [6, 9], "link_length": [8, 5], "link_target": ["1", "2"]}
+    overlapping["entity_name"] = ["Paris", "France"]
+    with pytest.raises(ValueError, match="record 'q1': link 'France' at 9 overlaps the link before it"):
+        read_qa(_write(tmp_path, overlapping), vocab)
+    uneven = {**good, "entity_name": ["Paris", "France"]}
+    with pytest.raises(ValueError, match="record 'q1': link lists of different lengths .*2 entity_name"):
+        read_qa(_write(tmp_path, uneven), vocab)
+    with caplog.at_level("WARNING", logger="edmem_hf.tasks"):
+        assert len(read_qa(_write(tmp_path, {**good, "answer": []}), vocab)) == 0
+    assert "0 records read, skipped: 1 without an answer" in caplog.text
+    with pytest.raises(ValueError, match="bad_records must be 'raise' or 'skip'"):
+        read_qa(_write(tmp_path, outside), vocab, bad_records="drop")
+
+
+def test_records_encode_for_qa_generation_and_the_static_setting():
+    """The static setting's target: the decoder reads the question then <E_s> (what `link_entities` reads with
+    `decoder_input="question"`), the head is supervised there, no token is scored; a training step on it moves
+    only the entity-linking objective, and examples whose answer is not an entity have no such target."""
+    tokenizer = make_word_tokenizer()
+    model = tiny_model(vocab_size=len(tokenizer))
+    model.config.entity_start_token_id, model.config.entity_end_token_id = tokenizer.convert_tokens_to_ids(
+        ["<E_s>", "<E_e>"]
+    )
+    start = model.config.entity_start_token_id
+    record = {"id": "q", "question": "ba <E_s> roki <E_e> ta", "answers": ["lun"], "mention_entities": [3]}
+    qa = encode_qa_record({**record, "answer_entity": 7}, tokenizer)
+    assert qa["labels"][0] == start and qa["decoder_entity_labels"][0] == 7
+    assert [qa["entity_labels"][i] for i, t in enumerate(qa["input_ids"]) if t == start] == [3]
+    static = encode_static_linking_record({**record, "answer_entity": 7}, tokenizer)
+    assert static["decoder_input_ids"] == static["input_ids"][:-1] + [start, tokenizer.eos_token_id]
+    assert set(static["labels"]) == {-100}
+    with pytest.raises(ValueError, match="record q: the answer is not an entity"):
+        encode_static_linking_record({**record, "answer_entity": -100}, tokenizer)
+    batch = EDMemSeq2SeqCollator(tokenizer.pad_token_id)([static])
+    model.train()
+    out = model(**batch)
+    assert out.lm_loss == 0 and out.entity_loss > 0 and torch.isfinite(out.loss)
+    out.loss.backward()
+    assert model.entity_linking_head.query_proj.weight.grad.abs().sum() > 0
+    # the supervised position is the one link_entities reads at inference
+    model.eval()
+    with torch.no_grad():
+        trained_at = model(**batch, output_attended_entities=True).linked_entities
+        ids, _ = model.link_entities(batch["input_ids"], top_k=8, decoder_input="question")
+    placeholder = trained_at.positions[:, 1] == len(static["decoder_input_ids"]) - 2
+    assert torch.equal(trained_at.top_entity_ids[placeholder], ids)
+    generation = encode_generation_record(
+        {"id": "g", "input": "<E_s> ba <E_e> ro", "outputs": ["ki ta", "x"], "mention_entities": [5]}, tokenizer
+    )
+    assert generation["labels"][-1] == tokenizer.eos_token_id and set(generation["decoder_entity_labels"]) == {-100}
+    with pytest.raises(ValueError, match="all or none"):
+        EDMemSeq2SeqCollator(tokenizer.pad_token_id)([static, qa])

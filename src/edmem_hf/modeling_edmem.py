@@ -799,8 +799,13 @@ def _mean_entity_loss(
 
 
 def _lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of the scored tokens; 0 when none is (a batch of static linking targets, which score only
+    the entity-linking head), not the NaN of an empty mean."""
+    labels = labels.to(logits.device)
+    if not (labels != IGNORE_INDEX).any():
+        return logits.float().sum() * 0.0
     return nn.functional.cross_entropy(
-        logits.float().view(-1, logits.shape[-1]), labels.to(logits.device).view(-1), ignore_index=IGNORE_INDEX
+        logits.float().view(-1, logits.shape[-1]), labels.view(-1), ignore_index=IGNORE_INDEX
     )
 
 
@@ -871,15 +876,24 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EntityVocabMixin, EDM
             `<E_s>` (dynamic decoding asks for them at every step).
         """
         config = self.config
-        if decoder_entity_labels is not None:
-            if labels is None:
-                raise ValueError("decoder_entity_labels are aligned with labels: pass labels too")
-            check_entity_labels(decoder_entity_labels, labels, config, "decoder_entity_labels")
-            decoder_entity_labels = shift_tokens_right(decoder_entity_labels, IGNORE_INDEX, IGNORE_INDEX)
         if labels is not None:
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = shift_tokens_right(labels, config.pad_token_id, config.decoder_start_token_id)
+        if decoder_entity_labels is not None:
+            if labels is None or decoder_input_ids is None:
+                raise ValueError(
+                    "decoder_entity_labels are aligned with labels: pass labels too (and token ids, not embeds)"
+                )
+            if decoder_entity_labels.shape != labels.shape:
+                raise ValueError(
+                    f"decoder_entity_labels has shape {tuple(decoder_entity_labels.shape)} but labels "
+                    f"{tuple(labels.shape)}: they are aligned"
+                )
+            decoder_entity_labels = shift_tokens_right(decoder_entity_labels, IGNORE_INDEX, IGNORE_INDEX)
+            check_entity_labels(
+                decoder_entity_labels, decoder_input_ids, config, "decoder_entity_labels (shifted right with labels)"
+            )
         if decoder_input_ids is None and decoder_inputs_embeds is None and input_ids is not None:
             # as EDMemModel would (denoising): the entity-linking head needs to see the decoder's <E_s>
             decoder_input_ids = shift_tokens_right(input_ids, config.pad_token_id, config.decoder_start_token_id)
