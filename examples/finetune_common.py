@@ -1,0 +1,194 @@
+"""What `finetune_qa.py` and `finetune_generation.py` share: their arguments, the model and data set-up, the stock
+`Seq2SeqTrainer` run, and predictions written as `{id: text}` JSON (markers kept, the authors' released format), so
+that `edmem evaluate` scores ours and theirs alike.
+
+The defaults are the paper's fine-tuning settings (Appendix C; its ranges in the help texts).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from transformers import (
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    EarlyStoppingCallback,
+    HfArgumentParser,
+    Seq2SeqTrainer,
+    Seq2SeqTrainingArguments,
+    set_seed,
+)
+
+import edmem_hf  # noqa: F401  (registers EDMem with the Auto classes)
+from edmem_hf.tasks import EDMemSeq2SeqCollator, strip_generation
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ModelArguments:
+    model_name_or_path: str = field(metadata={"help": "a pre-trained or converted EDMem folder or Hub id"})
+    tokenizer_name: str | None = field(default=None, metadata={"help": "defaults to model_name_or_path"})
+    entity_loss_weight: float = field(default=1.0, metadata={"help": "lambda of LM + lambda * EL (paper: 0.5 to 2)"})
+    dropout: float = field(default=0.1, metadata={"help": "dropout of the stacks and the memory (paper: 0.1 to 0.3)"})
+    entity_decoding: str = field(
+        default="free", metadata={"help": "free | static | dynamic: how evaluation and prediction generate"}
+    )
+    entity_candidates: int = field(default=5, metadata={"help": "entities a mention may spell (paper: 1, 3 or 5)"})
+    static_linker: str | None = field(
+        default=None,
+        metadata={
+            "help": "static decoding: a separately fine-tuned linker (finetune_qa.py --objective static_linking)"
+        },
+    )
+    early_stopping_patience: int = field(default=3, metadata={"help": "evaluations without improvement; 0 = off"})
+
+
+@dataclass
+class DataArguments:
+    train_file: str | None = field(default=None, metadata={"help": "a released edmem_*.jsonl (or el_*.jsonl)"})
+    validation_file: str | None = None
+    test_file: str | None = None
+    max_source_length: int = 64
+    max_target_length: int = 64
+    bad_records: str = field(default="raise", metadata={"help": "raise | skip (released files hold 9 bad records)"})
+    max_train_samples: int | None = None
+    max_eval_samples: int | None = None
+
+
+# The paper's settings where Seq2SeqTrainingArguments' defaults are not theirs (lr 5e-6 to 3e-5, beams 1/3/5).
+PAPER_DEFAULTS = dict(
+    learning_rate=1e-5,
+    predict_with_generate=True,
+    generation_num_beams=1,
+    eval_strategy="epoch",
+    save_strategy="epoch",
+    save_total_limit=2,
+    load_best_model_at_end=True,
+    greater_is_better=True,
+    remove_unused_columns=False,
+)
+
+
+@dataclass
+class Task:
+    """What makes a task: its reader, its encoder into training features, its scores and its best-model metric."""
+
+    read: Callable[..., Any]  # (path, entity_vocab, bad_records) -> datasets.Dataset
+    encode: Callable[..., dict]  # (row, tokenizer, max_length) -> features
+    score: Callable[[list[dict], dict[str, str]], dict[str, float]] | None  # (rows, {id: text}) -> metrics
+    defaults: dict[str, Any]  # Seq2SeqTrainingArguments defaults of the task (e.g. metric_for_best_model)
+    filter_rows: Callable[[dict], bool] | None = None
+
+
+def parse_arguments(task: Task, argv: list[str] | None = None):
+    parser = HfArgumentParser((ModelArguments, DataArguments, Seq2SeqTrainingArguments))
+    parser.set_defaults(**{**PAPER_DEFAULTS, **task.defaults})
+    if argv is None and len(sys.argv) == 2 and sys.argv[1].endswith(".json"):
+        return parser.parse_json_file(os.path.abspath(sys.argv[1]))
+    return parser.parse_args_into_dataclasses(args=argv)
+
+
+def run(task: Task, argv: list[str] | None = None) -> dict[str, float]:
+    """Fine-tunes, evaluates and predicts as the arguments say; returns the metrics of the last step run."""
+    model_args, data_args, training_args = parse_arguments(task, argv)
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    set_seed(training_args.seed)
+
+    tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name or model_args.model_name_or_path)
+    dropouts = dict(dropout=model_args.dropout, memory_dropout=model_args.dropout)
+    dropouts |= dict(upper_input_dropout=model_args.dropout)
+    model = AutoModelForSeq2SeqLM.from_pretrained(
+        model_args.model_name_or_path, entity_loss_weight=model_args.entity_loss_weight, **dropouts
+    )
+    if model.entity_vocab is None:
+        raise ValueError(f"{model_args.model_name_or_path} has no entity_vocab.json: the readers map entities with it")
+    model.generation_config.entity_decoding = model_args.entity_decoding
+    model.generation_config.entity_candidates = model_args.entity_candidates
+    model.generation_config.max_new_tokens = data_args.max_target_length
+    if model_args.entity_decoding != "free":
+        model.entity_trie(tokenizer)  # spelled once with this tokenizer, kept on the model for generate()
+
+    def load(path: str | None, limit: int | None):
+        if path is None:
+            return None, None
+        rows = task.read(path, model.entity_vocab, bad_records=data_args.bad_records)
+        if task.filter_rows is not None:
+            rows = rows.filter(task.filter_rows)
+        if limit is not None:
+            rows = rows.select(range(min(limit, len(rows))))
+        features = rows.map(
+            lambda row: task.encode(row, tokenizer, data_args.max_source_length),
+            remove_columns=rows.column_names,
+            desc=f"encoding {Path(path).name}",
+        )
+        return rows, features
+
+    _, train_features = load(data_args.train_file if training_args.do_train else None, data_args.max_train_samples)
+    eval_rows, eval_features = load(
+        data_args.validation_file if training_args.do_eval or training_args.do_train else None,
+        data_args.max_eval_samples,
+    )
+    test_rows, test_features = load(data_args.test_file if training_args.do_predict else None, None)
+    scored_rows = eval_rows
+
+    def compute_metrics(prediction) -> dict[str, float]:
+        texts = decode(tokenizer, prediction.predictions)
+        return task.score(list(scored_rows), dict(zip(scored_rows["id"], texts)))
+
+    callbacks = []
+    if model_args.early_stopping_patience and eval_features is not None and training_args.load_best_model_at_end:
+        callbacks.append(EarlyStoppingCallback(model_args.early_stopping_patience))
+    trainer = Seq2SeqTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=train_features,
+        eval_dataset=eval_features,
+        data_collator=EDMemSeq2SeqCollator(tokenizer.pad_token_id),
+        processing_class=tokenizer,
+        compute_metrics=compute_metrics if training_args.predict_with_generate and task.score else None,
+        callbacks=callbacks,
+    )
+    metrics: dict[str, float] = {}
+    if training_args.do_train:
+        result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+        trainer.save_model()
+        trainer.log_metrics("train", result.metrics)
+        trainer.save_metrics("train", result.metrics)
+        metrics = result.metrics
+    if training_args.do_eval and eval_features is not None:
+        metrics = trainer.evaluate(metric_key_prefix="eval")
+        trainer.log_metrics("eval", metrics)
+        trainer.save_metrics("eval", metrics)
+    if training_args.do_predict and test_features is not None:
+        scored_rows = test_rows
+        generation = {}
+        if model_args.static_linker is not None:
+            generation = dict(
+                entity_linker=AutoModelForSeq2SeqLM.from_pretrained(model_args.static_linker).eval(),
+                static_linking_input="question",
+            )
+        output = trainer.predict(test_features, metric_key_prefix="test", **generation)
+        metrics = output.metrics
+        trainer.log_metrics("test", metrics)
+        trainer.save_metrics("test", metrics)
+        if trainer.is_world_process_zero() and training_args.predict_with_generate:
+            path = Path(training_args.output_dir) / f"{model_args.entity_decoding}_predictions.json"
+            texts = decode(tokenizer, output.predictions)
+            path.write_text(json.dumps(dict(zip(test_rows["id"], texts)), ensure_ascii=False, indent=1))
+            logger.info("predictions of %d examples written to %s", len(texts), path)
+    return metrics
+
+
+def decode(tokenizer: Any, token_ids: np.ndarray) -> list[str]:
+    """Generated ids (padded with -100 across batches) -> texts with the mention markers kept."""
+    token_ids = np.where(token_ids == -100, tokenizer.pad_token_id, token_ids)
+    return [strip_generation(text, tokenizer) for text in tokenizer.batch_decode(token_ids)]
