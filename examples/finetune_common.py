@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import transformers
 from transformers import (
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
@@ -75,6 +76,7 @@ PAPER_DEFAULTS = dict(
     load_best_model_at_end=True,
     greater_is_better=True,
     remove_unused_columns=False,
+    ddp_find_unused_parameters=False,  # every memory parameter takes part in every step (docs/model.md)
 )
 
 
@@ -101,6 +103,8 @@ def run(task: Task, argv: list[str] | None = None) -> dict[str, float]:
     """Fine-tunes, evaluates and predicts as the arguments say; returns the metrics of the last step run."""
     model_args, data_args, training_args = parse_arguments(task, argv)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    if training_args.should_log:  # the main process logs the Trainer's set-up and progress, as HF examples do
+        transformers.utils.logging.set_verbosity_info()
     set_seed(training_args.seed)
 
     tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name or model_args.model_name_or_path)
@@ -141,7 +145,7 @@ def run(task: Task, argv: list[str] | None = None) -> dict[str, float]:
     scored_rows = eval_rows
 
     def compute_metrics(prediction) -> dict[str, float]:
-        texts = decode(tokenizer, prediction.predictions)
+        texts = decode(tokenizer, prediction.predictions, len(scored_rows))
         return task.score(list(scored_rows), dict(zip(scored_rows["id"], texts)))
 
     callbacks = []
@@ -182,13 +186,16 @@ def run(task: Task, argv: list[str] | None = None) -> dict[str, float]:
         trainer.save_metrics("test", metrics)
         if trainer.is_world_process_zero() and training_args.predict_with_generate:
             path = Path(training_args.output_dir) / f"{model_args.entity_decoding}_predictions.json"
-            texts = decode(tokenizer, output.predictions)
+            texts = decode(tokenizer, output.predictions, len(test_rows))
             path.write_text(json.dumps(dict(zip(test_rows["id"], texts)), ensure_ascii=False, indent=1))
             logger.info("predictions of %d examples written to %s", len(texts), path)
     return metrics
 
 
-def decode(tokenizer: Any, token_ids: np.ndarray) -> list[str]:
-    """Generated ids (padded with -100 across batches) -> texts with the mention markers kept."""
-    token_ids = np.where(token_ids == -100, tokenizer.pad_token_id, token_ids)
+def decode(tokenizer: Any, token_ids: np.ndarray, count: int) -> list[str]:
+    """Generated ids (padded with -100 across batches) -> the texts of the `count` examples, mention markers kept.
+    A distributed evaluation pads its last batches with repeated examples: those rows come last and are dropped."""
+    if len(token_ids) < count:
+        raise ValueError(f"{len(token_ids)} generated rows for {count} examples")
+    token_ids = np.where(token_ids[:count] == -100, tokenizer.pad_token_id, token_ids[:count])
     return [strip_generation(text, tokenizer) for text in tokenizer.batch_decode(token_ids)]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -118,3 +120,24 @@ def test_generation_fine_tuning(folders, tmp_path):
     for key in ("test_rouge1", "test_rouge2", "test_rougeL", "test_f1"):
         assert 0 <= metrics[key] <= 100, key
     assert len(json.loads((tmp_path / "dynamic_predictions.json").read_text())) == 16
+
+
+def test_qa_fine_tuning_runs_unchanged_under_torchrun(folders, tmp_path):
+    """Two CPU processes (DDP over gloo): a training step, then predictions gathered in example order, the same as
+    one process's (the distributed sampler pads 24 examples to 32)."""
+    script = Path(__file__).resolve().parents[1] / "examples" / "finetune_qa.py"
+    data = folders / "qa.jsonl"
+    trained = _arguments(folders, tmp_path / "trained", data, ["--entity_decoding", "dynamic"])
+    predict_only = [a for a in _arguments(folders, tmp_path / "two", data) if a not in ("--do_train", "--do_eval")]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    logs = []
+    for arguments in (trained, predict_only):
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(script), *arguments]
+        result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+        logs.append(result.stdout + result.stderr)
+    assert "Total train batch size (w. parallel, distributed & accumulation) = 16" in logs[0]  # 2 x 8
+    assert json.loads((tmp_path / "trained" / "test_results.json").read_text())["test_count"] == 24
+    finetune_qa.main([a for a in _arguments(folders, tmp_path / "one", data) if a not in ("--do_train", "--do_eval")])
+    two = json.loads((tmp_path / "two" / "free_predictions.json").read_text())
+    assert two == json.loads((tmp_path / "one" / "free_predictions.json").read_text()) and len(two) == 24
