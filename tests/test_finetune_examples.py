@@ -117,7 +117,7 @@ def test_generation_fine_tuning(folders, tmp_path):
     metrics = finetune_generation.main(
         ["--task", "wow", *_arguments(folders, tmp_path, data, ["--entity_decoding", "dynamic"])]
     )
-    for key in ("test_rouge1", "test_rouge2", "test_rougeL", "test_f1"):
+    for key in ("test_rouge1", "test_rouge2", "test_rougeL", "test_f1", "test_entity_coverage"):
         assert 0 <= metrics[key] <= 100, key
     assert len(json.loads((tmp_path / "dynamic_predictions.json").read_text())) == 16
 

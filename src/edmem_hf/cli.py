@@ -13,7 +13,10 @@ COMMANDS = {
         "edmem_hf.convert_original",
         "Convert the authors' EDMem checkpoint to this package's format.",
     ),
-    "evaluate": ("edmem_hf.evaluation", "Score predictions: exact match (QA), ROUGE and unigram F1 (generation)."),
+    "evaluate": (
+        "edmem_hf.evaluation",
+        "Score predictions: exact match (QA); ROUGE, unigram F1, entity coverage, BERTScore (generation).",
+    ),
     "demo": ("edmem_hf.demo", "Run the whole path offline on a generated toy world."),
 }
 
