@@ -428,7 +428,7 @@ def test_static_linking_with_the_question_in_the_decoder(tokenizer):
         model.link_entities(batch.input_ids, batch.attention_mask, decoder_input="answer")
 
 
-def test_static_decoding_with_a_separate_entity_linker(tokenizer):
+def test_static_decoding_with_a_separate_entity_linker(tokenizer, tmp_path):
     """`entity_linker=`: the candidates come from another model's head (the authors' separately fine-tuned
     linker), read with the question in its decoder; mentions spell those candidates."""
     model, linker = make_model(tokenizer, seed=0), make_model(tokenizer, seed=5)
@@ -450,6 +450,18 @@ def test_static_decoding_with_a_separate_entity_linker(tokenizer):
     assert closed > 0, "the model must generate mentions"
     with pytest.raises(ValueError, match="apply to entity_decoding='static' only"):
         model.generate(**batch, entity_decoding="dynamic", tokenizer=tokenizer, entity_linker=linker)
+    # the paper's reading as the saved default: a generation config that carries it, through save and load
+    model.generation_config.static_linking_input = "question"
+    model.save_pretrained(tmp_path)
+    reloaded = type(model).from_pretrained(tmp_path)
+    assert reloaded.generation_config.static_linking_input == "question"
+    again = reloaded.generate(**batch, **settings, entity_linker=linker, return_dict_in_generate=True)
+    assert torch.equal(again.sequences, out.sequences)
+    assert all(
+        [c[0] for c in mention.candidates] == linked[row].tolist()
+        for row, mentions in enumerate(again.entity_mentions)
+        for mention in mentions
+    )
     other = make_model(tokenizer, seed=5)
     other.config.entity_vocab_size = len(NAMES) - 1  # a linker over another entity table
     with pytest.raises(ValueError, match="must share one entity table"):

@@ -249,7 +249,7 @@ class EDMemGenerationMixin(GenerationMixin):
         entity_candidates: int | None = None,
         tokenizer=None,
         entity_linker=None,
-        static_linking_input: str = "start",
+        static_linking_input: str | None = None,
         **kwargs,
     ):
         r"""
@@ -265,8 +265,9 @@ class EDMemGenerationMixin(GenerationMixin):
             tokenizer: the model's tokenizer, needed once to spell entity names (the prefix tree is then kept).
             entity_linker (`EDMemForConditionalGeneration`, *optional*): static decoding takes its candidates from
                 this model's entity-linking head (the authors ran a separately fine-tuned linker) instead of this one's.
-            static_linking_input (`str`): what the decoder reads before the `<E_s>` placeholder of static linking:
-                `"start"` (ours, the default) or `"question"` (the paper's); see `link_entities`.
+            static_linking_input (`str`, *optional*): what the decoder reads before the `<E_s>` placeholder of static
+                linking: `"start"` (ours) or `"question"` (the paper's); see `link_entities`. Defaults to
+                `generation_config.static_linking_input` (`"start"`).
 
         Training-only batch fields (`labels`, `entity_labels`, `decoder_entity_labels`) are dropped, so that a
         training batch can be passed as is (`Seq2SeqTrainer(predict_with_generate=True)` does). With
@@ -282,8 +283,10 @@ class EDMemGenerationMixin(GenerationMixin):
             raise ValueError(f"entity_decoding must be one of {ENTITY_DECODING_MODES}, got {mode!r}")
         if mode != "free" and self.config.variant != "edmem":
             raise ValueError(f"entity_decoding={mode!r} needs the full EDMem, not variant {self.config.variant!r}")
-        if (entity_linker is not None or static_linking_input != "start") and mode != "static":
+        if (entity_linker is not None or static_linking_input is not None) and mode != "static":
             raise ValueError("entity_linker and static_linking_input apply to entity_decoding='static' only")
+        if static_linking_input is None:
+            static_linking_input = getattr(config, "static_linking_input", "start")
         if not isinstance(top_k, int) or top_k < 1:
             raise ValueError(f"entity_candidates must be a positive integer, got {top_k!r}")
         num_beams = kwargs.get("num_beams", getattr(config, "num_beams", 1)) or 1

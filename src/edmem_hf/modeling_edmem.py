@@ -834,7 +834,9 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EntityVocabMixin, EDM
             settings = self.generation_config.to_dict()
             for internal in ("transformers_version", "_from_model_config"):  # the latter makes it drop our keys
                 settings.pop(internal, None)
-            self.generation_config = GenerationConfig(**settings, entity_decoding="free", entity_candidates=5)
+            self.generation_config = GenerationConfig(
+                **settings, entity_decoding="free", entity_candidates=5, static_linking_input="start"
+            )
 
     def resize_token_embeddings(self, new_num_tokens: int, pad_to_multiple_of=None, mean_resizing: bool = True):
         new_embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
