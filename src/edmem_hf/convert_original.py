@@ -19,6 +19,7 @@ import torch
 from huggingface_hub.errors import StrictDataclassError
 
 from .configuration_edmem import EDMemConfig
+from .model_card import save_model_card
 from .modeling_edmem import EDMemForConditionalGeneration
 
 # What shapes cannot tell: bart-large's heads and dropouts, the authors' marker ids (50265, 50266 after
@@ -171,30 +172,9 @@ def convert_state_dict(
     return model.eval()
 
 
-_CARD = """---
-{{ card_data }}
----
-
-# EDMem converted from the authors' checkpoint
-
-An EDMem (Zhang et al., EMNLP 2022) converted by `edmem convert-original` from `{{ source }}`, a checkpoint of the
-authors' code (github DM2-ND/EDMem): {{ summary }}. Settings the weights could not tell were set to the authors'
-values or given with `--set`: {{ settings }}.
-
-```python
-from transformers import AutoModelForSeq2SeqLM
-
-model = AutoModelForSeq2SeqLM.from_pretrained("{{ folder }}", trust_remote_code=True)
-```
-
-Entity ids are the authors' (every row of their table kept; in their labels 0 means no entity).
-"""
-
-
 def write_model_card(model: EDMemForConditionalGeneration, folder: str | Path, source: str) -> None:
-    """A README.md model card (`huggingface_hub.ModelCard`) saying what was converted, from where, with what."""
-    from huggingface_hub import ModelCard, ModelCardData
-
+    """The model's README.md card (`EDMemForConditionalGeneration.model_card`) saying what was converted, from where,
+    with what."""
     config = model.config
     summary = (
         f"{config.encoder_lower_layers}+{config.encoder_upper_layers} encoder and "
@@ -202,13 +182,13 @@ def write_model_card(model: EDMemForConditionalGeneration, folder: str | Path, s
         f"a {config.entity_vocab_size} x {config.entity_embed_dim} entity table"
     )
     settings = ", ".join(f"`{key}={getattr(config, key)!r}`" for key in AUTHORS_DEFAULTS)
-    data = ModelCardData(
-        library_name="transformers", pipeline_tag="text2text-generation", tags=["edmem", "custom_code"]
+    notes = (
+        f"Converted by `edmem convert-original` from `{source}`, a checkpoint of the authors' code "
+        f"(github DM2-ND/EDMem): {summary}. Settings the weights could not tell were set to the authors' values or "
+        f"given with `--set`: {settings}. Entity ids are the authors' (every row of their table kept; in their "
+        "labels 0 means no entity)."
     )
-    card = ModelCard.from_template(
-        data, template_str=_CARD, source=source, summary=summary, settings=settings, folder=str(folder)
-    )
-    card.save(str(Path(folder) / "README.md"))
+    save_model_card(model.model_card(str(folder), notes=notes), folder)  # a README.md of the user's is kept
 
 
 def cli_main(argv: list[str] | None = None) -> int:
