@@ -1,10 +1,11 @@
-"""Model cards on save, folders that load like any Hub model without this package."""
+"""Model cards on save, folders that load like any Hub model without this package, docs/hub.md."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -221,3 +222,28 @@ def test_hub_files_import_only_each_other():
 
 def get_relative_import_files_of(module: str) -> list[Path]:
     return [Path(p) for p in get_relative_import_files(str(SRC / f"{module}.py"))]
+
+
+# --- docs/hub.md -----------------------------------------------------------------------------------------------
+
+
+def test_every_code_block_of_docs_hub_runs(tmp_path):
+    """The blocks run in order in one interpreter: python as written, each `edmem ...` line of a bash block through
+    this tree's `edmem_hf.cli.main`."""
+    markdown = (ROOT / "docs" / "hub.md").read_text()
+    script = ["from edmem_hf.cli import main as edmem"]
+    for language, body in re.findall(r"```(python|bash)\n(.*?)```", markdown, flags=re.DOTALL):
+        if language == "python":
+            script.append(body)
+        else:
+            for command in body.strip().splitlines():
+                assert command.startswith("edmem "), command
+                argv = command.split()[1:]
+                script.append(f"assert edmem({argv!r}) == 0")
+    assert len(python_blocks(markdown)) >= 4
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf_home"), "PYTHONPATH": str(SRC.parent)}
+    result = subprocess.run(
+        [sys.executable, "-c", "\n".join(script)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "EDMemForConditionalGeneration 64" in result.stdout
