@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import subprocess
@@ -136,3 +137,28 @@ def run_without_the_package(script: str, tmp_path: Path, stdin: str | None = Non
     result = subprocess.run(command, input=stdin, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
+
+
+# Wraps a script run without the package: every Python warning and every Transformers log record of level WARNING
+# or above is collected and printed as the last line.
+_QUIET = """
+import json, logging, warnings
+_reports = []
+class _Keep(logging.Handler):
+    def emit(self, record):
+        _reports.append(record.getMessage())
+logging.getLogger("transformers").addHandler(_Keep(logging.WARNING))
+warnings.simplefilter("always")
+warnings.showwarning = lambda message, *args, **kwargs: _reports.append(str(message))
+{script}
+print("REPORTS " + json.dumps(_reports))
+"""
+
+
+def run_quietly(script: str, tmp_path: Path) -> tuple[list[str], list[str]]:
+    """`script` run without the package (stdin empty: a prompt cannot wait); its stdout lines and what it warned."""
+    result = run_without_the_package(_QUIET.format(script=script), tmp_path, stdin="")
+    lines = result.stdout.strip().splitlines()
+    assert "Do you wish to run the custom code" not in result.stdout
+    assert lines[-1].startswith("REPORTS "), result.stdout
+    return lines[:-1], json.loads(lines[-1][len("REPORTS ") :])

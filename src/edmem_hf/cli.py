@@ -13,6 +13,7 @@ COMMANDS = {
         "edmem_hf.convert_original",
         "Convert the authors' EDMem checkpoint to this package's format.",
     ),
+    "write-preset": ("edmem_hf.presets", "Write the edmem-base or edmem-large preset as a folder that loads offline."),
     "evaluate": (
         "edmem_hf.evaluation",
         "Score predictions: exact match (QA); ROUGE, unigram F1, entity coverage, BERTScore (generation).",

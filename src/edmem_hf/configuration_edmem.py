@@ -20,8 +20,9 @@ class EDMemConfig(PreTrainedConfig):
     Configuration of an EDMem model: a BART-style encoder-decoder whose encoder and decoder are each split into
     lower and upper layers, with an entity memory read at every `<E_s>` token between the two.
 
-    The defaults are the paper's `edmem-large` setting: BART-large widths, 4 lower + 8 upper layers on each side,
-    a 1M x 256 entity table, top-100 entities at inference, and an entity-linking loss weight of 1.
+    The defaults are the paper's architecture: BART-large widths, 4 lower + 8 upper layers on each side, a 1M x 256
+    entity table, top-100 entities at inference, and an entity-linking loss weight of 1. The presets of
+    `edmem_hf.presets` (`edmem-base`, `edmem-large`) add the authors' 1,000,010-row table and dropouts.
 
     Args:
         encoder_lower_layers / encoder_upper_layers / decoder_lower_layers / decoder_upper_layers (`int`):

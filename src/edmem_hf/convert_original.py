@@ -22,6 +22,7 @@ from huggingface_hub.errors import StrictDataclassError
 
 from .configuration_edmem import EDMemConfig
 from .entity_vocab import AUTHORS_ID_SPACE, ENTITY_VOCAB_NAME, EntityVocab
+from .model_card import save_model_card
 from .modeling_edmem import EDMemForConditionalGeneration, EDMemForEntityLinking
 
 # What shapes cannot tell: bart-large's heads and dropouts, the authors' marker ids (50265, 50266 after
@@ -272,32 +273,13 @@ def authors_entity_vocab(num_rows: int, names: Mapping[int, str]) -> EntityVocab
     return EntityVocab(rows, id_space=AUTHORS_ID_SPACE)
 
 
-_CARD = """---
-{{ card_data }}
----
-
-# {{ variant }} converted from the authors' checkpoint
-
-An {{ variant }} (Zhang et al., EMNLP 2022) converted by `edmem convert-original` from `{{ source }}`, a checkpoint of the
-authors' code (github DM2-ND/EDMem): {{ summary }}. Settings the weights could not tell were set to the authors'
-values or given with `--set`: {{ settings }}.
-
-```python
-{{ usage }}
-```
-
-Entity ids are the authors' (every row of their table kept; in their labels 0 means no entity). {{ names }}
-"""
-
-
 def write_model_card(
     model: EDMemForConditionalGeneration | EDMemForEntityLinking, folder: str | Path, source: str
 ) -> None:
-    """A README.md model card (`huggingface_hub.ModelCard`) saying what was converted, from where, with what."""
-    from huggingface_hub import ModelCard, ModelCardData
-
+    """The model's README.md card (`model.model_card`) saying what was converted, from where, with what, and how
+    many entities have a name."""
     config = model.config
-    summary = _summary(config)
+    settings = ", ".join(f"`{key}={getattr(config, key)!r}`" for key in AUTHORS_DEFAULTS)
     vocab = model.entity_vocab
     names = (
         "No entity names were given: entity decoding needs them (convert again with `--entity-names`)."
@@ -305,29 +287,13 @@ def write_model_card(
         else f"{len(vocab) - vocab.num_unnamed} of the {len(vocab)} rows have a name (`entity_vocab.json`); "
         "the others take part in the memory but are never spelled."
     )
-    settings = ", ".join(f"`{key}={getattr(config, key)!r}`" for key in AUTHORS_DEFAULTS)
-    if config.variant == "encmem":  # no Auto class for the encoder-only variant: its class, from this package
-        usage = (
-            f'from edmem_hf import EDMemForEntityLinking\n\nmodel = EDMemForEntityLinking.from_pretrained("{folder}")'
-        )
-    else:
-        usage = "from transformers import AutoModelForSeq2SeqLM\n\n"
-        usage += f'model = AutoModelForSeq2SeqLM.from_pretrained("{folder}", trust_remote_code=True)'
-
-    data = ModelCardData(
-        library_name="transformers", pipeline_tag="text2text-generation", tags=["edmem", "custom_code"]
+    notes = (
+        f"Converted by `edmem convert-original` from `{source}`, a checkpoint of the authors' code "
+        f"(github DM2-ND/EDMem): {_summary(config)}. Settings the weights could not tell were set to the authors' "
+        f"values or given with `--set`: {settings}. Entity ids are the authors' (every row of their table kept; in "
+        f"their labels 0 means no entity). {names}"
     )
-    card = ModelCard.from_template(
-        data,
-        template_str=_CARD,
-        variant="EncMem" if config.variant == "encmem" else "EDMem",
-        source=source,
-        summary=summary,
-        settings=settings,
-        usage=usage,
-        names=names,
-    )
-    card.save(str(Path(folder) / "README.md"))
+    save_model_card(model.model_card(str(folder), notes=notes), folder)  # a README.md of the user's is kept
 
 
 def cli_main(argv: list[str] | None = None) -> int:

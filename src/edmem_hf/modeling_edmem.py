@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import math
 import os
+import tempfile
 from dataclasses import dataclass
 
 import torch
+from huggingface_hub import ModelCard, ModelCardData
 from torch import nn
 from transformers import initialization as init
 from transformers.activations import ACT2FN
@@ -40,8 +42,16 @@ from .configuration_edmem import EDMemConfig
 from .entity_attention import IGNORE_INDEX, entity_attention
 from .entity_vocab import ENTITY_VOCAB_NAME, EntityVocab
 from .generation_edmem import EDMemGenerationMixin
+from .model_card import CARD_MARKER, README_NAME, edmem_model_card, is_edmem_card, save_model_card
 
 logger = logging.get_logger(__name__)
+
+# Written into config.json on save: every Auto class loads the Hub copy, whichever class was saved.
+HUB_AUTO_MAP = {
+    "AutoConfig": "configuration_edmem.EDMemConfig",
+    "AutoModel": "modeling_edmem.EDMemModel",
+    "AutoModelForSeq2SeqLM": "modeling_edmem.EDMemForConditionalGeneration",
+}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -615,20 +625,102 @@ class _EntityVocabMixin:
         self._entity_vocab = vocab
         self._entity_trie = None  # spelled the old vocabulary's names
 
-    def save_pretrained(self, save_directory, *args, **kwargs):
-        # All three auto classes, whichever class is saved, so that the Hub copy loads with any of them.
-        self.config.auto_map = {
-            "AutoConfig": "configuration_edmem.EDMemConfig",
-            "AutoModel": "modeling_edmem.EDMemModel",
-            "AutoModelForSeq2SeqLM": "modeling_edmem.EDMemForConditionalGeneration",
-        }
+    # What the model card says that only the user knows: license (default apache-2.0), datasets, eval_results
+    # (with model_name), tags, ... (a huggingface_hub.ModelCardData; see model_card.py).
+    card_data: ModelCardData | None = None
+
+    def model_card(self, path: str, notes: str = "") -> ModelCard:
+        """This model's card (README.md), with `path` (a folder or a Hub repository id) in its usage snippet."""
+        return edmem_model_card(
+            self.config,
+            path,
+            card_data=self.card_data,
+            architecture=type(self).__name__,
+            num_parameters=self.num_parameters(),
+            notes=notes,
+        )
+
+    def save_pretrained(self, save_directory, *args, overwrite_model_card: bool = False, **kwargs):
+        """`PreTrainedModel.save_pretrained`, plus `entity_vocab.json` and a model card (README.md). A README.md of
+        the user's (one we did not write) is kept unless `overwrite_model_card=True`."""
+        self.config.auto_map = HUB_AUTO_MAP.copy()
+        if kwargs.get("push_to_hub"):
+            # Transformers' upload would replace README.md with the Hub's card or a generic one: ours goes up.
+            repo_id = kwargs.pop("repo_id", os.path.basename(os.path.normpath(os.fspath(save_directory))))
+            push = {
+                key: kwargs.pop(key) for key in ("commit_message", "create_pr", "token", "private") if key in kwargs
+            }
+            kwargs.pop("push_to_hub")
+            self.save_pretrained(save_directory, *args, overwrite_model_card=overwrite_model_card, **kwargs)
+            return self._upload_with_card(save_directory, repo_id, **push)
         super().save_pretrained(save_directory, *args, **kwargs)
-        if self.entity_vocab is not None and kwargs.get("is_main_process", True):
-            self.entity_vocab.save(os.path.join(os.fspath(save_directory), ENTITY_VOCAB_NAME))
+        if kwargs.get("is_main_process", True):
+            if self.entity_vocab is not None:
+                self.entity_vocab.save(os.path.join(os.fspath(save_directory), ENTITY_VOCAB_NAME))
+            save_model_card(self.model_card(os.fspath(save_directory)), save_directory, overwrite=overwrite_model_card)
+
+    def push_to_hub(
+        self,
+        repo_id: str,
+        *,
+        commit_message: str | None = None,
+        commit_description: str | None = None,
+        private: bool | None = None,
+        token: bool | str | None = None,
+        revision: str | None = None,
+        create_pr: bool = False,
+        max_shard_size: int | str | None = "50GB",
+        tags: list[str] | None = None,
+    ):
+        """`PreTrainedModel.push_to_hub`, with this model's card as README.md unless the repository already has a
+        card of the user's (Transformers' own would upload the Hub's card or a generic one)."""
+        with tempfile.TemporaryDirectory() as folder:
+            self.save_pretrained(folder, max_shard_size=max_shard_size)
+            return self._upload_with_card(
+                folder,
+                repo_id,
+                commit_message=commit_message,
+                commit_description=commit_description,
+                private=private,
+                token=token,
+                revision=revision,
+                create_pr=create_pr,
+                tags=tags,
+            )
+
+    def _upload_with_card(self, folder, repo_id: str, *, token=None, private=None, tags=None, **commit):
+        """Uploads a saved folder with a README.md: the folder's if it is the user's, else the Hub repository's if it
+        is the user's, else ours (its snippet loading `repo_id`); `tags` are added to it."""
+        from huggingface_hub import HfApi
+        from huggingface_hub.errors import EntryNotFoundError
+
+        api = HfApi(token=token)
+        repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
+        readme = os.path.join(os.fspath(folder), README_NAME)
+        users_readme = os.path.isfile(readme) and not is_edmem_card(folder)
+        if users_readme:
+            with open(readme, encoding="utf-8") as f:
+                card = ModelCard(f.read())
+        else:
+            try:
+                card = ModelCard.load(repo_id, token=token)
+            except EntryNotFoundError:
+                card = None
+            if card is None or CARD_MARKER in card.text:
+                card = self.model_card(repo_id)
+        known = card.data.tags or []
+        added = [tag for tag in dict.fromkeys([*(self.model_tags or []), *(tags or [])]) if tag not in known]
+        if added:
+            card.data.tags = known + added
+        if added or not users_readme:
+            card.save(readme)
+        commit["commit_message"] = commit.get("commit_message") or "Upload EDMem"
+        return api.upload_folder(repo_id=repo_id, folder_path=folder, **commit)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
-        model = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        loaded = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        model = loaded[0] if kwargs.get("output_loading_info") else loaded  # (model, loading info)
         vocab_file = _resolve_entity_vocab_file(pretrained_model_name_or_path, kwargs)
         if vocab_file is not None:
             vocab = EntityVocab.load(vocab_file)
@@ -638,7 +730,7 @@ class _EntityVocabMixin:
                     f"entities but the entity table has {model.config.entity_vocab_size} rows"
                 )
             model.entity_vocab = vocab
-        return model
+        return loaded
 
 
 def _resolve_entity_vocab_file(path, kwargs) -> str | None:

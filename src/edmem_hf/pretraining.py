@@ -32,7 +32,7 @@ _CHECKPOINT_NAME = re.compile(r"^checkpoint_(\d+)$")
 @dataclass
 class PretrainingArguments:
     """Options of `edmem pretrain` (also the argument of `pretrain`). Architecture options left unset take the
-    `EDMemConfig` defaults, which are the paper's edmem-large setting."""
+    `--preset`'s values, or else the `EDMemConfig` defaults (the paper's edmem-large widths and depths)."""
 
     output_dir: str = field(metadata={"help": "Where checkpoints, log.jsonl and the final model go."})
     corpus_dir: str | None = field(
@@ -48,7 +48,11 @@ class PretrainingArguments:
     tokenizer_name: str | None = field(
         default=None, metadata={"help": "Tokenizer directory; default: CORPUS_DIR/tokenizer."}
     )
-    # --- architecture of a new model (None: EDMemConfig default) ---
+    preset: str | None = field(
+        default=None,
+        metadata={"help": "Build a new model from this preset (edmem-base, edmem-large; the authors' settings)."},
+    )
+    # --- architecture of a new model (None: the preset's value or the EDMemConfig default) ---
     d_model: int | None = field(default=None, metadata={"help": "Hidden width (BART-large: 1024)."})
     encoder_lower_layers: int | None = None
     encoder_upper_layers: int | None = None
@@ -129,6 +133,10 @@ class PretrainingArguments:
             raise ValueError("logging_steps and save_steps must be >= 1")
         if self.save_total_limit is not None and self.save_total_limit < 1:
             raise ValueError(f"save_total_limit must be >= 1 or unset, got {self.save_total_limit}")
+        if self.preset is not None:
+            from .presets import preset_settings
+
+            preset_settings(self.preset)  # an unknown name fails here, not after the corpus is loaded
 
 
 # --- data ------------------------------------------------------------------------------------------------
@@ -236,6 +244,10 @@ def build_config(args: PretrainingArguments, tokenizer: Any, entity_vocab_size: 
     from .configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN, EDMemConfig
 
     kwargs: dict[str, Any] = {}
+    if args.preset:
+        from .presets import preset_settings
+
+        kwargs.update(preset_settings(args.preset))
     if args.config_name:
         with open(args.config_name, encoding="utf-8") as f:
             kwargs.update(json.load(f))
