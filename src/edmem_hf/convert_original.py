@@ -296,6 +296,20 @@ def write_model_card(
     save_model_card(model.model_card(str(folder), notes=notes), folder)  # a README.md of the user's is kept
 
 
+def parse_set_options(items: list[str], parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """`--set KEY=VALUE` options as config overrides: values read as JSON (`0.1`, `true`, `[1, 2]`), else strings."""
+    overrides = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            parser.error(f"--set takes KEY=VALUE, got {item!r}")
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key] = value
+    return overrides
+
+
 def cli_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="edmem convert-original", description=__doc__)
     parser.add_argument("checkpoint", help="the authors' pytorch_model.bin (or a .safetensors file)")
@@ -317,15 +331,7 @@ def cli_main(argv: list[str] | None = None) -> int:
         help="the authors' released task files (or folders of them): name the entities their linked mentions name",
     )
     args = parser.parse_args(argv)
-    overrides = {}
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            parser.error(f"--set takes KEY=VALUE, got {item!r}")
-        try:
-            overrides[key] = json.loads(value)
-        except json.JSONDecodeError:
-            overrides[key] = value
+    overrides = parse_set_options(args.set, parser)
     try:
         model = convert_state_dict(load_original_state_dict(args.checkpoint), **overrides)
         rows = model.config.entity_vocab_size

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .tasks import exact_match, normalize_answer
+from .tasks import exact_match, normalize_answer, read_jsonl
 
 QA_TASKS = ("nq", "wq", "tqa")
 GENERATION_TASKS = ("creak", "wow", "eli5", "msmarco")
@@ -22,19 +22,6 @@ _CREAK_VERDICT = re.compile(r"^this is (true|false) because\s*", re.IGNORECASE)
 _WORD = re.compile(r"\w+")
 # "Mercury (planet)" is written "Mercury": a surface form loses its trailing parenthetical before matching.
 _TRAILING_PARENTHETICAL = re.compile(r"\s*\([^()]*\)$")
-
-
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Records of a JSON-lines file; a line that is not JSON is an error naming the file and line."""
-    records = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError as error:
-                    raise ValueError(f"{path}, line {number}: not JSON ({error.msg})") from None
-    return records
 
 
 def read_predictions(path: str | Path) -> dict[str, str]:

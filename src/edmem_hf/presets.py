@@ -10,7 +10,6 @@ tokens + `<E_s>`, `<E_e>` (50265, 50266).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ import torch
 from huggingface_hub.errors import StrictDataclassError
 
 from .configuration_edmem import EDMemConfig
-from .convert_original import AUTHORS_DEFAULTS
+from .convert_original import AUTHORS_DEFAULTS, parse_set_options
 from .model_card import edmem_model_card, save_model_card
 from .modeling_edmem import HUB_AUTO_MAP, EDMemForConditionalGeneration
 
@@ -146,15 +145,7 @@ def cli_main(argv: list[str] | None = None) -> int:
         "--set", action="append", default=[], metavar="KEY=VALUE", help="a config value (JSON), e.g. vocab_size=50270"
     )
     args = parser.parse_args(argv)
-    overrides = {}
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            parser.error(f"--set takes KEY=VALUE, got {item!r}")
-        try:
-            overrides[key] = json.loads(value)
-        except json.JSONDecodeError:
-            overrides[key] = value
+    overrides = parse_set_options(args.set, parser)
     try:
         config = write_preset(args.preset, args.output_dir, random_weights=args.random_weights, **overrides)
     except (ValueError, TypeError, StrictDataclassError) as error:  # the last: a bad --set value

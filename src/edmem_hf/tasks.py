@@ -146,7 +146,8 @@ def _checked_links(
         return None
 
 
-def _read_records(path: str | Path) -> list[dict[str, Any]]:
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """Records of a JSON-lines file; a line that is not JSON is an error naming the file and line."""
     records = []
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
@@ -158,13 +159,32 @@ def _read_records(path: str | Path) -> list[dict[str, Any]]:
     return records
 
 
-def _report(path: str | Path, kept: int, skipped: dict[str, int], mentions: int, unlabelled: int, extra: str) -> None:
-    skipped_text = ", ".join(f"{count} {why}" for why, count in skipped.items() if count) or "none"
-    message = (
-        f"{path}: {kept} records read, skipped: {skipped_text}; {mentions} linked mentions, {unlabelled} of them "
-        f"with an entity not in the vocabulary (markers kept, no label){extra}"
-    )
-    logger.log(logging.WARNING if unlabelled or any(skipped.values()) else logging.INFO, message)
+@dataclass
+class _ReadCounts:
+    """What a reader skipped and how many mentions it labelled, for its one log line."""
+
+    skipped: dict[str, int]
+    mentions: int = 0
+    unlabelled: int = 0
+
+    def marked(self, record: Mapping[str, Any], field: str, vocab: EntityVocab, bad_records: str):
+        """`record[field]` with its mentions marked and their entity ids, or None for a skipped bad record."""
+        linked = _checked_links(record, record[field], vocab, bad_records)
+        if linked is None:
+            self.skipped["bad"] += 1
+            return None
+        text, entities = mark_mentions(record[field], linked)
+        self.mentions += len(entities)
+        self.unlabelled += entities.count(IGNORE_INDEX)
+        return text, entities
+
+    def log(self, path: str | Path, kept: int, extra: str = "") -> None:
+        skipped = ", ".join(f"{count} {why}" for why, count in self.skipped.items() if count) or "none"
+        message = (
+            f"{path}: {kept} records read, skipped: {skipped}; {self.mentions} linked mentions, {self.unlabelled} of "
+            f"them with an entity not in the vocabulary (markers kept, no label){extra}"
+        )
+        logger.log(logging.WARNING if self.unlabelled or any(self.skipped.values()) else logging.INFO, message)
 
 
 def read_qa(path: str | Path, entity_vocab: EntityVocab, bad_records: str = "raise") -> Any:
@@ -179,18 +199,14 @@ def read_qa(path: str | Path, entity_vocab: EntityVocab, bad_records: str = "rai
     """
     from datasets import Dataset
 
-    rows, skipped, mentions, unlabelled = [], {"without an answer": 0, "bad": 0}, 0, 0
-    for record in _read_records(path):
+    rows, counts = [], _ReadCounts({"without an answer": 0, "bad": 0})
+    for record in read_jsonl(path):
         if not record.get("answer"):
-            skipped["without an answer"] += 1
+            counts.skipped["without an answer"] += 1
             continue
-        linked = _checked_links(record, record["question"], entity_vocab, bad_records)
-        if linked is None:
-            skipped["bad"] += 1
+        if (marked := counts.marked(record, "question", entity_vocab, bad_records)) is None:
             continue
-        question, entities = mark_mentions(record["question"], linked)
-        mentions += len(entities)
-        unlabelled += entities.count(IGNORE_INDEX)
+        question, entities = marked
         answer_entities = [_entity_id(entity_vocab, target, name) for target, name in record.get("answer_entity", [])]
         answer_entities = [entity for entity in answer_entities if entity != IGNORE_INDEX]
         rows.append(
@@ -203,7 +219,7 @@ def read_qa(path: str | Path, entity_vocab: EntityVocab, bad_records: str = "rai
             }
         )
     entity_answers = sum(row["answer_entity"] != IGNORE_INDEX for row in rows)
-    _report(path, len(rows), skipped, mentions, unlabelled, f"; entity answers: {entity_answers}")
+    counts.log(path, len(rows), f"; entity answers: {entity_answers}")
     return Dataset.from_list(rows)
 
 
@@ -218,20 +234,16 @@ def read_generation(path: str | Path, entity_vocab: EntityVocab, bad_records: st
     """
     from datasets import Dataset
 
-    rows, skipped, mentions, unlabelled = [], {"without a reference": 0, "bad": 0}, 0, 0
-    for record in _read_records(path):
+    rows, counts = [], _ReadCounts({"without a reference": 0, "bad": 0})
+    for record in read_jsonl(path):
         outputs = record.get("output")
         outputs = [outputs] if isinstance(outputs, str) else list(outputs or [])
         if not outputs:
-            skipped["without a reference"] += 1
+            counts.skipped["without a reference"] += 1
             continue
-        linked = _checked_links(record, record["input"], entity_vocab, bad_records)
-        if linked is None:
-            skipped["bad"] += 1
+        if (marked := counts.marked(record, "input", entity_vocab, bad_records)) is None:
             continue
-        text, entities = mark_mentions(record["input"], linked)
-        mentions += len(entities)
-        unlabelled += entities.count(IGNORE_INDEX)
+        text, entities = marked
         output_names = record.get("output_entity_name", [[] for _ in outputs])
         if len(output_names) != len(outputs):
             raise ValueError(
@@ -247,7 +259,7 @@ def read_generation(path: str | Path, entity_vocab: EntityVocab, bad_records: st
                 "output_entity_names": [list(names) for names in output_names],
             }
         )
-    _report(path, len(rows), skipped, mentions, unlabelled, "")
+    counts.log(path, len(rows))
     return Dataset.from_list(rows)
 
 
