@@ -108,8 +108,7 @@ def run(task: Task, argv: list[str] | None = None) -> dict[str, float]:
     set_seed(training_args.seed)
 
     tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name or model_args.model_name_or_path)
-    dropouts = dict(dropout=model_args.dropout, memory_dropout=model_args.dropout)
-    dropouts |= dict(upper_input_dropout=model_args.dropout)
+    dropouts = {name: model_args.dropout for name in ("dropout", "memory_dropout", "upper_input_dropout")}
     model = AutoModelForSeq2SeqLM.from_pretrained(
         model_args.model_name_or_path, entity_loss_weight=model_args.entity_loss_weight, **dropouts
     )

@@ -69,6 +69,12 @@ class DynamicEntityLinking:
         self.processor.set_candidates(linked.top_entity_ids[newest], linked.top_entity_scores[newest], rows=rows)
 
 
+def static_linking_decoder_input(question_ids: list[int], start_id: int, eos_id: int) -> list[int]:
+    """What the decoder reads in the paper's static linking: the question without its final token, then the `<E_s>`
+    placeholder (where the entity-linking head is read, second from the end) and EOS."""
+    return question_ids[:-1] + [start_id, eos_id]
+
+
 class EDMemGenerationMixin(GenerationMixin):
     """`generate(entity_decoding=...)`, the static linking pass, the prefix tree of entity names, mention reports."""
 
@@ -181,8 +187,10 @@ class EDMemGenerationMixin(GenerationMixin):
         """Decoder inputs `question[:-1] + [<E_s>, EOS]` per row, right-padded; their mask; True at each `<E_s>`
         placeholder `(batch, length)`."""
         mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
-        rows = [ids[keep].tolist()[:-1] for ids, keep in zip(input_ids, mask)]
-        rows = [row + [self.config.entity_start_token_id, self.config.eos_token_id] for row in rows]
+        start_id, eos_id = self.config.entity_start_token_id, self.config.eos_token_id
+        rows = [
+            static_linking_decoder_input(ids[keep].tolist(), start_id, eos_id) for ids, keep in zip(input_ids, mask)
+        ]
         length = max(map(len, rows))
         pad = self.config.pad_token_id
         decoder_input_ids = torch.tensor([row + [pad] * (length - len(row)) for row in rows], device=input_ids.device)

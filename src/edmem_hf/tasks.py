@@ -17,6 +17,7 @@ import torch
 
 from .configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN
 from .entity_vocab import AUTHORS_ID_SPACE, EntityVocab
+from .generation_edmem import static_linking_decoder_input
 
 IGNORE_INDEX = -100
 logger = logging.getLogger(__name__)
@@ -131,21 +132,6 @@ def _linked_mentions(record: Mapping[str, Any], text: str, vocab: EntityVocab) -
     return mentions
 
 
-def _checked_links(
-    record: Mapping[str, Any], text: str, vocab: EntityVocab, bad_records: str
-) -> list[tuple[int, int, int]] | None:
-    """The record's mentions; None for a bad record with `bad_records="skip"`."""
-    if bad_records not in ("raise", "skip"):
-        raise ValueError(f"bad_records must be 'raise' or 'skip', got {bad_records!r}")
-    try:
-        return _linked_mentions(record, text, vocab)
-    except ValueError as error:
-        if bad_records == "raise":
-            raise
-        logger.info("skipped: %s", error)
-        return None
-
-
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     """Records of a JSON-lines file; a line that is not JSON is an error naming the file and line."""
     records = []
@@ -161,16 +147,26 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
 
 @dataclass
 class _ReadCounts:
-    """What a reader skipped and how many mentions it labelled, for its one log line."""
+    """A reader's marking of the records' mentions (bad records raise or, with `bad_records="skip"`, are skipped),
+    and what it skipped and labelled, for its one log line."""
 
+    bad_records: str
     skipped: dict[str, int]
     mentions: int = 0
     unlabelled: int = 0
 
-    def marked(self, record: Mapping[str, Any], field: str, vocab: EntityVocab, bad_records: str):
+    def __post_init__(self):
+        if self.bad_records not in ("raise", "skip"):
+            raise ValueError(f"bad_records must be 'raise' or 'skip', got {self.bad_records!r}")
+
+    def marked(self, record: Mapping[str, Any], field: str, vocab: EntityVocab):
         """`record[field]` with its mentions marked and their entity ids, or None for a skipped bad record."""
-        linked = _checked_links(record, record[field], vocab, bad_records)
-        if linked is None:
+        try:
+            linked = _linked_mentions(record, record[field], vocab)
+        except ValueError as error:
+            if self.bad_records == "raise":
+                raise
+            logger.info("skipped: %s", error)
             self.skipped["bad"] += 1
             return None
         text, entities = mark_mentions(record[field], linked)
@@ -199,12 +195,12 @@ def read_qa(path: str | Path, entity_vocab: EntityVocab, bad_records: str = "rai
     """
     from datasets import Dataset
 
-    rows, counts = [], _ReadCounts({"without an answer": 0, "bad": 0})
+    rows, counts = [], _ReadCounts(bad_records, {"without an answer": 0, "bad": 0})
     for record in read_jsonl(path):
         if not record.get("answer"):
             counts.skipped["without an answer"] += 1
             continue
-        if (marked := counts.marked(record, "question", entity_vocab, bad_records)) is None:
+        if (marked := counts.marked(record, "question", entity_vocab)) is None:
             continue
         question, entities = marked
         answer_entities = [_entity_id(entity_vocab, target, name) for target, name in record.get("answer_entity", [])]
@@ -234,14 +230,14 @@ def read_generation(path: str | Path, entity_vocab: EntityVocab, bad_records: st
     """
     from datasets import Dataset
 
-    rows, counts = [], _ReadCounts({"without a reference": 0, "bad": 0})
+    rows, counts = [], _ReadCounts(bad_records, {"without a reference": 0, "bad": 0})
     for record in read_jsonl(path):
         outputs = record.get("output")
         outputs = [outputs] if isinstance(outputs, str) else list(outputs or [])
         if not outputs:
             counts.skipped["without a reference"] += 1
             continue
-        if (marked := counts.marked(record, "input", entity_vocab, bad_records)) is None:
+        if (marked := counts.marked(record, "input", entity_vocab)) is None:
             continue
         text, entities = marked
         output_names = record.get("output_entity_name", [[] for _ in outputs])
@@ -324,7 +320,7 @@ def encode_static_linking_record(
         raise ValueError(f"record {record['id']}: the answer is not an entity: no static linking target")
     start_id = tokenizer.convert_tokens_to_ids(ENTITY_START_TOKEN)
     input_ids = tokenizer(record["question"], truncation=True, max_length=max_length).input_ids
-    decoder_input_ids = input_ids[:-1] + [start_id, tokenizer.eos_token_id]
+    decoder_input_ids = static_linking_decoder_input(input_ids, start_id, tokenizer.eos_token_id)
     # aligned with `labels`, which the model shifts right: the label of the decoder's <E_s> sits one before it
     decoder_entity_labels = [IGNORE_INDEX] * len(decoder_input_ids)
     decoder_entity_labels[len(decoder_input_ids) - 3] = record["answer_entity"]
