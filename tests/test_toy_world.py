@@ -40,12 +40,19 @@ def test_dump_parses_back_with_expected_links(tmp_path):
 
 def test_qa_pairs_match_the_world():
     world = generate_toy_world(60, seed=1)
-    assert world.qa_pairs
+    assert {pair.answer_is_entity for pair in world.qa_pairs} == {True, False}
     for pair in world.qa_pairs:
-        assert pair.answer in world.pages
-        assert pair.answer_with_markers == f"<E_s> {pair.answer} <E_e>"
+        if pair.answer_is_entity:
+            assert pair.answer in world.pages
+            assert pair.answer_with_markers == f"<E_s> {pair.answer} <E_e>"
+        else:  # a literal stated on the subject's page, never a page of its own
+            assert pair.answer not in world.pages and pair.answer_with_markers == pair.answer
+            assert pair.answer in world.pages[pair.subject]
+        assert pair.question not in world.pages[pair.subject]  # the question's wording is on no page
         if pair.relation == "born_in":
             assert world.entity(pair.subject).attributes["birthplace"] == pair.answer
+        if pair.relation == "born_year":
+            assert world.entity(pair.subject).attributes["born"] == pair.answer
 
 
 def test_large_world_has_distinct_articles(tmp_path):

@@ -50,10 +50,11 @@ def _section(title: str) -> None:
 
 
 def _qa_examples(world, vocab: EntityVocab) -> list[QAExample]:
-    """The world's questions, with the subject linked in the question and the answer entity as the target."""
+    """The world's questions with an entity answer, the subject linked in the question and the answer entity as the
+    target."""
     examples = []
     for pair in world.qa_pairs:
-        if pair.subject not in vocab or pair.answer not in vocab:
+        if not pair.answer_is_entity or pair.subject not in vocab or pair.answer not in vocab:
             continue
         start = pair.question.find(pair.subject)
         mentions = [(start, start + len(pair.subject), vocab.id_of(pair.subject))] if start >= 0 else []

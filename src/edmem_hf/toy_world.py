@@ -31,15 +31,18 @@ class ToyEntity:
 
 @dataclass
 class QAPair:
+    """A question about one fact stated on the subject's page (the question's wording is on no page)."""
+
     question: str
-    answer: str  # the answer entity's name
+    answer: str  # the answer entity's name, or a literal value (a year, an occupation) when not an entity
     relation: str
     subject: str
+    answer_is_entity: bool = True
 
     @property
     def answer_with_markers(self) -> str:
-        """The answer as EDMem generates it: `<E_s> Name <E_e>`."""
-        return f"{ENTITY_START_TOKEN} {self.answer} {ENTITY_END_TOKEN}"
+        """The answer as EDMem generates it: `<E_s> Name <E_e>` for an entity, the value itself otherwise."""
+        return f"{ENTITY_START_TOKEN} {self.answer} {ENTITY_END_TOKEN}" if self.answer_is_entity else self.answer
 
 
 @dataclass
@@ -262,9 +265,17 @@ class _Renderer:
 
 
 def _qa_pairs(countries, cities, rivers, people, companies) -> list[QAPair]:
+    """Questions with an entity answer ("Where was X born?") and with a literal answer ("When was X born?")."""
     pairs = []
     for person in people:
         pairs.append(QAPair(f"Where was {person.name} born?", person.attributes["birthplace"], "born_in", person.name))
+        pairs.append(
+            QAPair(f"When was {person.name} born?", person.attributes["born"], "born_year", person.name, False)
+        )
+        pairs.append(
+            QAPair(f"What was {person.name}'s occupation?", person.attributes["occupation"], "occupation", person.name,
+                   False)
+        )  # fmt: skip
     for country in countries:
         pairs.append(
             QAPair(f"What is the capital of {country.name}?", country.attributes["capital"], "capital", country.name)
@@ -281,6 +292,15 @@ def _qa_pairs(countries, cities, rivers, people, companies) -> list[QAPair]:
                 company.name,
             )
         )
+    for company in companies:
+        pairs.append(
+            QAPair(f"When was {company.name} founded?", company.attributes["founded"], "founded_year", company.name,
+                   False)
+        )  # fmt: skip
+        pairs.append(
+            QAPair(f"What industry is {company.name} in?", company.attributes["industry"], "industry", company.name,
+                   False)
+        )  # fmt: skip
     for river in rivers:
         pairs.append(
             QAPair(
