@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import subprocess
@@ -119,6 +120,28 @@ def test_loss_falls_and_model_loads(corpus, tmp_path):
     saved = _weights(out)
     loaded = model.state_dict()
     assert all(torch.equal(saved[k], loaded[k]) for k in saved)
+
+
+@pytest.mark.parametrize("variant", ["encdec", "encmem"])
+def test_the_ablation_variants_pretrain(corpus, tmp_path, variant):
+    """The paper's EncDec (no memory) and EncMem (encoder + memory, masked LM on the encoder) train with the same
+    loop; EncMem's entity-linking accuracy is read on the input's mentions."""
+    from edmem_hf import EDMemForConditionalGeneration, EDMemForEntityLinking
+
+    out = tmp_path / variant
+    result = pretrain(_args(corpus, out, max_steps=12, eval_steps=6, variant=variant))
+    assert result["completed"]
+    train = [r for r in _log(out) if r["type"] == "train"]
+    assert sum(r["loss"] for r in train[-3:]) < sum(r["loss"] for r in train[:3]) - 0.3
+    evals = [r for r in _log(out) if r["type"] == "eval"]
+    model_class = EDMemForEntityLinking if variant == "encmem" else EDMemForConditionalGeneration
+    model = model_class.from_pretrained(str(out))
+    assert model.config.variant == variant
+    if variant == "encmem":
+        assert 0.0 <= evals[-1]["eval_acc"] <= 1.0 and 0.0 <= evals[-1]["eval_encoder_acc"] <= 1.0
+        assert train[-1]["lm_loss"] > 0 and train[-1]["entity_loss"] > 0
+    else:  # no memory, no entity-linking head: nothing to score
+        assert math.isnan(evals[-1]["eval_acc"]) and not train[-1].get("entity_loss")
 
 
 def test_kill_and_resume_is_exact(corpus, tmp_path, caplog):

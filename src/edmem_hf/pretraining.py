@@ -276,11 +276,20 @@ def build_config(args: PretrainingArguments, tokenizer: Any, entity_vocab_size: 
 
 
 def build_model(args: PretrainingArguments, tokenizer: Any, entity_vocab: Any) -> Any:
-    """A new EDMem from the options, or the checkpoint at `--model_name_or_path`."""
-    from .modeling_edmem import EDMemForConditionalGeneration
+    """A new EDMem from the options, or the checkpoint at `--model_name_or_path`: an
+    `EDMemForConditionalGeneration`, or for the `encmem` variant an `EDMemForEntityLinking`."""
+    from .configuration_edmem import EDMemConfig
+    from .modeling_edmem import EDMemForConditionalGeneration, EDMemForEntityLinking
 
     if args.model_name_or_path:
-        model = EDMemForConditionalGeneration.from_pretrained(args.model_name_or_path)
+        config = EDMemConfig.from_pretrained(args.model_name_or_path)
+    else:
+        config = build_config(args, tokenizer, len(entity_vocab))
+    model_class = EDMemForEntityLinking if config.variant == "encmem" else EDMemForConditionalGeneration
+    if not args.model_name_or_path:
+        model = model_class(config)
+    else:
+        model = model_class.from_pretrained(args.model_name_or_path)
         n = model.config.entity_vocab_size
         if entity_vocab is not None and len(entity_vocab) != n:
             raise ValueError(
@@ -290,8 +299,6 @@ def build_model(args: PretrainingArguments, tokenizer: Any, entity_vocab: Any) -
             raise ValueError(
                 f"{args.model_name_or_path} has {model.config.vocab_size} tokens but the tokenizer has {len(tokenizer)}"
             )
-    else:
-        model = EDMemForConditionalGeneration(build_config(args, tokenizer, len(entity_vocab)))
     if entity_vocab is not None:
         model.entity_vocab = entity_vocab
     return model
@@ -436,7 +443,8 @@ def evaluate(model: Any, dataloader: Any, accelerator: Any) -> dict[str, float]:
         if "salient_span_mask" not in batch:
             raise ValueError("evaluate() needs batches from EDMemMaskingCollator(..., return_salient_span_mask=True)")
         span_mask = batch.pop("salient_span_mask")
-        outputs = model(**batch, output_attended_entities=True)  # the top-1 entities of each access
+        encoder_only = _is_encoder_only(model, accelerator)
+        outputs = model(**_model_inputs(batch, encoder_only), output_attended_entities=True)  # top-1 of each access
         labels, inputs = batch["labels"], batch["input_ids"]
         logits = outputs.logits.float()
         nll = torch.nn.functional.cross_entropy(
@@ -447,13 +455,14 @@ def evaluate(model: Any, dataloader: Any, accelerator: Any) -> dict[str, float]:
             (nll * masked).sum(dim=1).double(),
             masked.sum(dim=1).double(),
         ]
-        # The entity-linking head reads each target <E_s> (decoder side); the encoder memory each input <E_s>.
-        per_example += _access_hits(
-            getattr(outputs, "linked_entities", None), batch["decoder_entity_labels"], span_mask, shift=1
-        )
-        per_example += _access_hits(
-            getattr(outputs, "encoder_attended_entities", None), batch["entity_labels"], span_mask, shift=0
-        )
+        # The entity-linking head reads each target <E_s> (decoder side; EncMem: the input's), the encoder memory
+        # each input <E_s>.
+        if encoder_only:
+            per_example += _access_hits(outputs.linked_entities, batch["entity_labels"], span_mask, shift=0)
+            per_example += _access_hits(outputs.attended_entities, batch["entity_labels"], span_mask, shift=0)
+        else:
+            per_example += _access_hits(outputs.linked_entities, batch["decoder_entity_labels"], span_mask, shift=1)
+            per_example += _access_hits(outputs.encoder_attended_entities, batch["entity_labels"], span_mask, shift=0)
         stacked = torch.stack(per_example, dim=1)
         totals += accelerator.gather_for_metrics(stacked).sum(dim=0)
         losses = torch.stack(
@@ -474,6 +483,16 @@ def evaluate(model: Any, dataloader: Any, accelerator: Any) -> dict[str, float]:
     for name, value in zip(("eval_loss", "eval_lm_loss", "eval_entity_loss"), loss_sums.tolist()):
         result[name] = value / batches if batches else float("nan")
     return result
+
+
+def _is_encoder_only(model: Any, accelerator: Any) -> bool:
+    return accelerator.unwrap_model(model).config.variant == "encmem"
+
+
+def _model_inputs(batch: dict[str, torch.Tensor], encoder_only: bool) -> dict[str, torch.Tensor]:
+    """The batch as the model takes it. EncMem has no decoder: its masked-LM labels are the original sequence,
+    aligned with the input and scored at every token (the authors' default), and it has no decoder entity labels."""
+    return {k: v for k, v in batch.items() if k != "decoder_entity_labels"} if encoder_only else batch
 
 
 def _scalar(outputs: Any, name: str) -> torch.Tensor:
@@ -755,7 +774,7 @@ class _PretrainingRun:
         """One micro-batch; the optimizer steps when Accelerate syncs the gradients (end of an accumulation)."""
         accelerator = self.accelerator
         with accelerator.accumulate(self.model):
-            outputs = self.model(**batch)
+            outputs = self.model(**_model_inputs(batch, _is_encoder_only(self.model, accelerator)))
             accelerator.backward(outputs.loss)
             if accelerator.sync_gradients and self.args.max_grad_norm > 0:
                 accelerator.clip_grad_norm_(self.model.parameters(), self.args.max_grad_norm)
