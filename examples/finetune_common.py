@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 import transformers
 from transformers import (
     AutoModelForSeq2SeqLM,
@@ -51,6 +52,13 @@ class ModelArguments:
         },
     )
     early_stopping_patience: int = field(default=3, metadata={"help": "evaluations without improvement; 0 = off"})
+    entity_mask_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "the paper's memory-size study: a torch-saved (N,) tensor, 1 where an entity is hidden from the "
+            "memory and the entity-linking head (the format of the authors' get_memory_mask.py)"
+        },
+    )
 
 
 @dataclass
@@ -114,6 +122,8 @@ def run(task: Task, argv: list[str] | None = None) -> dict[str, float]:
     )
     if model.entity_vocab is None:
         raise ValueError(f"{model_args.model_name_or_path} has no entity_vocab.json: the readers map entities with it")
+    if model_args.entity_mask_file:  # kept through training, evaluation and prediction (not saved with the model)
+        model.set_entity_mask(torch.load(model_args.entity_mask_file, weights_only=True) == 0)
     model.generation_config.entity_decoding = model_args.entity_decoding
     model.generation_config.entity_candidates = model_args.entity_candidates
     model.generation_config.max_new_tokens = data_args.max_target_length
@@ -175,10 +185,9 @@ def run(task: Task, argv: list[str] | None = None) -> dict[str, float]:
         scored_rows = test_rows
         generation = {}
         if model_args.static_linker is not None:
-            generation = dict(
-                entity_linker=AutoModelForSeq2SeqLM.from_pretrained(model_args.static_linker).eval(),
-                static_linking_input="question",
-            )
+            linker = AutoModelForSeq2SeqLM.from_pretrained(model_args.static_linker).eval()
+            linker.set_entity_mask(model._get_entity_mask("cpu"))
+            generation = dict(entity_linker=linker, static_linking_input="question")
         output = trainer.predict(test_features, metric_key_prefix="test", **generation)
         metrics = output.metrics
         trainer.log_metrics("test", metrics)

@@ -14,7 +14,7 @@ from typing import Any
 
 from .tasks import exact_match, normalize_answer, read_jsonl
 
-QA_TASKS = ("nq", "wq", "tqa")
+QA_TASKS = ("nq", "wq", "tqa", "qa")  # "qa": any open-domain QA file in the released format
 GENERATION_TASKS = ("creak", "wow", "eli5", "msmarco")
 _MARKERS = re.compile(r"\s*<E_[se]>\s*")
 # CREAK references open with the verdict the model is given; the authors scored the explanation after it.
