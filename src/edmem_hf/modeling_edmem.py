@@ -625,6 +625,84 @@ class _EntityVocabMixin:
         self._entity_vocab = vocab
         self._entity_trie = None  # spelled the old vocabulary's names
 
+    @torch.no_grad()
+    def add_entities(
+        self, names: list[str], passages: list[list[str]], tokenizer, batch_size: int = 32, max_length: int = 128
+    ) -> list[int]:
+        """Appends entities to the memory of a trained model, without gradient steps; returns their ids.
+
+        A new row is what the memory is asked at the entity's mentions: the mean of the memory's queries (`W_in h`
+        of the encoder's lower layers at each `<E_s>`) over its marked mentions in `passages`, scaled to the mean
+        norm of the existing rows (attention scores are dot products: a row far shorter or longer than the others
+        would never, or always, win). Every tied copy of the table grows, and so do `config.entity_vocab_size`,
+        `entity_vocab` (the prefix tree of names is rebuilt on the next constrained decoding) and an entity mask
+        set with `set_entity_mask` (the new entities visible).
+
+        Args:
+            names: the new entities' names: not in `entity_vocab`, not blank, no repeats.
+            passages: `passages[i]`, texts about `names[i]` in which its mentions (and only its) are marked
+                `<E_s> ... <E_e>`; each entity needs at least one marked mention that survives truncation.
+            tokenizer: the model's tokenizer (with `<E_s>` and `<E_e>`).
+        """
+        if self.config.variant == "encdec":
+            raise ValueError("an 'encdec' EDMem has no entity memory to add entities to")
+        if self.entity_vocab is None:
+            raise ValueError("add_entities needs model.entity_vocab: the new names are appended to it")
+        if len(names) != len(passages):
+            raise ValueError(f"add_entities: {len(names)} names but {len(passages)} passage lists")
+        seen: set[str] = set()
+        for name in names:
+            if not isinstance(name, str) or not name.strip():
+                raise ValueError(f"add_entities: an empty or non-string entity name: {name!r}")
+            if name in self.entity_vocab or name in seen:
+                raise ValueError(f"add_entities: entity {name!r} is already in the vocabulary or named twice")
+            seen.add(name)
+        encoder = self.get_encoder()
+        queries: list[torch.Tensor] = []
+        hook = encoder.memory.register_forward_pre_hook(
+            lambda memory, args: queries.append(memory.query_proj(args[0][args[1]]))
+        )
+        owners = [i for i, texts in enumerate(passages) for _ in texts]
+        texts = [text for texts in passages for text in texts]
+        counts = torch.zeros(len(names), dtype=torch.long)
+        sums = torch.zeros(len(names), self.config.entity_embed_dim)
+        was_training = self.training
+        self.eval()
+        try:
+            for begin in range(0, len(texts), batch_size):
+                batch = tokenizer(texts[begin : begin + batch_size], return_tensors="pt", padding=True,
+                                  truncation=True, max_length=max_length).to(self.device)  # fmt: skip
+                queries.clear()
+                encoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+                starts = batch.input_ids == self.config.entity_start_token_id
+                rows = torch.tensor(owners[begin : begin + batch_size])[starts.nonzero()[:, 0].cpu()]
+                if queries:
+                    sums.index_add_(0, rows, queries[0].float().cpu())
+                counts += torch.bincount(rows, minlength=len(names))
+        finally:
+            hook.remove()
+            self.train(was_training)
+        if (counts == 0).any():
+            name = names[int((counts == 0).nonzero()[0, 0])]
+            raise ValueError(f"add_entities: no marked mention of {name!r} in its passages (after truncation)")
+        table = self.get_encoder().entity_embeddings.weight
+        means = sums / counts[:, None]
+        rows = means / means.norm(dim=-1, keepdim=True) * table.norm(dim=-1).mean().cpu()
+        grown = nn.Parameter(torch.cat([table.detach(), rows.to(table)]), requires_grad=table.requires_grad)
+        for module in self.modules():
+            if isinstance(getattr(module, "entity_embeddings", None), nn.Embedding):
+                module.entity_embeddings.weight = grown
+                module.entity_embeddings.num_embeddings = grown.shape[0]
+        first = self.config.entity_vocab_size
+        self.config.entity_vocab_size = first + len(names)
+        vocab = self.entity_vocab
+        self.entity_vocab = EntityVocab(vocab.names + list(names), vocab.aliases + [[] for _ in names],
+                                        vocab.counts + [0 for _ in names], vocab.id_space)  # fmt: skip
+        mask = self._get_entity_mask("cpu")
+        if mask is not None:
+            self.set_entity_mask(torch.cat([mask, torch.ones(len(names), dtype=torch.bool)]))
+        return list(range(first, first + len(names)))
+
     # What the model card says that only the user knows: license (default apache-2.0), datasets, eval_results
     # (with model_name), tags, ... (a huggingface_hub.ModelCardData; see model_card.py).
     card_data: ModelCardData | None = None

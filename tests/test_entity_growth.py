@@ -1,0 +1,113 @@
+"""`model.add_entities`: new rows of the entity memory from text, without training (issue 18)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForSeq2SeqLM
+
+from edmem_hf import EDMemForConditionalGeneration, EntityVocab
+from tiny_models import make_word_tokenizer, make_words, tiny_model
+
+
+@pytest.fixture
+def setup():
+    torch.manual_seed(0)
+    tokenizer = make_word_tokenizer(bart_template=True)
+    words = make_words(400)
+    names = [f"{words[i]} {words[i + 1]}" for i in range(0, 40, 2)]
+    start, end = tokenizer.convert_tokens_to_ids(["<E_s>", "<E_e>"])
+    model = tiny_model(vocab_size=len(tokenizer), entity_vocab_size=len(names), entity_start_token_id=start)
+    model.config.entity_end_token_id = end
+    model.entity_vocab = EntityVocab(names)
+    model.eval()
+    new = [f"{words[100]} {words[101]}", words[102]]
+    passages = [
+        [f"{words[60]} <E_s> {new[0]} <E_e> {words[61]}", f"<E_s> {new[0]} <E_e> {words[62]} {words[63]}"],
+        [f"{words[64]} {words[65]} <E_s> {new[1]} <E_e>"],
+    ]
+    return model, tokenizer, new, passages
+
+
+def _lower_layer_queries(model, tokenizer, text):
+    """The memory's queries at each `<E_s>` of `text`, from the hidden states the encoder reports."""
+    batch = tokenizer([text], return_tensors="pt")
+    encoder = model.get_encoder()
+    hidden = encoder(**batch, output_hidden_states=True).hidden_states[model.config.encoder_lower_layers]
+    return encoder.memory.query_proj(hidden[batch.input_ids == model.config.entity_start_token_id])
+
+
+def test_new_rows_are_the_mean_query_at_the_mentions(setup):
+    model, tokenizer, new, passages = setup
+    table = model.model.entity_embeddings.weight.detach().clone()
+    ids = model.add_entities(new, passages, tokenizer)
+    assert ids == [20, 21] and model.config.entity_vocab_size == 22
+    assert [model.entity_vocab.name_of(i) for i in ids] == new
+    grown = model.model.entity_embeddings.weight
+    assert torch.equal(grown[:20], table)  # the trained rows are untouched
+    for stack in (model.model.encoder, model.model.decoder):
+        assert stack.entity_embeddings.weight is grown  # every tied copy
+    with torch.no_grad():
+        expected = torch.cat([_lower_layer_queries(model, tokenizer, text) for text in passages[0]]).mean(0)
+    assert torch.nn.functional.cosine_similarity(grown[20], expected, dim=0) > 0.9999
+    assert grown[20].norm().item() == pytest.approx(table.norm(dim=-1).mean().item(), rel=1e-4)
+
+
+def test_a_grown_model_saves_loads_and_decodes_the_new_names(setup, tmp_path):
+    model, tokenizer, new, passages = setup
+    ids = model.add_entities(new, passages, tokenizer)
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
+    assert loaded.config.entity_vocab_size == 22 and loaded.entity_vocab == model.entity_vocab
+    batch = tokenizer([passages[1][0]], return_tensors="pt")
+    with torch.no_grad():
+        assert torch.equal(
+            model(**batch, labels=batch.input_ids).logits, loaded(**batch, labels=batch.input_ids).logits
+        )
+    # the prefix tree spells the new names; with only a new entity visible, static linking picks it
+    trie = loaded.entity_trie(tokenizer)
+    assert tokenizer.decode(trie.sequence(ids[0])).replace("<E_e>", "").split() == new[0].split()
+    visible = torch.zeros(22, dtype=torch.bool)
+    visible[ids[1]] = True
+    loaded.set_entity_mask(visible)
+    linked, _ = loaded.link_entities(batch.input_ids, batch.attention_mask, top_k=1)
+    assert linked.tolist() == [[ids[1]]]
+    out = loaded.generate(**batch, entity_decoding="static", tokenizer=tokenizer, max_new_tokens=8,
+                          return_dict_in_generate=True)  # fmt: skip
+    assert all(mention.entity_id == ids[1] for mention in out.entity_mentions[0])
+
+
+def test_a_mask_grows_with_the_table(setup):
+    model, tokenizer, new, passages = setup
+    model.set_entity_mask(torch.arange(20) < 10)
+    model.add_entities(new, passages, tokenizer)
+    assert model._get_entity_mask("cpu").tolist() == [True] * 10 + [False] * 10 + [True, True]
+
+
+@pytest.mark.parametrize(
+    "names,passages,message",
+    [
+        (["A0 A1"], [["<E_s> A0 A1 <E_e>"]], "already in the vocabulary"),
+        (["  "], [["<E_s> x <E_e>"]], "empty"),
+        (["new one", "new one"], [["<E_s> new one <E_e>"], ["<E_s> new one <E_e>"]], "named twice"),
+        (["new one"], [["new one, but not marked"]], "no marked mention of 'new one'"),
+        (["new one"], [], "1 names but 0 passage lists"),
+    ],
+)
+def test_bad_input_names_the_entity(setup, names, passages, message):
+    model, tokenizer, _, _ = setup
+    if names == ["A0 A1"]:
+        names = [model.entity_vocab.name_of(0)]
+        passages = [[f"<E_s> {names[0]} <E_e>"]]
+    with pytest.raises(ValueError, match=message):
+        model.add_entities(names, passages, tokenizer)
+    assert model.config.entity_vocab_size == 20  # nothing half done
+
+
+def test_encdec_has_no_memory_to_grow(setup):
+    _, tokenizer, new, passages = setup
+    config = tiny_model(vocab_size=len(tokenizer), entity_vocab_size=20).config
+    config.variant = "encdec"
+    model = EDMemForConditionalGeneration(config)
+    with pytest.raises(ValueError, match="no entity memory"):
+        model.add_entities(new, passages, tokenizer)
