@@ -111,3 +111,38 @@ def test_encdec_has_no_memory_to_grow(setup):
     model = EDMemForConditionalGeneration(config)
     with pytest.raises(ValueError, match="no entity memory"):
         model.add_entities(new, passages, tokenizer)
+
+
+def test_edmem_add_entities_from_a_dump(setup, tmp_path, capsys):
+    """The new pages' entities go in with passages from their links and their own page; a model folder comes out."""
+    from edmem_hf.cli import main
+    from edmem_hf.dump import iter_parsed_pages
+    from edmem_hf.entity_growth import new_entity_passages
+    from edmem_hf.toy_world import generate_toy_world, write_mediawiki_dump
+
+    _, tokenizer, _, _ = setup
+    world = generate_toy_world(30, seed=0)
+    people = [e.name for e in world.entities if e.type == "person"][:3]
+    known = [e.name for e in world.entities if e.name not in people]
+    start, end = tokenizer.convert_tokens_to_ids(["<E_s>", "<E_e>"])
+    model = tiny_model(vocab_size=len(tokenizer), entity_vocab_size=len(known), entity_start_token_id=start)
+    model.config.entity_end_token_id = end
+    model.entity_vocab = EntityVocab(known)
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    dump = write_mediawiki_dump(world, tmp_path / "new.xml.bz2")
+
+    passages, without = new_entity_passages(iter_parsed_pages(dump), known)
+    assert sorted(passages) == sorted(people) and without == []
+    for name in people:  # the links to it (their anchors marked) and its own page, one marked mention a passage
+        assert all(text.count("<E_s>") == text.count("<E_e>") == 1 for text in passages[name])
+        assert f"<E_s> {name} <E_e>  (born" in passages[name][-1] and len(passages[name]) >= 2
+
+    assert (
+        main(["add-entities", "--model", str(tmp_path / "model"), "--dump", dump, "--out", str(tmp_path / "grown")])
+        == 0
+    )
+    assert f"added 3 entities (ids {len(known)}..{len(known) + 2})" in capsys.readouterr().out
+    grown = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "grown")
+    assert grown.entity_vocab.names == known + sorted(people)
+    assert grown.config.entity_vocab_size == len(known) + 3

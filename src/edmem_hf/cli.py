@@ -18,6 +18,10 @@ COMMANDS = {
         "edmem_hf.evaluation",
         "Score predictions: exact match (QA); ROUGE, unigram F1, entity coverage, BERTScore (generation).",
     ),
+    "add-entities": (
+        "edmem_hf.entity_growth",
+        "Add the entities of new MediaWiki pages to a trained model's memory, without training.",
+    ),
     "demo": ("edmem_hf.demo", "Run the whole path offline on a generated toy world."),
 }
 

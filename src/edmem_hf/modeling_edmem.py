@@ -605,6 +605,15 @@ class EDMemDecoder(EDMemPreTrainedModel):
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def _crop_around_first_mention(ids: list[int], start_id: int, max_length: int) -> list[int]:
+    """`max_length` tokens of `ids` with its first `<E_s>` in the middle (all of `ids` when short enough)."""
+    if len(ids) <= max_length:
+        return ids
+    first = ids.index(start_id) if start_id in ids else 0
+    begin = max(0, min(first - max_length // 2, len(ids) - max_length))
+    return ids[begin : begin + max_length]
+
+
 class _EntityVocabMixin:
     """`model.entity_vocab`: saved beside the weights and restored by `from_pretrained`."""
 
@@ -641,7 +650,8 @@ class _EntityVocabMixin:
         Args:
             names: the new entities' names: not in `entity_vocab`, not blank, no repeats.
             passages: `passages[i]`, texts about `names[i]` in which its mentions (and only its) are marked
-                `<E_s> ... <E_e>`; each entity needs at least one marked mention that survives truncation.
+                `<E_s> ... <E_e>`; each entity needs at least one. A passage longer than `max_length` tokens is cut
+                to `max_length` tokens (at most the model's positions) around its first mention.
             tokenizer: the model's tokenizer (with `<E_s>` and `<E_e>`).
         """
         if self.config.variant == "encdec":
@@ -657,6 +667,7 @@ class _EntityVocabMixin:
             if name in self.entity_vocab or name in seen:
                 raise ValueError(f"add_entities: entity {name!r} is already in the vocabulary or named twice")
             seen.add(name)
+        max_length = min(max_length, self.config.max_position_embeddings)
         encoder = self.get_encoder()
         queries: list[torch.Tensor] = []
         hook = encoder.memory.register_forward_pre_hook(
@@ -670,8 +681,9 @@ class _EntityVocabMixin:
         self.eval()
         try:
             for begin in range(0, len(texts), batch_size):
-                batch = tokenizer(texts[begin : begin + batch_size], return_tensors="pt", padding=True,
-                                  truncation=True, max_length=max_length).to(self.device)  # fmt: skip
+                crops = [_crop_around_first_mention(ids, self.config.entity_start_token_id, max_length)
+                         for ids in tokenizer(texts[begin : begin + batch_size]).input_ids]  # fmt: skip
+                batch = tokenizer.pad({"input_ids": crops}, return_tensors="pt").to(self.device)
                 queries.clear()
                 encoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
                 starts = batch.input_ids == self.config.entity_start_token_id
@@ -684,7 +696,7 @@ class _EntityVocabMixin:
             self.train(was_training)
         if (counts == 0).any():
             name = names[int((counts == 0).nonzero()[0, 0])]
-            raise ValueError(f"add_entities: no marked mention of {name!r} in its passages (after truncation)")
+            raise ValueError(f"add_entities: no marked mention of {name!r} in its passages")
         table = self.get_encoder().entity_embeddings.weight
         means = sums / counts[:, None]
         rows = means / means.norm(dim=-1, keepdim=True) * table.norm(dim=-1).mean().cpu()
