@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from edmem_hf import EntityVocab
 from edmem_hf.entity_trie import EntityTrie
-from tiny_models import make_word_tokenizer, make_words, tiny_model
+from tiny_models import tiny_model_with_entities
 
 ROOT = Path(__file__).resolve().parents[1]
 # docs/hub.md runs in tests/test_hub.py, with the presets and saved folders its blocks load
@@ -30,14 +29,8 @@ def python_blocks(page: Path) -> list[str]:
 
 def _namespace(workdir: Path) -> dict:
     """What the pages assume the reader has."""
-    tokenizer = make_word_tokenizer(bart_template=True)
-    words = make_words(400)
-    names = [f"{words[i]} {words[i + 1]}" for i in range(0, 40, 2)]
+    model, tokenizer, names, words = tiny_model_with_entities(20)
     start, end = tokenizer.convert_tokens_to_ids(["<E_s>", "<E_e>"])
-    model = tiny_model(vocab_size=len(tokenizer), entity_vocab_size=len(names), entity_start_token_id=start)
-    model.config.entity_end_token_id = end
-    model.entity_vocab = EntityVocab(names)
-    model.eval()
     texts = [f"{words[50]} <E_s> {names[3]} <E_e> {words[51]}", f"<E_s> {names[7]} <E_e> {words[52]} {words[53]}"]
     inputs = tokenizer(texts, return_tensors="pt", padding=True)
     labels = tokenizer([f"<E_s> {names[5]} <E_e>", f"{words[54]}"], return_tensors="pt", padding=True).input_ids

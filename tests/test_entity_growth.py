@@ -7,20 +7,13 @@ import torch
 from transformers import AutoModelForSeq2SeqLM
 
 from edmem_hf import EDMemForConditionalGeneration, EntityVocab
-from tiny_models import make_word_tokenizer, make_words, tiny_model
+from tiny_models import tiny_model, tiny_model_with_entities
 
 
 @pytest.fixture
 def setup():
     torch.manual_seed(0)
-    tokenizer = make_word_tokenizer(bart_template=True)
-    words = make_words(400)
-    names = [f"{words[i]} {words[i + 1]}" for i in range(0, 40, 2)]
-    start, end = tokenizer.convert_tokens_to_ids(["<E_s>", "<E_e>"])
-    model = tiny_model(vocab_size=len(tokenizer), entity_vocab_size=len(names), entity_start_token_id=start)
-    model.config.entity_end_token_id = end
-    model.entity_vocab = EntityVocab(names)
-    model.eval()
+    model, tokenizer, _, words = tiny_model_with_entities(20)
     new = [f"{words[100]} {words[101]}", words[102]]
     passages = [
         [f"{words[60]} <E_s> {new[0]} <E_e> {words[61]}", f"<E_s> {new[0]} <E_e> {words[62]} {words[63]}"],

@@ -162,3 +162,16 @@ def run_quietly(script: str, tmp_path: Path) -> tuple[list[str], list[str]]:
     assert "Do you wish to run the custom code" not in result.stdout
     assert lines[-1].startswith("REPORTS "), result.stdout
     return lines[:-1], json.loads(lines[-1][len("REPORTS ") :])
+
+
+def tiny_model_with_entities(num_entities: int = 20, words: list[str] | None = None):
+    """A tiny EDMem in eval mode with a word tokenizer and an entity vocabulary of two-word names:
+    `(model, tokenizer, names, words)`."""
+    tokenizer = make_word_tokenizer(bart_template=True)
+    words = make_words(400) if words is None else words
+    names = [f"{words[i]} {words[i + 1]}" for i in range(0, 2 * num_entities, 2)]
+    start, end = tokenizer.convert_tokens_to_ids(["<E_s>", "<E_e>"])
+    model = tiny_model(vocab_size=len(tokenizer), entity_vocab_size=len(names), entity_start_token_id=start)
+    model.config.entity_end_token_id = end
+    model.entity_vocab = EntityVocab(names)
+    return model.eval(), tokenizer, names, words
