@@ -14,6 +14,7 @@ authors' `--entity_mask_file`).
     python benchmarks/toy_world_qa.py --quick --out runs/toy-qa-quick    # one small world, one seed, < 10 min
     python benchmarks/toy_world_qa.py --out runs/toy-qa                  # 3 seeds; results.json and PNG plots
 
+A rerun with the same `--out` reuses what is done (corpus, pre-training, fine-tuning, predictions).
 Ends with one line `RESULT key=value ...` (means over seeds).
 """
 
@@ -181,10 +182,12 @@ def finetune_seq2seq(model_dir: Path, files: dict, out: Path, settings: Settings
         run(QA, argv + ["--train_file", str(files["train"])] + _finetune_argv(settings, seed) + mask)
     predictions = {}
     for mode in modes:
+        predictions[mode] = out / mode / f"{mode}_predictions.json"
+        if predictions[mode].exists():  # a rerun goes on where the last one stopped
+            continue
         argv = ["--model_name_or_path", str(out), "--output_dir", str(out / mode), "--do_predict"]
         argv += ["--test_file", str(files["test"]), "--entity_decoding", mode, "--entity_candidates", "3"]
         run(QA, argv + _finetune_argv(settings, seed) + mask)
-        predictions[mode] = out / mode / f"{mode}_predictions.json"
     return predictions
 
 
@@ -210,6 +213,9 @@ def _encmem_features(rows, tokenizer, with_answer: bool) -> list[dict]:
 def finetune_encmem(model_dir: Path, files: dict, out: Path, settings: Settings, seed: int) -> Path:
     """Fine-tunes EncMem on the entity-answer training questions; its answer to each test question is the entity
     its head links at the final `<E_s>`, written `<E_s> name <E_e>` (as EDMem writes one)."""
+    path = out / "encmem_predictions.json"
+    if path.exists():  # a rerun goes on where the last one stopped
+        return path
     model = EDMemForEntityLinking.from_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     vocab = model.entity_vocab
@@ -246,7 +252,6 @@ def finetune_encmem(model_dir: Path, files: dict, out: Path, settings: Settings,
             for row, (_, entity) in last.items():
                 name = vocab.name_of(entity)
                 predictions[test_rows[begin + row]["id"]] = f"{ENTITY_START_TOKEN} {name} {ENTITY_END_TOKEN}"
-    path = out / "encmem_predictions.json"
     out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(predictions, indent=1))
     return path
