@@ -28,6 +28,7 @@ import random
 import statistics
 import sys
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -44,7 +45,7 @@ from edmem_hf.configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN  #
 from edmem_hf.corpus import build_corpus  # noqa: E402
 from edmem_hf.evaluation import evaluate_files  # noqa: E402
 from edmem_hf.pretraining import PretrainingArguments, pretrain  # noqa: E402
-from edmem_hf.tasks import IGNORE_INDEX, EDMemSeq2SeqCollator, read_qa  # noqa: E402
+from edmem_hf.tasks import IGNORE_INDEX, EDMemSeq2SeqCollator, read_jsonl, read_qa  # noqa: E402
 from edmem_hf.toy_world import QAPair, generate_toy_world, write_mediawiki_dump  # noqa: E402
 
 logger = logging.getLogger("toy_world_qa")
@@ -257,6 +258,26 @@ def finetune_encmem(model_dir: Path, files: dict, out: Path, settings: Settings,
     return path
 
 
+def majority_answers(files: dict, out: Path) -> Path:
+    """The floor every model must clear: for each question form ("Where was X born?"), the answer most often
+    right for that form in the training questions, given to every test question of the form. No model, no facts."""
+
+    def form(record: dict) -> str:
+        start, length = record["link_offset"][0], record["link_length"][0]
+        return record["question"][:start] + "X" + record["question"][start + length :]
+
+    answers: dict[str, Counter] = {}
+    for record in read_jsonl(files["train"]):
+        answers.setdefault(form(record), Counter())[record["answer"][0]] += 1
+    predictions = {}
+    for record in read_jsonl(files["test"]):
+        counts = answers.get(form(record))
+        predictions[record["id"]] = counts.most_common(1)[0][0] if counts else ""
+    path = out / "majority_predictions.json"
+    path.write_text(json.dumps(predictions, indent=1))
+    return path
+
+
 def write_entity_mask(num_entities: int, visible_fraction: float, seed: int, path: Path) -> Path:
     """The authors' memory mask: 1 for a hidden entity, each hidden with probability `1 - visible_fraction`."""
     generator = torch.Generator().manual_seed(seed)
@@ -287,6 +308,7 @@ def run_seed(settings: Settings, seed: int, out: Path) -> dict:
     path = finetune_seq2seq(models["encdec"], files, out / "finetune-encdec", settings, seed, modes=("free",))["free"]
     results["encdec"] = score(files, path)
     results["encmem"] = score(files, finetune_encmem(models["encmem"], files, out / "finetune-encmem", settings, seed))
+    results["majority_answer"] = score(files, majority_answers(files, out))
     num_entities = EDMemForEntityLinking.config_class.from_pretrained(models["edmem"]).entity_vocab_size
     memory = {}
     for fraction in settings.memory_fractions:

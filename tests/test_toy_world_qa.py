@@ -64,7 +64,14 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     argv = ["--quick", "--out", str(out), "--num-entities", "40", "--pretrain-steps", "4", "--finetune-epochs", "1"]
     assert bench.main(argv) == 0
     result = json.loads((out / "results.json").read_text())
-    assert set(result["systems"]) == {"edmem_free", "edmem_static", "edmem_dynamic", "encdec", "encmem"}
+    assert set(result["systems"]) == {
+        "edmem_free",
+        "edmem_static",
+        "edmem_dynamic",
+        "encdec",
+        "encmem",
+        "majority_answer",
+    }
     assert set(result["memory_fraction"]) == {"1.0", "0.1"}
     # EncMem answers every question with an entity: never right on a literal answer
     assert result["systems"]["encmem"]["exact_match_non_entity"]["mean"] == 0.0
