@@ -3,6 +3,8 @@
 Each page's blocks share one namespace and one working directory, prepared with what the page's prose says the
 reader has: `tokenizer` (with `<E_s>`, `<E_e>`), `names` (the entities, in id order), a `model`, `inputs` and a
 training `batch`, and, for the corpus and pre-training pages, a MediaWiki dump and a tokenizer folder.
+docs/hub.md's blocks run in tests/test_hub.py; the commands of the ```bash blocks are checked by
+tests/test_docs_commands.py, which also fails on a fenced block that is neither (other than ```text / ```json).
 """
 
 from __future__ import annotations

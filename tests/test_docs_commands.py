@@ -2,19 +2,31 @@
 
 The jobs themselves (a 1M-entity corpus, an 8-GPU pre-training) cannot run here, and the tests of each command run
 them on tiny inputs; what this module guards is the docs: a renamed or removed option, a wrong script path or an
-Accelerate config that is not there fails here, naming the page and the command.
+Accelerate config that is not there fails here, naming the page, the block and the command.
 
-A command is parsed, not run: `argparse.ArgumentParser.parse_args` and `HfArgumentParser.parse_args_into_dataclasses`
-are wrapped so that a successful parse (including the dataclasses' own checks, and with no abbreviated options)
-stops the program with `_Parsed`.
-Optional parts `[...]` are parsed too (each alternative of `[A | B]` on its own); `...` stands for options the
-page leaves out and is dropped. An unknown kind of command fails, so that a new block cannot escape the check.
+- A command is parsed, not run: `argparse.ArgumentParser.parse_args` and `HfArgumentParser.parse_args_into_dataclasses`
+  are wrapped so that a successful parse (including the dataclasses' own checks, and with no abbreviated options)
+  stops the program with `_Parsed`. `edmem <command>` goes through `edmem_hf.cli.main`, `python path/script.py`
+  runs the script as `__main__` (examples and benchmarks alike), `accelerate launch` and `torchrun` are parsed by
+  their own parsers, their `--config_file` read by Accelerate, and the `-m edmem_hf.cli` tail parsed as an edmem
+  command. The README's set-up command (`bash scripts/bootstrap.sh && ... pytest`) is not run: it must be a line of
+  `.ci/run`, which is what CI runs.
+- Optional parts `[...]` are parsed too (each alternative of `[A | B]` on its own); `...` stands for options the page
+  leaves out and is dropped. Placeholders (`MODEL`, `HOST`, `PATH`, file names) are passed as written: the parsers
+  take them as strings.
+- An unknown kind of command fails, so that a new block cannot escape the check; so does a fenced block that is
+  neither ```python (run by tests/test_docs.py) nor ```bash, unless it is ```text or ```json (figures, sample output).
+- `edmem evaluate` is cheap enough to run for real: each documented evaluate command runs, all its options in, on the
+  first records of the released files it names (`../shared/data/edmem_release`, found by name under the task's
+  folder; the authors' alias table is not released, so `--aliases` gets one naming those records' gold entities).
+  `edmem write-preset` runs in tests/test_hub.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import re
 import runpy
 import shlex
@@ -24,28 +36,51 @@ from pathlib import Path
 import pytest
 from transformers import HfArgumentParser
 
+from conftest import shared_data_path
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-BLOCK = re.compile(r"^```bash\n(.*?)^```", re.S | re.M)
+FENCE = re.compile(r"^```(.*?)\n(.*?)^```", re.S | re.M)
 OPTIONAL = re.compile(r"\[([^\[\]]*)\]")
+NOT_CODE = {"text", "json"}  # figures and layouts, sample output: shown, not run
 
 
 class _Parsed(Exception):
-    """Raised by the wrapped parsers once the command line has parsed."""
+    """Raised by the wrapped parsers once the command line has parsed, carrying what they returned."""
+
+    def __init__(self, result):
+        super().__init__()
+        self.result = result
 
 
 class _Refused(Exception):
     """Raised instead of argparse's exit, with its message."""
 
 
-def commands(page: Path) -> list[str]:
-    """The commands of a page's bash blocks: continuation lines joined, comments and blank lines dropped."""
+class _Wrong(Exception):
+    """A documented command that does not parse, or names what is not there."""
+
+
+def _require(condition: object, message: str) -> None:
+    if not condition:
+        raise _Wrong(message)
+
+
+def fences(page: Path) -> list[tuple[str, str]]:
+    """`(language, text)` of each fenced block of a page."""
+    return FENCE.findall(page.read_text(encoding="utf-8"))
+
+
+def commands(page: Path) -> list[tuple[int, str]]:
+    """`(bash block number, command)` for the commands of a page: continuation lines joined, comments and blank
+    lines dropped."""
     found = []
-    for block in BLOCK.findall(page.read_text(encoding="utf-8")):
+    bash_blocks = [text for language, text in fences(page) if language == "bash"]
+    for number, block in enumerate(bash_blocks, 1):
         for line in block.replace("\\\n", " ").splitlines():
-            line = line.split(" #")[0].strip() if not line.lstrip().startswith("#") else ""
-            if line:
-                found.append(line)
+            line = line.split(" #")[0] if not line.lstrip().startswith("#") else ""
+            if line.strip():
+                found.append((number, " ".join(line.split())))
     return found
 
 
@@ -65,8 +100,7 @@ def _parse_only(monkeypatch) -> None:
     def stop_after(original):
         def wrapped(self, *args, **kwargs):
             self.allow_abbrev = False  # the docs spell options in full
-            original(self, *args, **kwargs)
-            raise _Parsed
+            raise _Parsed(original(self, *args, **kwargs))
 
         return wrapped
 
@@ -81,13 +115,13 @@ def _parse_only(monkeypatch) -> None:
 def _edmem(argv: list[str]) -> None:
     from edmem_hf.cli import COMMANDS, main
 
-    assert argv and argv[0] in COMMANDS, f"no edmem command {argv[:1]}"
+    _require(argv and argv[0] in COMMANDS, f"no edmem command {argv[:1]}")
     main(argv)
 
 
 def _script(argv: list[str]) -> None:
     path = ROOT / argv[0]
-    assert path.is_file(), f"no script {argv[0]}"
+    _require(path.is_file(), f"no script {argv[0]}")
     sys.argv = [str(path), *argv[1:]]
     sys.path.insert(0, str(path.parent))  # as `python path/to/script.py` does
     try:
@@ -96,13 +130,30 @@ def _script(argv: list[str]) -> None:
         sys.path.remove(str(path.parent))
 
 
-def _launcher(argv: list[str]) -> None:
-    """`accelerate launch [--config_file F] ... -m edmem_hf.cli <command> ...` or `torchrun ... -m edmem_hf.cli`."""
-    if "--config_file" in argv:
-        config = argv[argv.index("--config_file") + 1]
-        assert (ROOT / config).is_file(), f"no Accelerate config {config}"
-    assert argv[argv.index("-m") + 1] == "edmem_hf.cli", "launchers run the edmem_hf.cli module"
-    _edmem(argv[argv.index("-m") + 2 :])
+def _launcher(program: str, argv: list[str]) -> None:
+    """`accelerate launch [options] -m edmem_hf.cli <command> ...` or `torchrun [options] -m edmem_hf.cli ...`:
+    the launcher's options parse, the Accelerate config file reads, the edmem command parses."""
+    if program == "accelerate":
+        from accelerate.commands.config.config_args import load_config_from_file
+        from accelerate.commands.launch import launch_command_parser
+
+        _require(argv[:1] == ["launch"], f"an accelerate command this test does not know: {argv[:1]}")
+        parser, argv = launch_command_parser(), argv[1:]
+    else:
+        from torch.distributed.run import get_args_parser
+
+        parser = get_args_parser()
+    try:
+        parser.parse_args(argv)
+    except _Parsed as parsed:
+        launch = parsed.result
+    else:
+        raise _Wrong(f"{program} ran without parsing its arguments")
+    _require(launch.module and launch.training_script == "edmem_hf.cli", "launchers run `-m edmem_hf.cli`")
+    if getattr(launch, "config_file", None) is not None:
+        _require((ROOT / launch.config_file).is_file(), f"no Accelerate config {launch.config_file}")
+        load_config_from_file(str(ROOT / launch.config_file))  # unknown keys or a bad value raise
+    _edmem(launch.training_script_args)
 
 
 def check(command: str) -> None:
@@ -111,55 +162,143 @@ def check(command: str) -> None:
         words = shlex.split(part)
         argv, elided = [word for word in words if word != "..."], "..." in words
         program, rest = argv[0], argv[1:]
-        if program == "bash":  # the README's set-up: the script is there and .ci/run runs the same test command
-            assert (ROOT / rest[0]).is_file(), f"no script {rest[0]}"
+        if program == "bash":  # the README's set-up: the script is there and .ci/run runs the same command
+            _require((ROOT / rest[0]).is_file(), f"no script {rest[0]}")
             continue
         if program.endswith("python") and rest[:2] == ["-m", "pytest"]:
-            assert part in (ROOT / ".ci" / "run").read_text(), f".ci/run does not run {part!r}"
+            ci_lines = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+            _require(command in ci_lines, f".ci/run does not run {command!r}")
             continue
-        run = {"edmem": _edmem, "python": _script, "accelerate": _launcher, "torchrun": _launcher}
         name = Path(program).name
+        run = {
+            "edmem": _edmem,
+            "python": _script,
+            "accelerate": lambda argv: _launcher("accelerate", argv),
+            "torchrun": lambda argv: _launcher("torchrun", argv),
+        }
         if name not in run:
-            raise AssertionError(f"a kind of command this test does not know: {program!r}")
+            raise _Wrong(f"a kind of command this test does not know: {program!r}")
         try:
-            run[name](rest[1:] if name == "accelerate" and rest[:1] == ["launch"] else rest)
+            run[name](rest)
         except _Parsed:
             continue
         except _Refused as error:
             if elided and str(error).startswith("the following arguments are required"):
                 continue  # the page leaves them out (`...`)
-            raise AssertionError(f"the parser refuses {part!r}: {error}") from None
+            raise _Wrong(f"the parser refuses it: {error}") from None
         except ValueError as error:  # HfArgumentParser: "Some specified arguments are not used ..."
-            raise AssertionError(f"the parser refuses {part!r}: {error}") from None
-        raise AssertionError(f"{part!r} ran without parsing its arguments")
+            raise _Wrong(f"the parser refuses it: {error}") from None
+        raise _Wrong(f"{part!r} ran without parsing its arguments")
 
 
-CASES = [(page, line) for page in PAGES for command in commands(page) for line in expansions(command)]
+CASES = [(page, block, line) for page in PAGES for block, command in commands(page) for line in expansions(command)]
+IDS = [f"{page.name}:bash{block}:{i}" for i, (page, block, _) in enumerate(CASES)]
+EVALUATE = [(case, id_) for case, id_ in zip(CASES, IDS, strict=True) if case[2].startswith("edmem evaluate ")]
+
+
+def _at(page: Path, block: int, command: str, run):
+    """`run()`; a `_Wrong` from it fails the test, naming the page, the block and the command."""
+    try:
+        return run()
+    except _Wrong as error:
+        where = f"{page.relative_to(ROOT)}, bash block {block}: {command}"
+        raise pytest.fail.Exception(f"{where}\n  {error}", pytrace=False) from None
 
 
 def test_the_pages_have_commands():
-    assert {page.name for page, _ in CASES} >= {"README.md", "corpus.md", "pretraining.md", "fine_tuning.md"}
+    assert {page.name for page, _, _ in CASES} >= {"README.md", "corpus.md", "pretraining.md", "fine_tuning.md"}
+    assert len(EVALUATE) >= 2
 
 
-@pytest.mark.parametrize("page,command", CASES, ids=[f"{page.name}:{i}" for i, (page, _) in enumerate(CASES)])
-def test_each_documented_command_parses(page, command, monkeypatch, tmp_path):
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_fenced_block_is_checked_or_not_code(page):
+    for number, (language, _) in enumerate(fences(page), 1):
+        assert language in {"python", "bash", *NOT_CODE}, (
+            f"{page.relative_to(ROOT)}, fenced block {number}: ```{language} is neither run nor checked by the "
+            f"tests; use ```python, ```bash, or ```text / ```json for what is not code"
+        )
+
+
+@pytest.mark.parametrize("page,block,command", CASES, ids=IDS)
+def test_each_documented_command_parses(page, block, command, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     _parse_only(monkeypatch)
-    try:
-        check(command)
-    except AssertionError as error:
-        raise AssertionError(f"{page.relative_to(ROOT)}: {command}\n  {error}") from None
+    _at(page, block, command, lambda: check(command))
 
 
 def test_a_wrong_option_is_caught(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     _parse_only(monkeypatch)
     check("edmem evaluate --task nq --data a.jsonl --predictions b.json")
-    with pytest.raises(AssertionError, match="refuses"):
+    with pytest.raises(_Wrong, match="refuses"):
         check("edmem evaluate --task nq --data a.jsonl --prediction-file b.json")
-    with pytest.raises(AssertionError, match="refuses"):
+    with pytest.raises(_Wrong, match="refuses"):
         check("python examples/finetune_qa.py --model_name_or_path m --output_dir o --entity_decodng dynamic")
-    with pytest.raises(AssertionError, match="no Accelerate config"):
-        check("accelerate launch --config_file examples/accelerate_configs/none.yaml -m edmem_hf.cli pretrain")
+    with pytest.raises(_Wrong, match="no Accelerate config"):
+        check("accelerate launch --config_file examples/accelerate_configs/none.yaml -m edmem_hf.cli pretrain ...")
+    with pytest.raises(_Wrong, match="refuses"):
+        check("accelerate launch --machine_rnak 0 -m edmem_hf.cli pretrain ...")
+    with pytest.raises(_Wrong, match="does not know"):
+        check("edmem-train --corpus_dir corpus/")
+
+
+RELEASED_RECORDS = 200  # the first records of a released gold file an evaluate command reads: every metric, quickly
+
+
+def _released_files(argv: list[str], workdir: Path) -> int:
+    """Writes into `workdir` the files an `edmem evaluate` command names, from the released files of its task;
+    returns the number of gold records."""
+    options = {word: value for word, value in itertools.pairwise([*argv, ""]) if word.startswith("--")}
+    task = options["--task"]
+
+    def released(name: str) -> Path:
+        folder = shared_data_path("edmem_release")
+        found = [path for path in folder.rglob(name) if task in (part.lower() for part in path.parts)]
+        _require(len(found) == 1, f"the release has no single {name} for the task {task}: {found}")
+        return found[0]
+
+    with released(options["--data"]).open(encoding="utf-8") as f:
+        records = [json.loads(line) for line in itertools.islice(f, RELEASED_RECORDS)]
+    (workdir / options["--data"]).write_text("".join(json.dumps(record) + "\n" for record in records))
+    ids = {record["id"] for record in records}
+    for option in ("--predictions", "--answer-links"):  # {id: ...} objects, cut to the records kept
+        if option in options:
+            by_id = json.loads(released(options[option]).read_text(encoding="utf-8"))
+            (workdir / options[option]).write_text(json.dumps({i: v for i, v in by_id.items() if i in ids}))
+    if "--aliases" in options:  # entity2mention.json is not released
+        names = {name for record in records for reference in record["output_entity_name"] for name in reference}
+        (workdir / options["--aliases"]).write_text(json.dumps({name: [name.lower()] for name in sorted(names)}))
+    return len(records)
+
+
+def _evaluate(argv: list[str], workdir: Path, capsys) -> tuple[dict, str, int]:
+    """Runs `edmem evaluate` for real on the released files it names: its JSON scores, stderr and record count."""
+    from edmem_hf.cli import main
+
+    count = _released_files(argv[1:], workdir)
+    try:
+        code = main(argv)
+    except SystemExit as exit_:  # argparse's error
+        code = exit_.code
+    out, err = capsys.readouterr()
+    _require(code == 0, f"exit {code}: {err}")
+    _require("--json" in argv, "the test reads the scores from --json")
+    return json.loads(out), err, count
+
+
+@pytest.mark.parametrize("case", [case for case, _ in EVALUATE], ids=[id_ for _, id_ in EVALUATE])
+def test_the_evaluate_commands_run_on_the_released_files(case, tmp_path, monkeypatch, capsys):
+    page, block, command = case
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    argv = shlex.split(command)[1:]
+    scores, err, count = _at(page, block, command, lambda: _evaluate(argv, tmp_path, capsys))
+    assert scores["count"] == count
+    if "--answer-links" in argv:
+        assert scores["count_entity"] + scores["count_non_entity"] == count
+    if "--aliases" in argv:
+        assert scores["count_entity_coverage"] > 0
+    if "--bertscore-model" in argv:  # reported when the model is on this machine, else one line says why not
+        assert "bertscore_f1" in scores or "BERTScore not reported" in err
