@@ -97,6 +97,30 @@ def test_bad_input_names_the_entity(setup, names, passages, message):
     assert model.config.entity_vocab_size == 20  # nothing half done
 
 
+def test_rows_of_another_estimator_go_in_as_given(setup):
+    model, tokenizer, new, passages = setup
+    rows = torch.randn(2, model.config.entity_embed_dim)
+    ids = model.add_entities(new, rows=rows)
+    assert torch.equal(model.model.entity_embeddings.weight[ids], rows)
+    with pytest.raises(ValueError, match="shape"):
+        model.add_entities(["another"], rows=rows)
+    with pytest.raises(ValueError, match="either passages with their tokenizer, or rows"):
+        model.add_entities(["another"], [["<E_s> another <E_e>"]], tokenizer, rows=rows[:1])
+    with pytest.raises(ValueError, match="either passages with their tokenizer, or rows"):
+        model.add_entities(["another"], [["<E_s> another <E_e>"]])
+    assert model.config.entity_vocab_size == 22
+
+
+def test_memory_queries_are_unscaled_means(setup):
+    model, tokenizer, _, passages = setup
+    queries = model.memory_queries(passages, tokenizer)
+    with torch.no_grad():
+        expected = torch.cat([_lower_layer_queries(model, tokenizer, text) for text in passages[0]]).mean(0)
+    torch.testing.assert_close(queries[0], expected, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match=r"no marked mention in passages\[1\]"):
+        model.memory_queries([passages[0], ["nothing marked"]], tokenizer)
+
+
 def test_encdec_has_no_memory_to_grow(setup):
     _, tokenizer, new, passages = setup
     config = tiny_model(vocab_size=len(tokenizer), entity_vocab_size=20).config

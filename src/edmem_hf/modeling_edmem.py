@@ -635,38 +635,15 @@ class _EntityVocabMixin:
         self._entity_trie = None  # spelled the old vocabulary's names
 
     @torch.no_grad()
-    def add_entities(
-        self, names: list[str], passages: list[list[str]], tokenizer, batch_size: int = 32, max_length: int = 128
-    ) -> list[int]:
-        """Appends entities to the memory of a trained model, without gradient steps; returns their ids.
+    def memory_queries(
+        self, passages: list[list[str]], tokenizer, batch_size: int = 32, max_length: int = 128
+    ) -> torch.Tensor:
+        """`(len(passages), entity_embed_dim)`: for each list of texts, the mean of the memory's queries (`W_in h` of
+        the encoder's lower layers at each `<E_s>`) over its marked mentions: what the memory is asked there.
 
-        A new row is what the memory is asked at the entity's mentions: the mean of the memory's queries (`W_in h`
-        of the encoder's lower layers at each `<E_s>`) over its marked mentions in `passages`, scaled to the mean
-        norm of the existing rows (attention scores are dot products: a row far shorter or longer than the others
-        would never, or always, win). Every tied copy of the table grows, and so do `config.entity_vocab_size`,
-        `entity_vocab` (the prefix tree of names is rebuilt on the next constrained decoding) and an entity mask
-        set with `set_entity_mask` (the new entities visible).
-
-        Args:
-            names: the new entities' names: not in `entity_vocab`, not blank, no repeats.
-            passages: `passages[i]`, texts about `names[i]` in which its mentions (and only its) are marked
-                `<E_s> ... <E_e>`; each entity needs at least one. A passage longer than `max_length` tokens is cut
-                to `max_length` tokens (at most the model's positions) around its first mention.
-            tokenizer: the model's tokenizer (with `<E_s>` and `<E_e>`).
+        A passage longer than `max_length` tokens is cut to `max_length` tokens (at most the model's positions)
+        around its first mention. A list without a single marked mention is a ValueError naming its index.
         """
-        if self.config.variant == "encdec":
-            raise ValueError("an 'encdec' EDMem has no entity memory to add entities to")
-        if self.entity_vocab is None:
-            raise ValueError("add_entities needs model.entity_vocab: the new names are appended to it")
-        if len(names) != len(passages):
-            raise ValueError(f"add_entities: {len(names)} names but {len(passages)} passage lists")
-        seen: set[str] = set()
-        for name in names:
-            if not isinstance(name, str) or not name.strip():
-                raise ValueError(f"add_entities: an empty or non-string entity name: {name!r}")
-            if name in self.entity_vocab or name in seen:
-                raise ValueError(f"add_entities: entity {name!r} is already in the vocabulary or named twice")
-            seen.add(name)
         max_length = min(max_length, self.config.max_position_embeddings)
         encoder = self.get_encoder()
         queries: list[torch.Tensor] = []
@@ -675,8 +652,8 @@ class _EntityVocabMixin:
         )
         owners = [i for i, texts in enumerate(passages) for _ in texts]
         texts = [text for texts in passages for text in texts]
-        counts = torch.zeros(len(names), dtype=torch.long)
-        sums = torch.zeros(len(names), self.config.entity_embed_dim)
+        counts = torch.zeros(len(passages), dtype=torch.long)
+        sums = torch.zeros(len(passages), self.config.entity_embed_dim)
         was_training = self.training
         self.eval()
         try:
@@ -690,16 +667,70 @@ class _EntityVocabMixin:
                 rows = torch.tensor(owners[begin : begin + batch_size])[starts.nonzero()[:, 0].cpu()]
                 if queries:
                     sums.index_add_(0, rows, queries[0].float().cpu())
-                counts += torch.bincount(rows, minlength=len(names))
+                counts += torch.bincount(rows, minlength=len(passages))
         finally:
             hook.remove()
             self.train(was_training)
         if (counts == 0).any():
-            name = names[int((counts == 0).nonzero()[0, 0])]
-            raise ValueError(f"add_entities: no marked mention of {name!r} in its passages")
+            raise ValueError(f"no marked mention in passages[{int((counts == 0).nonzero()[0, 0])}]")
+        return sums / counts[:, None]
+
+    @torch.no_grad()
+    def add_entities(
+        self,
+        names: list[str],
+        passages: list[list[str]] | None = None,
+        tokenizer=None,
+        *,
+        rows: torch.Tensor | None = None,
+        batch_size: int = 32,
+        max_length: int = 128,
+    ) -> list[int]:
+        """Appends entities to the memory of a trained model, without gradient steps; returns their ids.
+
+        A new row is what the memory is asked at the entity's mentions: `memory_queries(passages)`, each scaled to
+        the mean norm of the existing rows (attention scores are dot products: a row far shorter or longer than the
+        others would never, or always, win; benchmarks/toy_world_growth.py measures the choice). Every tied copy
+        of the table grows, and so do `config.entity_vocab_size`, `entity_vocab` (the prefix tree of names is
+        rebuilt on the next constrained decoding) and an entity mask set with `set_entity_mask` (the new entities
+        visible).
+
+        Args:
+            names: the new entities' names: not in `entity_vocab`, not blank, no repeats.
+            passages: `passages[i]`, texts about `names[i]` in which its mentions (and only its) are marked
+                `<E_s> ... <E_e>`; each entity needs at least one. See `memory_queries` for `batch_size` and
+                `max_length`.
+            tokenizer: the model's tokenizer (with `<E_s>` and `<E_e>`).
+            rows: instead of `passages` and `tokenizer`, the new rows themselves, `(len(names), entity_embed_dim)`
+                (another estimator's).
+        """
+        if self.config.variant == "encdec":
+            raise ValueError("an 'encdec' EDMem has no entity memory to add entities to")
+        if self.entity_vocab is None:
+            raise ValueError("add_entities needs model.entity_vocab: the new names are appended to it")
+        seen: set[str] = set()
+        for name in names:
+            if not isinstance(name, str) or not name.strip():
+                raise ValueError(f"add_entities: an empty or non-string entity name: {name!r}")
+            if name in self.entity_vocab or name in seen:
+                raise ValueError(f"add_entities: entity {name!r} is already in the vocabulary or named twice")
+            seen.add(name)
         table = self.get_encoder().entity_embeddings.weight
-        means = sums / counts[:, None]
-        rows = means / means.norm(dim=-1, keepdim=True) * table.norm(dim=-1).mean().cpu()
+        if (rows is None) == (passages is None) or (passages is not None and tokenizer is None):
+            raise ValueError("add_entities takes either passages with their tokenizer, or rows")
+        if rows is None:
+            if len(names) != len(passages):
+                raise ValueError(f"add_entities: {len(names)} names but {len(passages)} passage lists")
+            marker = tokenizer.convert_ids_to_tokens(self.config.entity_start_token_id)
+            for name, texts in zip(names, passages):
+                if not any(marker in text for text in texts):
+                    raise ValueError(f"add_entities: no marked mention of {name!r} in its passages")
+            means = self.memory_queries(passages, tokenizer, batch_size=batch_size, max_length=max_length)
+            rows = means / means.norm(dim=-1, keepdim=True) * table.norm(dim=-1).mean().cpu()
+        elif tuple(rows.shape) != (len(names), table.shape[1]):
+            raise ValueError(
+                f"add_entities: rows of shape {tuple(rows.shape)}, expected ({len(names)}, {table.shape[1]})"
+            )
         grown = nn.Parameter(torch.cat([table.detach(), rows.to(table)]), requires_grad=table.requires_grad)
         for module in self.modules():
             if isinstance(getattr(module, "entity_embeddings", None), nn.Embedding):
