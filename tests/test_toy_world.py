@@ -1,7 +1,9 @@
 from collections import Counter
 
+import pytest
+
 from edmem_hf.dump import iter_pages, iter_parsed_pages
-from edmem_hf.toy_world import generate_toy_world, render_mediawiki_dump, write_mediawiki_dump
+from edmem_hf.toy_world import generate_toy_world, render_mediawiki_dump, without_entities, write_mediawiki_dump
 
 
 def test_deterministic():
@@ -64,3 +66,25 @@ def test_large_world_has_distinct_articles(tmp_path):
     articles = [page for page in iter_parsed_pages(path) if page.redirect is None]
     assert len(articles) == len(world.pages)
     assert len({page.text for page in articles}) == len(articles)
+
+
+def test_a_world_without_some_entities_never_mentions_them():
+    world = generate_toy_world(80, seed=3)
+    founders = {e.attributes["founder"] for e in world.entities if e.type == "company"}
+    removed = [e.name for e in world.entities if e.type == "person" and e.name not in founders][:4]
+    smaller = without_entities(world, removed)
+    assert len(smaller.entities) == len(world.entities) - 4
+    assert not set(removed) & set(smaller.pages)
+    for name in removed:
+        assert not any(name in text for text in smaller.pages.values()), name
+        assert not any(target == name for target in smaller.redirects.values())
+    assert all(pair.subject not in removed for pair in smaller.qa_pairs)
+    assert len(smaller.qa_pairs) == len(world.qa_pairs) - 3 * 4  # each person has three questions
+    # the pages of entities that never met the removed ones read the same facts
+    country = next(e for e in smaller.entities if e.type == "country")
+    assert "Its capital is" in smaller.pages[country.name]
+    founder = next(iter(founders))
+    with pytest.raises(ValueError, match=f"cannot remove {founder!r}: .* as its founder"):
+        without_entities(world, [founder])
+    with pytest.raises(KeyError, match="no toy entity named 'Nobody'"):
+        without_entities(world, ["Nobody"])

@@ -8,6 +8,7 @@ from __future__ import annotations
 import bz2
 import os
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from xml.sax.saxutils import escape
 
@@ -143,6 +144,28 @@ def generate_toy_world(num_entities: int = 60, seed: int = 0) -> ToyWorld:
         world.pages[entity.name] = renderer.article(entity)
     world.qa_pairs = _qa_pairs(countries, cities, rivers, people, companies)
     return world
+
+
+def without_entities(world: ToyWorld, names: Iterable[str]) -> ToyWorld:
+    """The world before `names` existed: their pages and redirects gone, the other pages rendered again without
+    them (no list names them), and no question about them. A kept entity whose facts name a removed one (a
+    company's founder) is a ValueError naming both, since its page could not be written without the removed one."""
+    removed = set(names)
+    unknown = removed - {entity.name for entity in world.entities}
+    if unknown:
+        raise KeyError(f"no toy entity named {sorted(unknown)[0]!r}")
+    kept = [entity for entity in world.entities if entity.name not in removed]
+    for entity in kept:
+        for relation, value in entity.attributes.items():
+            if value in removed:
+                raise ValueError(f"cannot remove {value!r}: {entity.name!r} names it as its {relation}")
+    smaller = ToyWorld(kept, {}, {}, [], world.seed)
+    smaller.redirects = {title: target for title, target in world.redirects.items() if target not in removed}
+    renderer = _Renderer(smaller, random.Random(world.seed))
+    smaller.pages = {entity.name: renderer.article(entity) for entity in kept}
+    smaller.qa_pairs = [pair for pair in world.qa_pairs
+                        if pair.subject not in removed and not (pair.answer_is_entity and pair.answer in removed)]  # fmt: skip
+    return smaller
 
 
 class _Renderer:
@@ -373,4 +396,12 @@ def write_mediawiki_dump(world: ToyWorld, path: str | os.PathLike) -> str:
     return path
 
 
-__all__ = ["QAPair", "ToyEntity", "ToyWorld", "generate_toy_world", "render_mediawiki_dump", "write_mediawiki_dump"]
+__all__ = [
+    "QAPair",
+    "ToyEntity",
+    "ToyWorld",
+    "generate_toy_world",
+    "render_mediawiki_dump",
+    "without_entities",
+    "write_mediawiki_dump",
+]
