@@ -170,26 +170,40 @@ def _finetune_argv(settings: Settings, seed: int) -> list[str]:
     ]  # fmt: skip
 
 
-def finetune_seq2seq(model_dir: Path, files: dict, out: Path, settings: Settings, seed: int, modes=MODES,
-                     entity_mask_file: Path | None = None) -> dict[str, Path]:  # fmt: skip
-    """`examples/finetune_qa.py` on the training questions, then its prediction on the test questions in each
-    decoding mode; returns `{mode: predictions file}`."""
+def finetune_model(model_dir: Path, train_file: Path, out: Path, settings: Settings, seed: int,
+                   entity_mask_file: Path | None = None) -> Path:  # fmt: skip
+    """`examples/finetune_qa.py` on the training questions (skipped when `out` has a model: a rerun goes on)."""
     from finetune_common import run
     from finetune_qa import QA
 
-    mask = ["--entity_mask_file", str(entity_mask_file)] if entity_mask_file else []
     if not (out / "model.safetensors").exists():
+        mask = ["--entity_mask_file", str(entity_mask_file)] if entity_mask_file else []
         argv = ["--model_name_or_path", str(model_dir), "--output_dir", str(out), "--do_train"]
-        run(QA, argv + ["--train_file", str(files["train"])] + _finetune_argv(settings, seed) + mask)
-    predictions = {}
-    for mode in modes:
-        predictions[mode] = out / mode / f"{mode}_predictions.json"
-        if predictions[mode].exists():  # a rerun goes on where the last one stopped
-            continue
-        argv = ["--model_name_or_path", str(out), "--output_dir", str(out / mode), "--do_predict"]
-        argv += ["--test_file", str(files["test"]), "--entity_decoding", mode, "--entity_candidates", "3"]
+        run(QA, argv + ["--train_file", str(train_file)] + _finetune_argv(settings, seed) + mask)
+    return out
+
+
+def predict(model_dir: Path, test_file: Path, out: Path, mode: str, settings: Settings, seed: int,
+            entity_mask_file: Path | None = None) -> Path:  # fmt: skip
+    """`examples/finetune_qa.py --do_predict` in one decoding mode; returns the predictions file (reused)."""
+    from finetune_common import run
+    from finetune_qa import QA
+
+    path = out / f"{mode}_predictions.json"
+    if not path.exists():
+        mask = ["--entity_mask_file", str(entity_mask_file)] if entity_mask_file else []
+        argv = ["--model_name_or_path", str(model_dir), "--output_dir", str(out), "--do_predict"]
+        argv += ["--test_file", str(test_file), "--entity_decoding", mode, "--entity_candidates", "3"]
         run(QA, argv + _finetune_argv(settings, seed) + mask)
-    return predictions
+    return path
+
+
+def finetune_seq2seq(model_dir: Path, files: dict, out: Path, settings: Settings, seed: int, modes=MODES,
+                     entity_mask_file: Path | None = None) -> dict[str, Path]:  # fmt: skip
+    """Fine-tunes on the training questions, then predicts the test questions in each decoding mode; returns
+    `{mode: predictions file}`."""
+    finetune_model(model_dir, files["train"], out, settings, seed, entity_mask_file)
+    return {mode: predict(out, files["test"], out / mode, mode, settings, seed, entity_mask_file) for mode in modes}
 
 
 def _encmem_features(rows, tokenizer, with_answer: bool) -> list[dict]:

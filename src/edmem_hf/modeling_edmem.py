@@ -605,6 +605,10 @@ class EDMemDecoder(EDMemPreTrainedModel):
 # ---------------------------------------------------------------------------------------------------------------
 
 
+class _QueriesTaken(Exception):
+    """Raised by `memory_queries`' hook once the memory's queries are taken, to end the encoder's forward there."""
+
+
 def _crop_around_first_mention(ids: list[int], start_id: int, max_length: int) -> list[int]:
     """`max_length` tokens of `ids` with its first `<E_s>` in the middle (all of `ids` when short enough)."""
     if len(ids) <= max_length:
@@ -647,9 +651,12 @@ class _EntityVocabMixin:
         max_length = min(max_length, self.config.max_position_embeddings)
         encoder = self.get_encoder()
         queries: list[torch.Tensor] = []
-        hook = encoder.memory.register_forward_pre_hook(
-            lambda memory, args: queries.append(memory.query_proj(args[0][args[1]]))
-        )
+
+        def ask(memory, args):  # the encoder stops at the memory: no read of the table, no upper layers
+            queries.append(memory.query_proj(args[0][args[1]]))
+            raise _QueriesTaken
+
+        hook = encoder.memory.register_forward_pre_hook(ask)
         owners = [i for i, texts in enumerate(passages) for _ in texts]
         texts = [text for texts in passages for text in texts]
         counts = torch.zeros(len(passages), dtype=torch.long)
@@ -662,7 +669,10 @@ class _EntityVocabMixin:
                          for ids in tokenizer(texts[begin : begin + batch_size]).input_ids]  # fmt: skip
                 batch = tokenizer.pad({"input_ids": crops}, return_tensors="pt").to(self.device)
                 queries.clear()
-                encoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+                try:
+                    encoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+                except _QueriesTaken:
+                    pass
                 starts = batch.input_ids == self.config.entity_start_token_id
                 rows = torch.tensor(owners[begin : begin + batch_size])[starts.nonzero()[:, 0].cpu()]
                 if queries:

@@ -1,0 +1,377 @@
+"""Memory growth: entities written into a trained EDMem without training, against the same entities unknown, the
+entities it was trained with, and continued pre-training (issue 18; docs/evidence.md).
+
+For each seed, a toy world (`edmem_hf.toy_world`) loses some of its people (`without_entities`: their pages, every
+mention of them and every question about them). EDMem is pre-trained on that smaller world (`edmem build-corpus`,
+`edmem pretrain`, the settings of `toy_world_qa.py`) and fine-tuned on its questions (`examples/finetune_qa.py`).
+Then the full world's dump arrives, the new pages among them, and the people are added as `edmem add-entities` adds
+them (`new_entity_passages`, `model.add_entities`: no gradient step). Scored by `edmem evaluate`'s code:
+
+- *new*: the questions about the added people ("Where was X born?", "When was X born?", "What was X's
+  occupation?"), before adding, after adding with each row estimator, and after continued pre-training (the
+  ceiling: the grown pre-trained model trained on the full world's corpus, then fine-tuned as before);
+- *seen*: the held-out test questions of the same three forms about people the model was trained with.
+
+Besides exact match in the free, static and dynamic settings, *memory recall* is how often the memory's top entity
+at the question's marked subject is that subject: whether the memory finds the new row at all.
+
+Row estimators compared: the mean memory query at the entity's mentions scaled to the trained rows' mean norm
+(what `add_entities` does), the same mean unscaled, and a random row of that norm (a control with no information).
+The time to add 1,000 and 100,000 entities is measured on the fine-tuned toy model and, for 1,000, on the
+`edmem-base` preset's shape (random weights, 1M-row table).
+
+    python benchmarks/toy_world_growth.py --quick --out runs/growth-quick    # one small world, < 10 min
+    python benchmarks/toy_world_growth.py --out runs/growth                  # 3 seeds; results.json, a PNG plot
+
+A rerun with the same `--out` reuses what is done. Ends with one line `RESULT key=value ...` (means over seeds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from toy_world_qa import (  # noqa: E402
+    MODES,
+    Settings,
+    finetune_model,
+    predict,
+    pretrain_variant,
+    split_questions,
+    write_released_format,
+)
+from transformers import AutoTokenizer  # noqa: E402
+
+from edmem_hf import EDMemForConditionalGeneration, EntityVocab  # noqa: E402
+from edmem_hf.corpus import build_corpus  # noqa: E402
+from edmem_hf.dump import iter_parsed_pages  # noqa: E402
+from edmem_hf.entity_growth import new_entity_passages  # noqa: E402
+from edmem_hf.evaluation import evaluate_files  # noqa: E402
+from edmem_hf.pretraining import PretrainingArguments, build_config, load_corpus, pretrain  # noqa: E402
+from edmem_hf.tasks import read_jsonl, read_qa  # noqa: E402
+from edmem_hf.toy_world import generate_toy_world, without_entities, write_mediawiki_dump  # noqa: E402
+
+logger = logging.getLogger("toy_world_growth")
+PERSON_QUESTIONS = ("born_in", "born_year", "occupation")
+ESTIMATORS = ("mean_query_scaled", "mean_query", "random")
+
+
+@dataclass
+class GrowthSettings:
+    qa: Settings = field(default_factory=Settings)
+    held_out_fraction: float = 0.3  # of the people who founded no company (a founder is named on other pages)
+    continued_steps: int = 200  # continued pre-training on the full world, for the ceiling
+    timed_additions: tuple[int, ...] = (1_000, 100_000)
+    time_the_base_shape: bool = True
+
+
+QUICK = GrowthSettings(
+    qa=Settings(num_entities=120, seeds=(0,), pretrain_steps=500), continued_steps=150, time_the_base_shape=False
+)
+
+
+# --- data -------------------------------------------------------------------------------------------------------
+
+
+def held_out_people(world, fraction: float, seed: int) -> list[str]:
+    """A random `fraction` (at least 2) of the people who founded no company."""
+    founders = {entity.attributes["founder"] for entity in world.entities if entity.type == "company"}
+    people = sorted(e.name for e in world.entities if e.type == "person" and e.name not in founders)
+    return sorted(random.Random(seed).sample(people, max(2, round(fraction * len(people)))))
+
+
+def make_worlds(settings: GrowthSettings, seed: int, out: Path) -> dict:
+    """The old world's dump, corpus and questions; the full world's dump (the new pages in it); the held-out names."""
+    world = generate_toy_world(settings.qa.num_entities, seed=seed)
+    held = held_out_people(world, settings.held_out_fraction, seed)
+    old = without_entities(world, held)
+    out.mkdir(parents=True, exist_ok=True)
+    old_dump = write_mediawiki_dump(old, out / "old-wiki.xml.bz2")
+    new_dump = write_mediawiki_dump(world, out / "new-wiki.xml.bz2")
+    corpus = out / "corpus"
+    if not (corpus / "entity_vocab.json").exists():
+        build_corpus(old_dump, corpus, num_entities=100_000, num_proc=2, vocab_size=3000, seed=seed)
+    splits = split_questions(old.qa_pairs, settings.qa.test_fraction, seed)
+    splits["seen"] = [pair for pair in splits.pop("test") if pair.relation in PERSON_QUESTIONS]
+    splits["new"] = [pair for pair in world.qa_pairs if pair.subject in held]
+    files = {}
+    for split, pairs in splits.items():
+        files[split], files[f"{split}_links"] = write_released_format(pairs, split, out)
+    return {"held": held, "corpus": corpus, "new_dump": new_dump, "files": files}
+
+
+# --- growing ----------------------------------------------------------------------------------------------------
+
+
+def grow(model_dir: Path, new_dump: str, estimator: str, out: Path, expected: list[str], seed: int) -> Path:
+    """The model at `model_dir` with the new pages' entities added (rows by `estimator`), saved to `out`."""
+    if (out / "model.safetensors").exists():
+        return out
+    model = EDMemForConditionalGeneration.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    known = [name for name in model.entity_vocab.names if name is not None]
+    passages, _ = new_entity_passages(iter_parsed_pages(new_dump), known)
+    if sorted(passages) != expected:
+        raise RuntimeError(f"the new pages' entities are {sorted(passages)}, expected the held-out {expected}")
+    names = sorted(passages)
+    texts = [passages[name] for name in names]
+    if estimator == "mean_query_scaled":
+        model.add_entities(names, texts, tokenizer)
+    elif estimator == "mean_query":
+        model.add_entities(names, rows=model.memory_queries(texts, tokenizer))
+    elif estimator == "random":
+        norm = model.get_encoder().entity_embeddings.weight.norm(dim=-1).mean()
+        rows = torch.randn(len(names), model.config.entity_embed_dim, generator=torch.Generator().manual_seed(seed))
+        model.add_entities(names, rows=rows / rows.norm(dim=-1, keepdim=True) * norm)
+    else:
+        raise ValueError(f"unknown estimator {estimator!r}")
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def corpus_in_model_ids(corpus: Path, vocab: EntityVocab):
+    """The passages of an `edmem build-corpus` folder with their entity labels turned from the corpus vocabulary's
+    ids into `vocab`'s (by name; an entity `vocab` lacks is unlabelled)."""
+    datasets, corpus_vocab, _ = load_corpus(str(corpus))
+    ids = [vocab.id_of(name) if name in vocab else -100 for name in corpus_vocab.names]
+    return datasets.map(lambda row: {"entity_labels": [ids[i] if i >= 0 else i for i in row["entity_labels"]]})
+
+
+def continue_pretraining(pretrained: Path, new_dump: str, out: Path, settings: GrowthSettings, seed: int,
+                         held: list[str]) -> Path:  # fmt: skip
+    """The ceiling's model: the pre-trained model grown with the new entities, then pre-trained for
+    `continued_steps` on the full world's corpus (its entity labels mapped to the grown model's ids)."""
+    if (out / "model.safetensors").exists():
+        return out
+    grown = grow(pretrained, new_dump, "mean_query_scaled", out.parent / "pretrain-grown", held, seed)
+    model = EDMemForConditionalGeneration.from_pretrained(grown)
+    tokenizer = AutoTokenizer.from_pretrained(grown)
+    corpus = out.parent / "corpus-new"
+    if not (corpus / "entity_vocab.json").exists():
+        build_corpus(new_dump, corpus, tokenizer=grown, num_entities=100_000, num_proc=2, seed=seed)
+    datasets = corpus_in_model_ids(corpus, model.entity_vocab)
+    qa = settings.qa
+    args = PretrainingArguments(
+        output_dir=str(out),
+        per_device_train_batch_size=qa.pretrain_batch_size,
+        learning_rate=qa.pretrain_learning_rate,
+        max_steps=settings.continued_steps,
+        eval_steps=0,
+        save_steps=settings.continued_steps,
+        logging_steps=max(settings.continued_steps // 5, 1),
+        seed=seed,
+        report_to="none",
+        resume="auto",
+        disable_tqdm=True,
+    )
+    pretrain(args, model=model, tokenizer=tokenizer, datasets=datasets, entity_vocab=model.entity_vocab)
+    return out
+
+
+# --- measuring --------------------------------------------------------------------------------------------------
+
+
+def score(files: dict, split: str, predictions: Path) -> dict[str, float]:
+    scores = evaluate_files("qa", files[split], predictions, answer_links=files[f"{split}_links"])
+    return {key: round(value, 2) for key, value in scores.items() if isinstance(value, float)}
+
+
+@torch.no_grad()
+def memory_recall(model_dir: Path, data_file: Path) -> float:
+    """% of questions where the memory's top entity at the marked subject is the subject."""
+    model = EDMemForConditionalGeneration.from_pretrained(model_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    subjects = {record["id"]: record["link_target"][0] for record in read_jsonl(data_file)}
+    rows = read_qa(data_file, model.entity_vocab)
+    hits = 0
+    for begin in range(0, len(rows), 64):
+        chunk = rows[begin : begin + 64]
+        batch = tokenizer(chunk["question"], padding=True, return_tensors="pt")
+        access = model.get_encoder()(**batch, output_attended_entities=True).memory_access
+        for (row, _), top in zip(access.positions.tolist(), access.top_entity_ids[:, 0].tolist()):
+            hits += model.entity_vocab.name_of(top) == subjects[chunk["id"][row]]
+    return round(100 * hits / len(rows), 2)
+
+
+def time_additions(model_dir: Path, sizes: tuple[int, ...]) -> dict[str, float]:
+    """Seconds for `add_entities` of n new names, one passage each (a sentence from the world, the name swapped)."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    seconds = {}
+    for n in sizes:
+        model = EDMemForConditionalGeneration.from_pretrained(model_dir)
+        seconds[str(n)] = _timed_addition(model, tokenizer, n)
+    return seconds
+
+
+def time_base_shape(tokenizer_dir: Path, n: int) -> float:
+    """Seconds to add `n` entities to a model of the `edmem-base` preset's shape (random weights, 1M-row table)."""
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    size = 1_000_010
+    with tempfile.TemporaryDirectory() as scratch:
+        config = build_config(PretrainingArguments(output_dir=scratch, preset="edmem-base"), tokenizer, size)
+    model = EDMemForConditionalGeneration(config)
+    model.entity_vocab = EntityVocab([f"Entity {i}" for i in range(size)], [[] for _ in range(size)], [0] * size)
+    return _timed_addition(model, tokenizer, n)
+
+
+def _timed_addition(model, tokenizer, n: int) -> float:
+    names = [f"Newcomer {i}" for i in range(n)]
+    passages = [
+        [f"Notable people born in the city include <E_s> {name} <E_e>, a poet and engineer."] for name in names
+    ]
+    started = time.perf_counter()
+    model.add_entities(names, passages, tokenizer, batch_size=256)
+    return round(time.perf_counter() - started, 2)
+
+
+def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
+    started = time.perf_counter()
+    data = make_worlds(settings, seed, out)
+    files, held = data["files"], data["held"]
+    pretrained = pretrain_variant("edmem", data["corpus"], out / "pretrain-edmem", settings.qa, seed)
+    finetuned = finetune_model(pretrained, files["train"], out / "finetune", settings.qa, seed)
+    models = {"before": finetuned}
+    for estimator in ESTIMATORS:
+        models[estimator] = grow(finetuned, data["new_dump"], estimator, out / f"grown-{estimator}", held, seed)
+    continued = continue_pretraining(pretrained, data["new_dump"], out / "pretrain-continued", settings, seed, held)
+    models["continued_pretraining"] = finetune_model(continued, files["train"], out / "finetune-continued",
+                                                     settings.qa, seed)  # fmt: skip
+    results: dict[str, dict] = {}
+    for name, model_dir in models.items():
+        splits = ("new", "seen") if name in ("before", "mean_query_scaled", "continued_pretraining") else ("new",)
+        for split in splits:
+            figures = {mode: score(files, split, predict(model_dir, files[split], model_dir / f"predict-{split}-{mode}",
+                                                         mode, settings.qa, seed)) for mode in MODES}  # fmt: skip
+            figures["memory_recall"] = memory_recall(model_dir, files[split])
+            results.setdefault(split, {})[name] = figures
+    sizes = {split: sum(1 for _ in open(files[split], encoding="utf-8")) for split in ("train", "seen", "new")}
+    return {"seed": seed, "held_out": held, "questions": sizes, "results": results,
+            "seconds": round(time.perf_counter() - started)}  # fmt: skip
+
+
+def summarise(runs: list[dict]) -> dict:
+    """Mean and spread (population standard deviation) over seeds of every figure."""
+
+    def stats(values: list[float]) -> dict[str, float]:
+        return {"mean": round(statistics.fmean(values), 2), "std": round(statistics.pstdev(values), 2)}
+
+    def walk(path: tuple[str, ...], node):
+        if isinstance(node, dict):
+            return {key: walk(path + (key,), value) for key, value in node.items()}
+        values = []
+        for run in runs:
+            value = run["results"]
+            for key in path:
+                value = value[key]
+            values.append(value)
+        return stats(values)
+
+    return walk((), runs[0]["results"])
+
+
+def plot(summary: dict, out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bars = [("new", "before", "new, before adding"), ("new", "random", "new, random rows"),
+            ("new", "mean_query", "new, mean query"), ("new", "mean_query_scaled", "new, added (shipped)"),
+            ("new", "continued_pretraining", "new, continued pre-training"),
+            ("seen", "mean_query_scaled", "seen from the start")]  # fmt: skip
+    fig, ax = plt.subplots(figsize=(10, 4))
+    groups = [(mode, "exact_match") for mode in MODES] + [("memory_recall", None)]
+    width = 0.8 / len(bars)
+    for i, (split, name, label) in enumerate(bars):
+        figures = summary[split][name]
+        means = [figures[m][k]["mean"] if k else figures[m]["mean"] for m, k in groups]
+        stds = [figures[m][k]["std"] if k else figures[m]["std"] for m, k in groups]
+        ax.bar([x + i * width for x in range(len(groups))], means, width, yerr=stds, label=label, capsize=2)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(groups))],
+                  ["EM free", "EM static", "EM dynamic", "memory recall@1\nat the subject"])  # fmt: skip
+    ax.set_ylabel("%")
+    ax.set_title("Entities added after training: questions about them against questions about trained entities")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = out / "growth.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default="runs/toy-world-growth", help="working directory; results.json and plot")
+    parser.add_argument("--quick", action="store_true", help="a small world, one seed (< 10 minutes on 2 cores)")
+    parser.add_argument("--seeds", type=int, nargs="+", help="override the seeds")
+    parser.add_argument("--num-entities", type=int, help="override the world's size")
+    parser.add_argument("--pretrain-steps", type=int, help="override the pre-training steps")
+    parser.add_argument("--continued-steps", type=int, help="override the continued pre-training steps")
+    parser.add_argument("--finetune-epochs", type=float, help="override the fine-tuning epochs")
+    parser.add_argument("--timed-additions", type=int, nargs="*", help="override the sizes timed (none: no timing)")
+    parser.add_argument("--no-base-shape", action="store_true", help="skip timing at the edmem-base shape")
+    parser.add_argument("--no-plots", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    for name in ("transformers", "datasets", "edmem_hf", "accelerate"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    settings = QUICK if args.quick else GrowthSettings()
+    qa = {"seeds": tuple(args.seeds) if args.seeds else None, "num_entities": args.num_entities,
+          "pretrain_steps": args.pretrain_steps, "finetune_epochs": args.finetune_epochs}  # fmt: skip
+    settings = replace(settings, qa=replace(settings.qa, **{k: v for k, v in qa.items() if v is not None}))
+    if args.continued_steps is not None:
+        settings = replace(settings, continued_steps=args.continued_steps)
+    if args.timed_additions is not None:
+        settings = replace(settings, timed_additions=tuple(args.timed_additions))
+    if args.no_base_shape:
+        settings = replace(settings, time_the_base_shape=False)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = [run_seed(settings, seed, out / f"seed-{seed}") for seed in settings.qa.seeds]
+    summary = summarise(runs)
+    first = out / f"seed-{settings.qa.seeds[0]}"
+    timing = {"toy_model": time_additions(first / "finetune", settings.timed_additions)}
+    if settings.time_the_base_shape and settings.timed_additions:
+        timing["edmem_base_shape"] = {"1000": time_base_shape(first / "finetune", 1_000)}
+    result = {"settings": asdict(settings), "runs": runs, "summary": summary, "seconds_to_add": timing}
+    (out / "results.json").write_text(json.dumps(result, indent=1))
+    if not args.no_plots:
+        result["plot"] = str(plot(summary, out))
+    print(json.dumps({"summary": summary, "seconds_to_add": timing}, indent=1))
+
+    def em(split: str, name: str, mode: str) -> float:
+        return summary[split][name][mode]["exact_match"]["mean"]
+
+    fields = [f"seeds={len(runs)}", f"entities_added={len(runs[0]['held_out'])}",
+              f"new_questions={runs[0]['questions']['new']}", f"seen_questions={runs[0]['questions']['seen']}"]  # fmt: skip
+    for mode in MODES:
+        fields += [f"new_em_before_{mode}={em('new', 'before', mode)}",
+                   f"new_em_added_{mode}={em('new', 'mean_query_scaled', mode)}",
+                   f"new_em_random_rows_{mode}={em('new', 'random', mode)}",
+                   f"new_em_continued_{mode}={em('new', 'continued_pretraining', mode)}",
+                   f"seen_em_{mode}={em('seen', 'mean_query_scaled', mode)}"]  # fmt: skip
+    for name in ("before", *ESTIMATORS, "continued_pretraining"):
+        fields.append(f"new_memory_recall_{name}={summary['new'][name]['memory_recall']['mean']}")
+    fields.append(f"seen_memory_recall={summary['seen']['mean_query_scaled']['memory_recall']['mean']}")
+    fields += [f"seconds_to_add_{n}={s}" for n, s in timing["toy_model"].items()]
+    if "edmem_base_shape" in timing:
+        fields.append(f"seconds_to_add_1000_at_edmem_base_shape={timing['edmem_base_shape']['1000']}")
+    print("RESULT " + " ".join(fields))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
