@@ -242,13 +242,18 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
     data = make_worlds(settings, seed, out)
     files, held = data["files"], data["held"]
     pretrained = pretrain_variant("edmem", data["corpus"], out / "pretrain-edmem", settings.qa, seed)
+    logger.info(
+        "seed %d: pre-trained without %d people (%.0f s so far)", seed, len(held), time.perf_counter() - started
+    )
     finetuned = finetune_model(pretrained, files["train"], out / "finetune", settings.qa, seed)
+    logger.info("seed %d: fine-tuned (%.0f s so far)", seed, time.perf_counter() - started)
     models = {"before": finetuned}
     for estimator in ESTIMATORS:
         models[estimator] = grow(finetuned, data["new_dump"], estimator, out / f"grown-{estimator}", held, seed)
     continued = continue_pretraining(pretrained, data["new_dump"], out / "pretrain-continued", settings, seed, held)
     models["continued_pretraining"] = finetune_model(continued, files["train"], out / "finetune-continued",
                                                      settings.qa, seed)  # fmt: skip
+    logger.info("seed %d: grown and pre-trained further (%.0f s so far)", seed, time.perf_counter() - started)
     results: dict[str, dict] = {}
     for name, model_dir in models.items():
         splits = ("new", "seen") if name in ("before", "mean_query_scaled", "continued_pretraining") else ("new",)
