@@ -28,11 +28,9 @@ A rerun with the same `--out` reuses what is done. Ends with one line `RESULT ke
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import random
-import statistics
 import sys
 import tempfile
 import time
@@ -46,10 +44,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from toy_world_qa import (  # noqa: E402
     MODES,
     Settings,
+    experiment_parser,
     finetune_model,
     predict,
     pretrain_variant,
+    pretraining_schedule,
+    quiet_logging,
     split_questions,
+    stats,
+    with_overrides,
     write_released_format,
 )
 from transformers import AutoTokenizer  # noqa: E402
@@ -163,19 +166,8 @@ def continue_pretraining(pretrained: Path, new_dump: str, out: Path, settings: G
     if not (corpus / "entity_vocab.json").exists():
         build_corpus(new_dump, corpus, tokenizer=grown, num_entities=100_000, num_proc=2, seed=seed)
     datasets = corpus_in_model_ids(corpus, model.entity_vocab)
-    qa = settings.qa
     args = PretrainingArguments(
-        output_dir=str(out),
-        per_device_train_batch_size=qa.pretrain_batch_size,
-        learning_rate=qa.pretrain_learning_rate,
-        max_steps=settings.continued_steps,
-        eval_steps=0,
-        save_steps=settings.continued_steps,
-        logging_steps=max(settings.continued_steps // 5, 1),
-        seed=seed,
-        report_to="none",
-        resume="auto",
-        disable_tqdm=True,
+        output_dir=str(out), **pretraining_schedule(settings.qa, settings.continued_steps, seed)
     )
     pretrain(args, model=model, tokenizer=tokenizer, datasets=datasets, entity_vocab=model.entity_vocab)
     return out
@@ -268,10 +260,7 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
 
 
 def summarise(runs: list[dict]) -> dict:
-    """Mean and spread (population standard deviation) over seeds of every figure."""
-
-    def stats(values: list[float]) -> dict[str, float]:
-        return {"mean": round(statistics.fmean(values), 2), "std": round(statistics.pstdev(values), 2)}
+    """`stats` of every figure over the seeds."""
 
     def walk(path: tuple[str, ...], node):
         if isinstance(node, dict):
@@ -318,25 +307,14 @@ def plot(summary: dict, out: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default="runs/toy-world-growth", help="working directory; results.json and plot")
-    parser.add_argument("--quick", action="store_true", help="a small world, one seed (< 10 minutes on 2 cores)")
-    parser.add_argument("--seeds", type=int, nargs="+", help="override the seeds")
-    parser.add_argument("--num-entities", type=int, help="override the world's size")
-    parser.add_argument("--pretrain-steps", type=int, help="override the pre-training steps")
+    parser = experiment_parser(__doc__.split("\n")[0], "runs/toy-world-growth")
     parser.add_argument("--continued-steps", type=int, help="override the continued pre-training steps")
-    parser.add_argument("--finetune-epochs", type=float, help="override the fine-tuning epochs")
     parser.add_argument("--timed-additions", type=int, nargs="*", help="override the sizes timed (none: no timing)")
     parser.add_argument("--no-base-shape", action="store_true", help="skip timing at the edmem-base shape")
-    parser.add_argument("--no-plots", action="store_true")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    for name in ("transformers", "datasets", "edmem_hf", "accelerate"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    quiet_logging()
     settings = QUICK if args.quick else GrowthSettings()
-    qa = {"seeds": tuple(args.seeds) if args.seeds else None, "num_entities": args.num_entities,
-          "pretrain_steps": args.pretrain_steps, "finetune_epochs": args.finetune_epochs}  # fmt: skip
-    settings = replace(settings, qa=replace(settings.qa, **{k: v for k, v in qa.items() if v is not None}))
+    settings = replace(settings, qa=with_overrides(settings.qa, args))
     if args.continued_steps is not None:
         settings = replace(settings, continued_steps=args.continued_steps)
     if args.timed_additions is not None:

@@ -145,19 +145,18 @@ def pretrain_variant(variant: str, corpus: Path, out: Path, settings: Settings, 
             entity_embed_dim=settings.entity_embed_dim,
             max_position_embeddings=160,
             dropout=0.1,
-            per_device_train_batch_size=settings.pretrain_batch_size,
-            learning_rate=settings.pretrain_learning_rate,
-            max_steps=settings.pretrain_steps,
-            eval_steps=0,
-            save_steps=settings.pretrain_steps,
-            logging_steps=max(settings.pretrain_steps // 10, 1),
-            seed=seed,
-            report_to="none",
-            resume="auto",
-            disable_tqdm=True,
+            **pretraining_schedule(settings, settings.pretrain_steps, seed),
         )
     )
     return out
+
+
+def pretraining_schedule(settings: Settings, steps: int, seed: int) -> dict:
+    """The `PretrainingArguments` of the training loop: batch, learning rate, `steps`, one save at the end,
+    resumed on a rerun."""
+    return dict(per_device_train_batch_size=settings.pretrain_batch_size, learning_rate=settings.pretrain_learning_rate,
+                max_steps=steps, eval_steps=0, save_steps=steps, logging_steps=max(steps // 10, 1), seed=seed,
+                report_to="none", resume="auto", disable_tqdm=True)  # fmt: skip
 
 
 def _finetune_argv(settings: Settings, seed: int) -> list[str]:
@@ -344,11 +343,13 @@ def run_seed(settings: Settings, seed: int, out: Path) -> dict:
     }
 
 
-def summarise(runs: list[dict]) -> dict:
-    """Mean and spread (population standard deviation; 0 for one seed) of every figure over the seeds."""
+def stats(values: list[float]) -> dict[str, float]:
+    """Mean and spread (population standard deviation; 0 for one value) of one figure over the seeds."""
+    return {"mean": round(statistics.fmean(values), 2), "std": round(statistics.pstdev(values), 2)}
 
-    def stats(values: list[float]) -> dict[str, float]:
-        return {"mean": round(statistics.fmean(values), 2), "std": round(statistics.pstdev(values), 2)}
+
+def summarise(runs: list[dict]) -> dict:
+    """`stats` of every figure over the seeds."""
 
     systems = runs[0]["results"]
     summary = {
@@ -425,23 +426,37 @@ def plot(summary: dict, out: Path) -> list[Path]:
     return paths
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default="runs/toy-world-qa", help="working directory; results.json and plots")
+def experiment_parser(description: str, default_out: str) -> argparse.ArgumentParser:
+    """The options the toy-world experiments share."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--out", default=default_out, help="working directory; results.json and plots")
     parser.add_argument("--quick", action="store_true", help="a small world, one seed (< 10 minutes on 2 cores)")
     parser.add_argument("--seeds", type=int, nargs="+", help="override the seeds")
     parser.add_argument("--num-entities", type=int, help="override the world's size")
     parser.add_argument("--pretrain-steps", type=int, help="override the pre-training steps")
     parser.add_argument("--finetune-epochs", type=float, help="override the fine-tuning epochs")
     parser.add_argument("--no-plots", action="store_true")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def with_overrides(settings: Settings, args: argparse.Namespace) -> Settings:
+    """`settings` with the shared options given on the command line."""
+    overrides = dict(seeds=tuple(args.seeds) if args.seeds else None, num_entities=args.num_entities,
+                     pretrain_steps=args.pretrain_steps, finetune_epochs=args.finetune_epochs)  # fmt: skip
+    return replace(settings, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def quiet_logging() -> None:
+    """Progress lines from the experiment; warnings only from the libraries."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     for name in ("transformers", "datasets", "edmem_hf", "accelerate"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    settings = QUICK if args.quick else Settings()
-    overrides = dict(seeds=tuple(args.seeds) if args.seeds else None, num_entities=args.num_entities,
-                     pretrain_steps=args.pretrain_steps, finetune_epochs=args.finetune_epochs)  # fmt: skip
-    settings = replace(settings, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = experiment_parser(__doc__.split("\n")[0], "runs/toy-world-qa").parse_args(argv)
+    quiet_logging()
+    settings = with_overrides(QUICK if args.quick else Settings(), args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     runs = [run_seed(settings, seed, out / f"seed-{seed}") for seed in settings.seeds]

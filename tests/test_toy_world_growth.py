@@ -3,10 +3,7 @@ models hold them, and the whole experiment runs end to end at a tiny size (the f
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,18 +12,12 @@ from edmem_hf import EDMemForConditionalGeneration, EntityVocab
 from edmem_hf.dump import iter_parsed_pages
 from edmem_hf.tasks import read_jsonl
 from edmem_hf.toy_world import generate_toy_world
-
-ROOT = Path(__file__).resolve().parents[1]
+from tiny_models import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("toy_world_growth", ROOT / "benchmarks" / "toy_world_growth.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["toy_world_growth"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("toy_world_growth")
 
 
 def test_the_held_out_people_are_only_in_the_new_pages(bench, tmp_path):

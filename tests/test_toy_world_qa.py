@@ -3,10 +3,7 @@ and the whole experiment runs end to end at a tiny size (the figures themselves 
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,17 +12,12 @@ from edmem_hf import EntityVocab
 from edmem_hf.evaluation import evaluate_files
 from edmem_hf.tasks import IGNORE_INDEX, read_qa
 from edmem_hf.toy_world import generate_toy_world
-
-ROOT = Path(__file__).resolve().parents[1]
+from tiny_models import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("toy_world_qa", ROOT / "benchmarks" / "toy_world_qa.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["toy_world_qa"] = module  # its dataclass looks its module up
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("toy_world_qa")
 
 
 def test_question_files_read_back_and_score(bench, tmp_path):

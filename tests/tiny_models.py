@@ -1,7 +1,9 @@
-"""Tiny EDMem configurations, batches and tokenizers shared by the tests (CPU, seconds)."""
+"""Tiny EDMem configurations, batches and tokenizers shared by the tests (CPU, seconds), and the benchmark scripts
+as modules."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import random
@@ -175,3 +177,16 @@ def tiny_model_with_entities(num_entities: int = 20, words: list[str] | None = N
     model.config.entity_end_token_id = end
     model.entity_vocab = EntityVocab(names)
     return model.eval(), tokenizer, names, words
+
+
+def load_benchmark(name: str):
+    """`benchmarks/<name>.py` as a module, registered in `sys.modules` (its dataclasses look their module up) with
+    `benchmarks/` on the path (one script imports another)."""
+    folder = Path(__file__).resolve().parents[1] / "benchmarks"
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
