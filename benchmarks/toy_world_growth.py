@@ -13,7 +13,8 @@ them (`new_entity_passages`, `model.add_entities`: no gradient step). Scored by 
 - *seen*: the held-out test questions of the same three forms about people the model was trained with.
 
 Besides exact match in the free, static and dynamic settings, *memory recall* is how often the memory's top entity
-at the question's marked subject is that subject: whether the memory finds the new row at all.
+at the question's marked subject is that subject: whether the memory finds the new row at all. It is also given,
+pooled over the seeds, for the seen questions whose subject no fine-tuning question names.
 
 Row estimators compared: the mean memory query at the entity's mentions scaled to the trained rows' mean norm
 (what `add_entities` does), the same mean unscaled, and a random row of that norm (a control with no information).
@@ -182,20 +183,25 @@ def score(files: dict, split: str, predictions: Path) -> dict[str, float]:
 
 
 @torch.no_grad()
-def memory_recall(model_dir: Path, data_file: Path) -> float:
-    """% of questions where the memory's top entity at the marked subject is the subject."""
+def memory_hits(model_dir: Path, data_file: Path) -> dict[str, bool]:
+    """For each question id: is the memory's top entity at the marked subject the subject?"""
     model = EDMemForConditionalGeneration.from_pretrained(model_dir).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    subjects = {record["id"]: record["link_target"][0] for record in read_jsonl(data_file)}
+    subjects = subjects_of(data_file)
     rows = read_qa(data_file, model.entity_vocab)
-    hits = 0
+    hits = {}
     for begin in range(0, len(rows), 64):
         chunk = rows[begin : begin + 64]
         batch = tokenizer(chunk["question"], padding=True, return_tensors="pt")
         access = model.get_encoder()(**batch, output_attended_entities=True).memory_access
         for (row, _), top in zip(access.positions.tolist(), access.top_entity_ids[:, 0].tolist()):
-            hits += model.entity_vocab.name_of(top) == subjects[chunk["id"][row]]
-    return round(100 * hits / len(rows), 2)
+            question = chunk["id"][row]
+            hits[question] = model.entity_vocab.name_of(top) == subjects[question]
+    return hits
+
+
+def subjects_of(data_file: Path) -> dict[str, str]:
+    return {record["id"]: record["link_target"][0] for record in read_jsonl(data_file)}
 
 
 def time_additions(model_dir: Path, sizes: tuple[int, ...]) -> dict[str, float]:
@@ -247,20 +253,27 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
                                                      settings.qa, seed)  # fmt: skip
     logger.info("seed %d: grown and pre-trained further (%.0f s so far)", seed, time.perf_counter() - started)
     results: dict[str, dict] = {}
+    asked, seen_subjects = set(subjects_of(files["train"]).values()), subjects_of(files["seen"])
+    not_asked: dict[str, dict] = {}
     for name, model_dir in models.items():
         splits = ("new", "seen") if name in ("before", "mean_query_scaled", "continued_pretraining") else ("new",)
         for split in splits:
             figures = {mode: score(files, split, predict(model_dir, files[split], model_dir / f"predict-{split}-{mode}",
                                                          mode, settings.qa, seed)) for mode in MODES}  # fmt: skip
-            figures["memory_recall"] = memory_recall(model_dir, files[split])
+            hits = memory_hits(model_dir, files[split])
+            figures["memory_recall"] = round(100 * sum(hits.values()) / len(hits), 2)
             results.setdefault(split, {})[name] = figures
+            if split == "seen":  # the trained people no fine-tuning question names: pooled over seeds, too few a seed
+                unasked = [hits[q] for q, subject in seen_subjects.items() if subject not in asked]
+                not_asked[name] = {"hits": sum(unasked), "questions": len(unasked)}
     sizes = {split: sum(1 for _ in open(files[split], encoding="utf-8")) for split in ("train", "seen", "new")}
     return {"seed": seed, "held_out": held, "questions": sizes, "results": results,
-            "seconds": round(time.perf_counter() - started)}  # fmt: skip
+            "seen_not_asked_in_finetuning": not_asked, "seconds": round(time.perf_counter() - started)}  # fmt: skip
 
 
 def summarise(runs: list[dict]) -> dict:
-    """`stats` of every figure over the seeds."""
+    """`stats` of every figure over the seeds; the memory recall of trained people no fine-tuning question names,
+    pooled."""
 
     def walk(path: tuple[str, ...], node):
         if isinstance(node, dict):
@@ -273,7 +286,14 @@ def summarise(runs: list[dict]) -> dict:
             values.append(value)
         return stats(values)
 
-    return walk((), runs[0]["results"])
+    summary = walk((), runs[0]["results"])
+    summary["seen_not_asked_in_finetuning"] = {}
+    for name in runs[0]["seen_not_asked_in_finetuning"]:
+        hits = sum(run["seen_not_asked_in_finetuning"][name]["hits"] for run in runs)
+        questions = sum(run["seen_not_asked_in_finetuning"][name]["questions"] for run in runs)
+        recall = round(100 * hits / questions, 2) if questions else None
+        summary["seen_not_asked_in_finetuning"][name] = {"hits": hits, "questions": questions, "memory_recall": recall}
+    return summary
 
 
 def plot(summary: dict, out: Path) -> Path:
@@ -349,6 +369,11 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("before", *ESTIMATORS, "continued_pretraining"):
         fields.append(f"new_memory_recall_{name}={summary['new'][name]['memory_recall']['mean']}")
     fields.append(f"seen_memory_recall={summary['seen']['mean_query_scaled']['memory_recall']['mean']}")
+    not_asked = summary["seen_not_asked_in_finetuning"]
+    fields += [
+        f"seen_not_asked_memory_recall_{name}={figures['memory_recall']}" for name, figures in not_asked.items()
+    ]
+    fields.append(f"seen_not_asked_questions={not_asked['before']['questions']}")
     fields += [f"seconds_to_add_{n}={s}" for n, s in timing["toy_model"].items()]
     if "edmem_base_shape" in timing:
         fields.append(f"seconds_to_add_1000_at_edmem_base_shape={timing['edmem_base_shape']['1000']}")

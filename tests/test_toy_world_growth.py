@@ -69,6 +69,11 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     assert {continued.entity_vocab.id_of(name) for name in held} <= labels
     corpus_names = EntityVocab.load(seed / "corpus-new" / "entity_vocab.json").names
     assert corpus_names != continued.entity_vocab.names  # so the mapping is not the identity
+    # the trained people that no fine-tuning question names, counted from the question files
+    asked = {record["link_target"][0] for record in read_jsonl(seed / "edmem_toy-train.jsonl")}
+    unasked = [r for r in read_jsonl(seed / "edmem_toy-seen.jsonl") if r["link_target"][0] not in asked]
+    for figures in result["summary"]["seen_not_asked_in_finetuning"].values():
+        assert figures["questions"] == len(unasked) and 0 <= figures["hits"] <= len(unasked)
     assert (out / "growth.png").stat().st_size > 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith(f"RESULT seeds=1 entities_added={len(held)} ") and "seconds_to_add_10=" in last
