@@ -14,7 +14,8 @@ them (`new_entity_passages`, `model.add_entities`: no gradient step). Scored by 
 
 Besides exact match in the free, static and dynamic settings, *memory recall* is how often the memory's top entity
 at the question's marked subject is that subject: whether the memory finds the new row at all. It is also given,
-pooled over the seeds, for the seen questions whose subject no fine-tuning question names.
+pooled over the seeds, for the seen questions whose subject no fine-tuning question names. And as a check of what
+the estimator reads: how often a trained person's mean memory query over their own passages finds their own row.
 
 Row estimators compared: the mean memory query at the entity's mentions scaled to the trained rows' mean norm
 (what `add_entities` does), the same mean unscaled, and a random row of that norm (a control with no information).
@@ -113,7 +114,9 @@ def make_worlds(settings: GrowthSettings, seed: int, out: Path) -> dict:
     files = {}
     for split, pairs in splits.items():
         files[split], files[f"{split}_links"] = write_released_format(pairs, split, out)
-    return {"held": held, "corpus": corpus, "new_dump": new_dump, "files": files}
+    trained_people = sorted(e.name for e in old.entities if e.type == "person")
+    return {"held": held, "corpus": corpus, "old_dump": old_dump, "new_dump": new_dump, "files": files,
+            "trained_people": trained_people}  # fmt: skip
 
 
 # --- growing ----------------------------------------------------------------------------------------------------
@@ -200,6 +203,21 @@ def memory_hits(model_dir: Path, data_file: Path) -> dict[str, bool]:
     return hits
 
 
+@torch.no_grad()
+def passage_query_recall(model_dir: Path, dump: str, names: list[str]) -> float:
+    """% of `names` (entities the model was trained with) whose mean memory query over their passages in `dump`
+    finds their own row first: whether what `add_entities` reads points at the right row for an entity whose row was
+    trained."""
+    model = EDMemForConditionalGeneration.from_pretrained(model_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    passages, _ = new_entity_passages(iter_parsed_pages(dump), known=())
+    names = [name for name in names if name in passages and name in model.entity_vocab]
+    queries = model.memory_queries([passages[name] for name in names], tokenizer)
+    top = (queries @ model.get_encoder().entity_embeddings.weight.T).argmax(-1)
+    own = torch.tensor([model.entity_vocab.id_of(name) for name in names])
+    return round(100 * (top == own).float().mean().item(), 2)
+
+
 def subjects_of(data_file: Path) -> dict[str, str]:
     return {record["id"]: record["link_target"][0] for record in read_jsonl(data_file)}
 
@@ -266,6 +284,8 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
             if split == "seen":  # the trained people no fine-tuning question names: pooled over seeds, too few a seed
                 unasked = [hits[q] for q, subject in seen_subjects.items() if subject not in asked]
                 not_asked[name] = {"hits": sum(unasked), "questions": len(unasked)}
+    results["trained_people_passage_query_recall"] = passage_query_recall(finetuned, data["old_dump"],
+                                                                          data["trained_people"])  # fmt: skip
     sizes = {split: sum(1 for _ in open(files[split], encoding="utf-8")) for split in ("train", "seen", "new")}
     return {"seed": seed, "held_out": held, "questions": sizes, "results": results,
             "seen_not_asked_in_finetuning": not_asked, "seconds": round(time.perf_counter() - started)}  # fmt: skip
@@ -369,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("before", *ESTIMATORS, "continued_pretraining"):
         fields.append(f"new_memory_recall_{name}={summary['new'][name]['memory_recall']['mean']}")
     fields.append(f"seen_memory_recall={summary['seen']['mean_query_scaled']['memory_recall']['mean']}")
+    fields.append(f"trained_people_passage_query_recall={summary['trained_people_passage_query_recall']['mean']}")
     not_asked = summary["seen_not_asked_in_finetuning"]
     fields += [
         f"seen_not_asked_memory_recall_{name}={figures['memory_recall']}" for name, figures in not_asked.items()

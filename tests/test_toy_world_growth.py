@@ -7,9 +7,11 @@ import json
 
 import pytest
 import torch
+from transformers import AutoTokenizer
 
 from edmem_hf import EDMemForConditionalGeneration, EntityVocab
 from edmem_hf.dump import iter_parsed_pages
+from edmem_hf.entity_growth import new_entity_passages
 from edmem_hf.tasks import read_jsonl
 from edmem_hf.toy_world import generate_toy_world
 from tiny_models import load_benchmark
@@ -74,6 +76,18 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     unasked = [r for r in read_jsonl(seed / "edmem_toy-seen.jsonl") if r["link_target"][0] not in asked]
     for figures in result["summary"]["seen_not_asked_in_finetuning"].values():
         assert figures["questions"] == len(unasked) and 0 <= figures["hits"] <= len(unasked)
+    # a trained person whose row is their own mean passage query, made long, is found by it
+    types = {entity.name: entity.type for entity in generate_toy_world(40, seed=0).entities}
+    people = [name for name in trained.entity_vocab.names if types.get(name) == "person"][:4]
+    passages, _ = new_entity_passages(iter_parsed_pages(str(seed / "old-wiki.xml.bz2")), known=())
+    tokenizer = AutoTokenizer.from_pretrained(seed / "finetune")
+    with torch.no_grad():
+        queries = trained.memory_queries([passages[name] for name in people], tokenizer)
+        for name, query in zip(people, queries):
+            trained.model.entity_embeddings.weight[trained.entity_vocab.id_of(name)] = 100 * query / query.norm()
+    trained.save_pretrained(tmp_path / "planted")
+    tokenizer.save_pretrained(tmp_path / "planted")
+    assert bench.passage_query_recall(tmp_path / "planted", str(seed / "old-wiki.xml.bz2"), people) == 100.0
     assert (out / "growth.png").stat().st_size > 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith(f"RESULT seeds=1 entities_added={len(held)} ") and "seconds_to_add_10=" in last
