@@ -18,7 +18,8 @@ pooled over the seeds, for the seen questions whose subject no fine-tuning quest
 the estimator reads: how often a trained person's mean memory query over their own passages finds their own row.
 
 Row estimators compared: the mean memory query at the entity's mentions scaled to the trained rows' mean norm
-(what `add_entities` does), the same mean unscaled, and a random row of that norm (a control with no information).
+(what `add_entities` does), the same mean unscaled, and two controls of that norm: a random row (no information),
+and the mean query at the name put in the three question forms (the row the questions find, with no facts in it).
 The time to add 1,000 and 100,000 entities is measured on the fine-tuned toy model and, for 1,000, on the
 `edmem-base` preset's shape (random weights, 1M-row table).
 
@@ -70,7 +71,7 @@ from edmem_hf.toy_world import generate_toy_world, without_entities, write_media
 
 logger = logging.getLogger("toy_world_growth")
 PERSON_QUESTIONS = ("born_in", "born_year", "occupation")
-ESTIMATORS = ("mean_query_scaled", "mean_query", "random")
+ESTIMATORS = ("mean_query_scaled", "mean_query", "random", "question_query")
 
 
 @dataclass
@@ -115,15 +116,23 @@ def make_worlds(settings: GrowthSettings, seed: int, out: Path) -> dict:
     for split, pairs in splits.items():
         files[split], files[f"{split}_links"] = write_released_format(pairs, split, out)
     trained_people = sorted(e.name for e in old.entities if e.type == "person")
+    forms = {}  # one training question of each person form, its subject marked: "Where was <E_s> {} <E_e> born?"
+    for pair in splits["train"]:
+        if pair.relation in PERSON_QUESTIONS:
+            forms.setdefault(pair.relation, pair.question.replace(pair.subject, "<E_s> {} <E_e>"))
     return {"held": held, "corpus": corpus, "old_dump": old_dump, "new_dump": new_dump, "files": files,
-            "trained_people": trained_people}  # fmt: skip
+            "trained_people": trained_people, "question_forms": sorted(forms.values())}  # fmt: skip
 
 
 # --- growing ----------------------------------------------------------------------------------------------------
 
 
-def grow(model_dir: Path, new_dump: str, estimator: str, out: Path, expected: list[str], seed: int) -> Path:
-    """The model at `model_dir` with the new pages' entities added (rows by `estimator`), saved to `out`."""
+def grow(model_dir: Path, new_dump: str, estimator: str, out: Path, expected: list[str], seed: int,
+         question_forms: list[str] = ()) -> Path:  # fmt: skip
+    """The model at `model_dir` with the new pages' entities added (rows by `estimator`), saved to `out`.
+
+    `question_query` is a control: the scaled mean query at the name put in `question_forms`, the row that
+    questions about the entity find, made from no text about it."""
     if (out / "model.safetensors").exists():
         return out
     model = EDMemForConditionalGeneration.from_pretrained(model_dir)
@@ -138,6 +147,11 @@ def grow(model_dir: Path, new_dump: str, estimator: str, out: Path, expected: li
         model.add_entities(names, texts, tokenizer)
     elif estimator == "mean_query":
         model.add_entities(names, rows=model.memory_queries(texts, tokenizer))
+    elif estimator == "question_query":
+        asked = [[form.format(name) for form in question_forms] for name in names]
+        rows = model.memory_queries(asked, tokenizer)
+        norm = model.get_encoder().entity_embeddings.weight.norm(dim=-1).mean()
+        model.add_entities(names, rows=rows / rows.norm(dim=-1, keepdim=True) * norm)
     elif estimator == "random":
         norm = model.get_encoder().entity_embeddings.weight.norm(dim=-1).mean()
         rows = torch.randn(len(names), model.config.entity_embed_dim, generator=torch.Generator().manual_seed(seed))
@@ -265,7 +279,8 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
     logger.info("seed %d: fine-tuned (%.0f s so far)", seed, time.perf_counter() - started)
     models = {"before": finetuned}
     for estimator in ESTIMATORS:
-        models[estimator] = grow(finetuned, data["new_dump"], estimator, out / f"grown-{estimator}", held, seed)
+        models[estimator] = grow(finetuned, data["new_dump"], estimator, out / f"grown-{estimator}", held, seed,
+                                 data["question_forms"])  # fmt: skip
     continued = continue_pretraining(pretrained, data["new_dump"], out / "pretrain-continued", settings, seed, held)
     models["continued_pretraining"] = finetune_model(continued, files["train"], out / "finetune-continued",
                                                      settings.qa, seed)  # fmt: skip
@@ -324,6 +339,7 @@ def plot(summary: dict, out: Path) -> Path:
 
     bars = [("new", "before", "new, before adding"), ("new", "random", "new, random rows"),
             ("new", "mean_query", "new, mean query"), ("new", "mean_query_scaled", "new, added (shipped)"),
+            ("new", "question_query", "new, the questions' query (control)"),
             ("new", "continued_pretraining", "new, continued pre-training"),
             ("seen", "mean_query_scaled", "seen from the start")]  # fmt: skip
     fig, ax = plt.subplots(figsize=(10, 4))
@@ -384,6 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         fields += [f"new_em_before_{mode}={em('new', 'before', mode)}",
                    f"new_em_added_{mode}={em('new', 'mean_query_scaled', mode)}",
                    f"new_em_random_rows_{mode}={em('new', 'random', mode)}",
+                   f"new_em_question_query_rows_{mode}={em('new', 'question_query', mode)}",
                    f"new_em_continued_{mode}={em('new', 'continued_pretraining', mode)}",
                    f"seen_em_{mode}={em('seen', 'mean_query_scaled', mode)}"]  # fmt: skip
     for name in ("before", *ESTIMATORS, "continued_pretraining"):
