@@ -341,7 +341,7 @@ def plot(summary: dict, out: Path) -> Path:
             ("new", "mean_query", "new, mean query"), ("new", "mean_query_scaled", "new, added (shipped)"),
             ("new", "question_query", "new, the questions' query (control)"),
             ("new", "continued_pretraining", "new, continued pre-training"),
-            ("seen", "mean_query_scaled", "seen from the start")]  # fmt: skip
+            ("seen", "mean_query_scaled", "seen from the start, after adding")]  # fmt: skip
     fig, ax = plt.subplots(figsize=(10, 4))
     groups = [(mode, "exact_match") for mode in MODES] + [("memory_recall", None)]
     width = 0.8 / len(bars)
