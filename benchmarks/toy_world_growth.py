@@ -37,6 +37,7 @@ import random
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -128,7 +129,7 @@ def make_worlds(settings: GrowthSettings, seed: int, out: Path) -> dict:
 
 
 def grow(model_dir: Path, new_dump: str, estimator: str, out: Path, expected: list[str], seed: int,
-         question_forms: list[str] = ()) -> Path:  # fmt: skip
+         question_forms: Sequence[str] = ()) -> Path:  # fmt: skip
     """The model at `model_dir` with the new pages' entities added (rows by `estimator`), saved to `out`.
 
     `question_query` is a control: the scaled mean query at the name put in `question_forms`, the row that
@@ -149,18 +150,21 @@ def grow(model_dir: Path, new_dump: str, estimator: str, out: Path, expected: li
         model.add_entities(names, rows=model.memory_queries(texts, tokenizer))
     elif estimator == "question_query":
         asked = [[form.format(name) for form in question_forms] for name in names]
-        rows = model.memory_queries(asked, tokenizer)
-        norm = model.get_encoder().entity_embeddings.weight.norm(dim=-1).mean()
-        model.add_entities(names, rows=rows / rows.norm(dim=-1, keepdim=True) * norm)
+        model.add_entities(names, rows=at_trained_norm(model, model.memory_queries(asked, tokenizer)))
     elif estimator == "random":
-        norm = model.get_encoder().entity_embeddings.weight.norm(dim=-1).mean()
         rows = torch.randn(len(names), model.config.entity_embed_dim, generator=torch.Generator().manual_seed(seed))
-        model.add_entities(names, rows=rows / rows.norm(dim=-1, keepdim=True) * norm)
+        model.add_entities(names, rows=at_trained_norm(model, rows))
     else:
         raise ValueError(f"unknown estimator {estimator!r}")
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def at_trained_norm(model: EDMemForConditionalGeneration, rows: torch.Tensor) -> torch.Tensor:
+    """`rows` rescaled to the mean norm of the model's entity rows, as `add_entities` scales its own."""
+    norm = model.get_encoder().entity_embeddings.weight.norm(dim=-1).mean()
+    return rows / rows.norm(dim=-1, keepdim=True) * norm
 
 
 def corpus_in_model_ids(corpus: Path, vocab: EntityVocab):
@@ -199,6 +203,10 @@ def score(files: dict, split: str, predictions: Path) -> dict[str, float]:
     return {key: round(value, 2) for key, value in scores.items() if isinstance(value, float)}
 
 
+def subjects_of(data_file: Path) -> dict[str, str]:
+    return {record["id"]: record["link_target"][0] for record in read_jsonl(data_file)}
+
+
 @torch.no_grad()
 def memory_hits(model_dir: Path, data_file: Path) -> dict[str, bool]:
     """For each question id: is the memory's top entity at the marked subject the subject?"""
@@ -230,10 +238,6 @@ def passage_query_recall(model_dir: Path, dump: str, names: list[str]) -> float:
     top = (queries @ model.get_encoder().entity_embeddings.weight.T).argmax(-1)
     own = torch.tensor([model.entity_vocab.id_of(name) for name in names])
     return round(100 * (top == own).float().mean().item(), 2)
-
-
-def subjects_of(data_file: Path) -> dict[str, str]:
-    return {record["id"]: record["link_target"][0] for record in read_jsonl(data_file)}
 
 
 def time_additions(model_dir: Path, sizes: tuple[int, ...]) -> dict[str, float]:
