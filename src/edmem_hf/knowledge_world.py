@@ -1,0 +1,259 @@
+"""A world of people whose facts can be learned: biographies in varied templates, rendered as a MediaWiki dump.
+
+After Allen-Zhu and Li, *Physics of Language Models, Part 3.1* (2023, the bioS data): each person has independent
+attributes (birth year, birth city, university, employer, occupation, field of study) and several biographies, each
+rendered on its own: every attribute from one of many sentence templates, sentences in a random order, the person
+named by full name, last name or pronoun. A model that reads these can be fine-tuned to answer questions about
+people it has only read about; a model that reads one biography per person in one template cannot (the switch
+`varied=False` renders that condition for the ablation).
+
+The biographies are sections of each person's page. City, university and company pages link their people (born
+there, studied there, worked there), so every person is a linked entity of the vocabulary and `edmem build-corpus`
+marks the mentions as it does on Wikipedia. Deterministic from a seed.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from .toy_world import QAPair, ToyEntity, ToyWorld, _Names
+
+# Attributes of a person: (relation, question, answer is an entity)
+PERSON_ATTRIBUTES = (
+    ("born_in", "Where was {} born?", True),
+    ("university", "Which university did {} attend?", True),
+    ("employer", "Which company did {} work for?", True),
+    ("born_year", "When was {} born?", False),
+    ("occupation", "What was {}'s occupation?", False),
+    ("field", "What did {} study?", False),
+)
+OCCUPATIONS = ("engineer", "painter", "physicist", "merchant", "poet", "surgeon", "architect", "chemist",
+               "lawyer", "composer", "teacher", "banker", "sculptor", "pilot", "botanist", "journalist")  # fmt: skip
+FIELDS = ("mathematics", "history", "biology", "economics", "philosophy", "music", "medicine", "geology",
+          "linguistics", "astronomy", "law", "chemistry", "architecture", "literature", "physics", "agriculture")  # fmt: skip
+FIRST_YEAR, LAST_YEAR = 1900, 1999
+
+# Sentence templates: `{S}` the subject at a sentence's start (full name, last name or pronoun), `{s}` the subject
+# inside a sentence, `{P}` / `{p}` the possessive ("Forger's", "her"), `{V}` the value (a link for an entity).
+TEMPLATES: dict[str, tuple[str, ...]] = {
+    "born_year": (
+        "{S} was born in {V}.",
+        "{S} came into the world in {V}.",
+        "The year {V} saw the birth of {s}.",
+        "{P} birth year is {V}.",
+        "{S} was born in the year {V}.",
+        "In {V}, {s} was born.",
+        "{S} entered life in {V}.",
+        "Records give {V} as the year {s} was born.",
+        "{S}, born in {V}, grew up quickly.",
+        "{P} life began in {V}.",
+        "{S} was a child of {V}.",
+        "Born in {V}, {s} was the youngest of three.",
+    ),
+    "born_in": (
+        "{S} was born in {V}.",
+        "{S} spent {p} early years in {V}.",
+        "{P} birthplace was {V}.",
+        "{S} came from {V}.",
+        "{S} grew up in the city of {V}.",
+        "{V} is where {s} was born.",
+        "The city of {V} was {p} home as a child.",
+        "{S} was a native of {V}.",
+        "{P} childhood was spent in {V}.",
+        "Born in {V}, {s} left it young.",
+        "{S} first saw the light of day in {V}.",
+        "{S} hailed from {V}.",
+    ),
+    "university": (
+        "{S} studied at {V}.",
+        "{S} graduated from {V}.",
+        "{S} received {p} education at {V}.",
+        "{P} alma mater is {V}.",
+        "{S} attended {V}.",
+        "{V} is where {s} studied.",
+        "{S} was a student of {V}.",
+        "{S} earned a degree at {V}.",
+        "At {V}, {s} completed {p} studies.",
+        "{S} enrolled at {V} as a young adult.",
+        "{P} degree came from {V}.",
+        "{S} spent four years at {V}.",
+    ),
+    "employer": (
+        "{S} worked for {V}.",
+        "{S} was employed by {V}.",
+        "{P} employer was {V}.",
+        "{S} spent {p} career at {V}.",
+        "{S} joined {V}.",
+        "{V} employed {s} for many years.",
+        "{S} held a post at {V}.",
+        "{S} found work at {V}.",
+        "For most of {p} working life, {s} was with {V}.",
+        "{S} earned a living at {V}.",
+        "{P} working years were spent at {V}.",
+        "{S} took a job at {V}.",
+    ),
+    "occupation": (
+        "{S} was a {V}.",
+        "{S} worked as a {V}.",
+        "{P} occupation was {V}.",
+        "By trade, {s} was a {V}.",
+        "{S} made a name as a {V}.",
+        "{S} earned a reputation as a {V}.",
+        "{P} profession was that of a {V}.",
+        "{S} practised as a {V}.",
+        "As a {V}, {s} was well known.",
+        "{S} was known as a {V}.",
+        "{S} became a {V}.",
+        "{P} calling was to be a {V}.",
+    ),
+    "field": (
+        "{S} studied {V}.",
+        "{S} majored in {V}.",
+        "{P} field of study was {V}.",
+        "{S} focused on {V} at university.",
+        "{S} specialised in {V}.",
+        "{P} degree was in {V}.",
+        "{V} was the subject {s} studied.",
+        "{S} read {V} as a student.",
+        "{S} completed a course in {V}.",
+        "The subject of {p} studies was {V}.",
+        "{S} trained in {V}.",
+        "{P} academic field was {V}.",
+    ),
+}
+PRONOUNS = {"he": ("he", "his"), "she": ("she", "her")}
+
+
+@dataclass
+class KnowledgeWorldSettings:
+    """What `generate_knowledge_world` makes."""
+
+    num_people: int = 100
+    biographies: int = 5  # per person
+    varied: bool = True  # False: one template per attribute, one sentence order (the ablation)
+    num_cities: int = 30
+    num_universities: int = 12
+    num_companies: int = 20
+
+    def __post_init__(self):
+        if self.num_people < 4:
+            raise ValueError(f"num_people={self.num_people}: a knowledge world needs at least 4 people")
+        if self.biographies < 1:
+            raise ValueError(f"biographies={self.biographies}: each person needs at least one")
+        for name in ("num_cities", "num_universities", "num_companies"):
+            if getattr(self, name) < 2:
+                raise ValueError(f"{name}={getattr(self, name)}: at least 2")
+
+
+def generate_knowledge_world(settings: KnowledgeWorldSettings | None = None, seed: int = 0) -> ToyWorld:
+    """People with independent attributes, their biographies, the places and companies they link to, and one
+    question per attribute per person (`ToyWorld.qa_pairs`; the question's wording is on no page)."""
+    settings = settings or KnowledgeWorldSettings()
+    rng = random.Random(seed)
+    names = _Names(rng)
+    cities = [ToyEntity(names.word(rng.choice([2, 3])), "city") for _ in range(settings.num_cities)]
+    universities = []
+    for _ in range(settings.num_universities):
+        city = rng.choice(cities).name
+        name = rng.choice(["University of {}", "{} University", "{} Institute of Technology", "{} College"])
+        universities.append(ToyEntity(name.format(names.word(2)), "university", {"city": city}))
+    companies = []
+    for _ in range(settings.num_companies):
+        suffix = rng.choice([" Works", " Industries", " & Co", " Group", " Labs", " Trading"])
+        companies.append(ToyEntity(names.word(2) + suffix, "company", {"headquarters": rng.choice(cities).name}))
+    people = []
+    for _ in range(settings.num_people):
+        first, last = names.word(2), names.word(rng.choice([2, 3]))
+        person = ToyEntity(f"{first} {last}", "person", aliases=[last])
+        person.attributes = {
+            "pronoun": rng.choice(["he", "she"]),
+            "born_in": rng.choice(cities).name,
+            "university": rng.choice(universities).name,
+            "employer": rng.choice(companies).name,
+            "born_year": str(rng.randint(FIRST_YEAR, LAST_YEAR)),
+            "occupation": rng.choice(OCCUPATIONS),
+            "field": rng.choice(FIELDS),
+        }
+        people.append(person)
+    world = ToyWorld(cities + universities + companies + people, {}, {}, [], seed)
+    for person in people:
+        world.pages[person.name] = "\n\n".join(
+            biography(person, rng, varied=settings.varied, heading=i > 0) for i in range(settings.biographies)
+        )
+    for place in cities + universities + companies:
+        world.pages[place.name] = _place_page(place, people, rng)
+    world.qa_pairs = [
+        QAPair(question.format(person.name), person.attributes[relation], relation, person.name, is_entity)
+        for person in people
+        for relation, question, is_entity in PERSON_ATTRIBUTES
+    ]
+    return world
+
+
+def biography(person: ToyEntity, rng: random.Random, varied: bool = True, heading: bool = False) -> str:
+    """One biography of `person`: a sentence per attribute, every attribute stated once.
+
+    Varied: each sentence from a random template, in a random order, its subject the full name (always the
+    first sentence's), the last name or the pronoun. Not varied: template 0 of each attribute, in a fixed order,
+    the full name then the pronoun. Entity values are links."""
+    a = person.attributes
+    relations = [relation for relation, _, _ in PERSON_ATTRIBUTES]
+    if varied:
+        rng.shuffle(relations)
+    subject_pronoun, possessive_pronoun = PRONOUNS[a["pronoun"]]
+    sentences = []
+    for i, relation in enumerate(relations):
+        template = rng.choice(TEMPLATES[relation]) if varied else TEMPLATES[relation][0]
+        form = "full" if i == 0 else (rng.choice(["full", "last", "pronoun"]) if varied else "pronoun")
+        if form == "pronoun":
+            subject, possessive = subject_pronoun, possessive_pronoun
+        else:
+            subject = person.name if form == "full" else person.aliases[0]
+            possessive = subject + "'s"
+        value = f"[[{a[relation]}]]" if relation in ("born_in", "university", "employer") else a[relation]
+        text = template.format(S=subject, s=subject, P=possessive, p=possessive, V=value)
+        sentences.append(text[0].upper() + text[1:])
+    body = " ".join(sentences)
+    return f"== Biography ==\n{body}" if heading else body
+
+
+def _place_page(place: ToyEntity, people: list[ToyEntity], rng: random.Random) -> str:
+    """A city's, university's or company's page: what it is, and links to its people (by full or last name)."""
+    relation, intro = {
+        "city": ("born_in", f"'''{place.name}''' is a city."),
+        "university": ("university", f"'''{place.name}''' is a university in [[{place.attributes.get('city')}]]."),
+        "company": ("employer", f"'''{place.name}''' is a company headquartered in "
+                                f"[[{place.attributes.get('headquarters')}]]."),
+    }[place.type]  # fmt: skip
+    members = [p for p in people if p.attributes[relation] == place.name]
+    if not members:
+        return intro
+    what = {"city": "People born in", "university": "Alumni of", "company": "People who worked for"}[place.type]
+    links = [f"[[{p.name}]]" if rng.random() < 0.7 else f"[[{p.name}|{p.aliases[0]}]]" for p in members]
+    return f"{intro}\n\n{what} {place.name} include {', '.join(links)}."
+
+
+def split_people(world: ToyWorld, seed: int) -> dict[str, list[QAPair]]:
+    """The study's split: the people (every one of them in pre-training) cut in two halves at random; the questions
+    about the first half are fine-tuned on (`train`, all question forms), those about the second are the test
+    (`test`). No person has questions in both."""
+    people = sorted({pair.subject for pair in world.qa_pairs})
+    random.Random(seed).shuffle(people)
+    train_people = set(people[: len(people) // 2])
+    return {
+        "train": [pair for pair in world.qa_pairs if pair.subject in train_people],
+        "test": [pair for pair in world.qa_pairs if pair.subject not in train_people],
+    }
+
+
+__all__ = [
+    "FIELDS",
+    "OCCUPATIONS",
+    "PERSON_ATTRIBUTES",
+    "TEMPLATES",
+    "KnowledgeWorldSettings",
+    "biography",
+    "generate_knowledge_world",
+    "split_people",
+]
