@@ -89,8 +89,8 @@ class Settings:
     valid_literal_margin: float | None = 10.0  # None: not required
 
 
-QUICK = Settings(num_people=40, seeds=(0,), pretrain_steps=1000, mix_qa=True, encmem=False,
-                 memory_hidden_in_finetuning=False,
+QUICK = Settings(num_people=20, d_model=64, pretrain_steps=1500, pretrain_batch_size=8, pretrain_learning_rate=3e-3,
+                 finetune_epochs=60, seeds=(0,), mix_qa=True, encmem=False, memory_hidden_in_finetuning=False,
                  single_biography_ablation=False, valid_entity_em=40.0, valid_entity_margin=25.0,
                  valid_literal_margin=None)  # fmt: skip
 
@@ -621,6 +621,7 @@ def experiment_parser(description: str, default_out: str) -> argparse.ArgumentPa
     parser.add_argument("--num-people", type=int, help="override the world's number of people")
     parser.add_argument("--pretrain-steps", type=int, help="override the pre-training steps")
     parser.add_argument("--finetune-epochs", type=float, help="override the fine-tuning epochs")
+    parser.add_argument("--finetune-learning-rate", type=float, help="override the fine-tuning learning rate")
     parser.add_argument("--d-model", type=int, help="override the width")
     parser.add_argument("--layers", type=int, help="override the lower and upper layers of each side")
     parser.add_argument("--mix-qa", action="store_true", help="the fine-tuning half's questions in pre-training too")
@@ -632,6 +633,7 @@ def with_overrides(settings: Settings, args: argparse.Namespace) -> Settings:
     """`settings` with the shared options given on the command line."""
     overrides = dict(seeds=tuple(args.seeds) if args.seeds else None, num_people=args.num_people,
                      pretrain_steps=args.pretrain_steps, finetune_epochs=args.finetune_epochs, d_model=args.d_model,
+                     finetune_learning_rate=args.finetune_learning_rate,
                      layers=args.layers, mix_qa=True if args.mix_qa else None)  # fmt: skip
     return replace(settings, **{k: v for k, v in overrides.items() if v is not None})
 

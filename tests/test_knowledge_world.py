@@ -14,6 +14,7 @@ from edmem_hf.knowledge_world import (
     KnowledgeWorldSettings,
     generate_knowledge_world,
     split_people,
+    without_people,
 )
 from edmem_hf.toy_world import write_mediawiki_dump
 
@@ -109,3 +110,16 @@ def test_bad_settings_are_named():
         KnowledgeWorldSettings(num_people=2)
     with pytest.raises(ValueError, match="biographies"):
         KnowledgeWorldSettings(biographies=0)
+
+
+def test_a_world_without_some_people_never_mentions_them():
+    world = generate_knowledge_world(KnowledgeWorldSettings(num_people=20), seed=4)
+    gone = [person.name for person in _people(world)[:3]]
+    smaller = without_people(world, gone)
+    assert not any(name in text for name in gone for text in smaller.pages.values())
+    assert not any(pair.subject in gone for pair in smaller.qa_pairs)
+    assert len(smaller.qa_pairs) == 17 * len(PERSON_ATTRIBUTES)
+    kept = _people(world)[3]
+    assert smaller.pages[kept.name] == world.pages[kept.name]
+    with pytest.raises(KeyError, match="no person named 'Nobody'"):
+        without_people(world, ["Nobody"])

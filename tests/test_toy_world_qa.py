@@ -1,8 +1,10 @@
 """`benchmarks/toy_world_qa.py`: its question files are the released format the readers and `edmem evaluate` take,
-and the whole experiment runs end to end at a tiny size (the figures themselves are in docs/evidence.md)."""
+no test-half question reaches fine-tuning or pre-training, and the experiment runs end to end at a tiny size (the
+figures themselves are in docs/evidence.md)."""
 
 from __future__ import annotations
 
+import bz2
 import json
 
 import pytest
@@ -10,8 +12,8 @@ import torch
 
 from edmem_hf import EntityVocab
 from edmem_hf.evaluation import evaluate_files
-from edmem_hf.tasks import IGNORE_INDEX, read_qa
-from edmem_hf.toy_world import generate_toy_world
+from edmem_hf.knowledge_world import KnowledgeWorldSettings, generate_knowledge_world, split_people
+from edmem_hf.tasks import IGNORE_INDEX, read_jsonl, read_qa
 from tiny_models import load_benchmark
 
 
@@ -21,55 +23,102 @@ def bench():
 
 
 def test_question_files_read_back_and_score(bench, tmp_path):
-    world = generate_toy_world(60, seed=3)
-    splits = bench.split_questions(world.qa_pairs, 0.2, seed=3)
-    assert sum(len(pairs) for pairs in splits.values()) == len(world.qa_pairs)
-    assert not {p.question for p in splits["test"]} & {p.question for p in splits["train"]}
-    data, links = bench.write_released_format(splits["test"], "test", tmp_path)
+    world = generate_knowledge_world(KnowledgeWorldSettings(num_people=10), seed=3)
+    test = split_people(world, seed=3)["test"]
+    data, links = bench.write_released_format(test, "test", tmp_path)
     vocab = EntityVocab([e.name for e in world.entities])
     rows = read_qa(data, vocab)
-    assert len(rows) == len(splits["test"])
-    for row, pair in zip(rows, splits["test"]):
+    assert len(rows) == len(test)
+    for row, pair in zip(rows, test):
         assert row["question"].replace(f"<E_s> {pair.subject} <E_e>", pair.subject) == pair.question
         assert row["mention_entities"] == [vocab.id_of(pair.subject)]
         assert row["answer_entity"] == (vocab.id_of(pair.answer) if pair.answer_is_entity else IGNORE_INDEX)
     # gold answers score 100 on both kinds; an entity for every question scores 0 on the literal ones
-    gold = {row["id"]: pair.answer_with_markers for row, pair in zip(rows, splits["test"])}
+    gold = {row["id"]: pair.answer_with_markers for row, pair in zip(rows, test)}
     (tmp_path / "gold.json").write_text(json.dumps(gold))
     scores = evaluate_files("qa", data, tmp_path / "gold.json", answer_links=links)
     assert scores["exact_match_entity"] == scores["exact_match_non_entity"] == 100.0
+    assert bench.em(bench.question_hits(data, links, tmp_path / "gold.json")) == {"all": 100.0, "entity": 100.0,
+                                                                                   "literal": 100.0}  # fmt: skip
     entity = {row["id"]: f"<E_s> {world.entities[5].name} <E_e>" for row in rows}
     (tmp_path / "entity.json").write_text(json.dumps(entity))
     assert evaluate_files("qa", data, tmp_path / "entity.json", answer_links=links)["exact_match_non_entity"] == 0.0
 
 
-def test_entity_mask_file_is_the_authors_format(bench, tmp_path):
-    path = bench.write_entity_mask(1000, 0.1, seed=0, path=tmp_path / "mask.pt")
-    hidden = torch.load(path, weights_only=True)
-    assert hidden.dtype == torch.long and hidden.shape == (1000,) and set(hidden.unique().tolist()) == {0, 1}
-    assert 50 < int((hidden == 0).sum()) < 150  # about a tenth visible
+def test_no_test_half_question_is_fine_tuned_on_or_pre_trained_on(bench, tmp_path):
+    settings = bench.Settings(num_people=12, mix_qa=True)
+    data = bench.make_world(settings, seed=5, out=tmp_path)
+    train, test = list(read_jsonl(data["files"]["train"])), list(read_jsonl(data["files"]["test"]))
+    assert len(train) == len(test) == 6 * 6
+    train_people, test_people = {r["link_target"][0] for r in train}, {r["link_target"][0] for r in test}
+    assert len(train_people) == len(test_people) == 6 and not train_people & test_people
+    assert not {r["question"] for r in train} & {r["question"] for r in test}
+    dump = bz2.open(tmp_path / "wiki.xml.bz2", "rt", encoding="utf-8").read()
+    assert all(r["question"].replace("'", "&apos;") in dump or r["question"] in dump for r in train)  # mixed in
+    assert not any(r["question"] in dump or r["question"].replace("'", "&apos;") in dump for r in test)
+    for person in test_people:  # every test-half person is read in pre-training
+        assert f"<title>{person}</title>" in dump
+
+
+def test_majority_floor_and_bootstrap(bench, tmp_path):
+    world = generate_knowledge_world(KnowledgeWorldSettings(num_people=12), seed=0)
+    splits = split_people(world, seed=0)
+    files = {split: bench.write_released_format(pairs, split, tmp_path)[0] for split, pairs in splits.items()}
+    floor = json.loads(bench.majority_answers(files["train"], files["test"], tmp_path / "m.json").read_text())
+    train = list(read_jsonl(files["train"]))
+    for record in read_jsonl(files["test"]):  # the most common training answer of the question's form
+        answers = [r["answer"][0] for r in train if r["relation"] == record["relation"]]
+        assert answers.count(floor[record["id"]]) == max(answers.count(a) for a in answers)
+    hits = [(True, i % 2 == 0) for i in range(40)] + [(False, False)] * 40
+    low, high = bench.bootstrap([hits], samples=200)["entity"]
+    assert low < 50.0 < high and high - low < 50
+    assert bench.bootstrap([hits], samples=200)["literal"] == [0.0, 0.0]
+
+
+def test_hidden_rows_mask_the_named_entities(bench):
+    vocab = EntityVocab(["a", "b", "c", "d"])
+    assert bench.hidden_rows(4, ["b", "d"], vocab).tolist() == [0, 1, 0, 1]
+    assert bench.hidden_rows(4, None, vocab).tolist() == [1, 1, 1, 1]
 
 
 def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
-    """A tiny world, a few steps: every system is trained, decoded and scored, the plots are drawn."""
+    """A tiny world, a few steps: the systems are pre-trained, fine-tuned, decoded and scored, the plots drawn."""
     out = tmp_path / "run"
-    argv = ["--quick", "--out", str(out), "--num-entities", "40", "--pretrain-steps", "4", "--finetune-epochs", "1"]
+    argv = ["--quick", "--out", str(out), "--num-people", "8", "--pretrain-steps", "30", "--finetune-epochs", "150", "--finetune-learning-rate", "1e-2",
+            "--d-model", "32"]  # fmt: skip
     assert bench.main(argv) == 0
     result = json.loads((out / "results.json").read_text())
-    assert set(result["systems"]) == {
-        "edmem_free",
-        "edmem_static",
-        "edmem_dynamic",
-        "encdec",
-        "encmem",
-        "majority_answer",
-    }
-    assert set(result["memory_fraction"]) == {"1.0", "0.1"}
-    # EncMem answers every question with an entity: never right on a literal answer
-    assert result["systems"]["encmem"]["exact_match_non_entity"]["mean"] == 0.0
-    assert (out / "em_by_model.png").stat().st_size > 0 and (out / "em_by_memory_fraction.png").stat().st_size > 0
-    predictions = json.loads((out / "seed-0" / "finetune-encmem" / "encmem_predictions.json").read_text())
-    assert len(predictions) == result["runs"][0]["questions"]["test"]
-    assert all(text.startswith("<E_s> ") and text.endswith(" <E_e>") for text in predictions.values())
+    seed = out / "seed-0"
+    test = list(read_jsonl(seed / "edmem_toy-test.jsonl"))
+    for system in ("finetune-edmem/free/free", "finetune-encdec/free/free"):
+        predictions = json.loads((seed / f"{system}_predictions.json").read_text())
+        texts = [predictions[record["id"]].replace("<E_s>", "").replace("<E_e>", "").strip() for record in test]
+        assert all(texts) and len(texts) == result["runs"][0]["questions"]["test"] == 4 * 6  # an answer each
+    assert len(set(texts)) > 2  # EncDec's answers vary (EDMem's, this small and brief, may all be one name)
+    summary = result["summary"]["test"]
+    assert {"edmem_free", "edmem_static", "edmem_dynamic", "encdec", "majority_answer",
+            "edmem_free_every_row_hidden_at_test", "edmem_free_subject_rows_hidden_at_test"} <= set(summary)  # fmt: skip
+    hits = bench.question_hits(seed / "edmem_toy-test.jsonl", seed / "sling_invocab-test.json",
+                               seed / "finetune-encdec" / "free" / "free_predictions.json")  # fmt: skip
+    assert summary["encdec"]["em"] == bench.em(hits)
+    right = [text for text, (_, hit) in zip(texts, hits) if hit]
+    assert all(text.lower() in {r["answer"][0].lower() for r in test} for text in right)
+    for scores in summary.values():
+        low, high = scores["interval"]["all"]
+        assert 0.0 <= low <= scores["em"]["all"] <= high <= 100.0
+    memorised = result["runs"][0]["memorisation"]["edmem"]
+    assert set(memorised) == {"train", "test"} and 0.0 <= memorised["test"]["entity"] <= 100.0
+    assert "memory_names_the_masked_entity" in memorised["test"]
+    counts = result["runs"][0]["parameters"]
+    assert counts["edmem"]["with_table"] > counts["edmem"]["without_table"]
+    assert counts["encdec"]["with_table"] == counts["encdec"]["without_table"]
+    # hidden at test time: the same fine-tuned model, its mask every row / the test subjects' rows
+    every = torch.load(seed / "mask-every-row.pt")
+    subjects = torch.load(seed / "mask-test-subjects.pt")
+    assert every.tolist() == [1] * len(every) and int(subjects.sum()) == 4
+    assert (out / "em_by_model.png").stat().st_size > 0 and (out / "em_memory_hidden.png").stat().st_size > 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert last.startswith("RESULT seeds=1 ") and "encmem_em_literal=0.0" in last
+    for key in ("valid", "best_entity_em_test_half", "floor_entity", "best_literal_em_test_half", "floor_literal",
+                "edmem_free_entity", "encdec_entity", "memory_hidden_drop"):  # fmt: skip
+        assert f" {key}=" in last
+    assert last.startswith("RESULT seeds=1 people=8 test_questions=24 ")

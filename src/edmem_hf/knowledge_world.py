@@ -234,6 +234,24 @@ def _place_page(place: ToyEntity, people: list[ToyEntity], rng: random.Random) -
     return f"{intro}\n\n{what} {place.name} include {', '.join(links)}."
 
 
+def without_people(world: ToyWorld, names: list[str]) -> ToyWorld:
+    """The world before the people `names` existed: their pages gone, the place pages written again without them,
+    no question about them. The other people's pages are unchanged."""
+    removed = set(names)
+    people = {entity.name for entity in world.entities if entity.type == "person"}
+    if removed - people:
+        raise KeyError(f"no person named {sorted(removed - people)[0]!r}")
+    kept = [entity for entity in world.entities if entity.name not in removed]
+    smaller = ToyWorld(kept, {}, {}, [], world.seed)
+    rng = random.Random(world.seed)
+    kept_people = [entity for entity in kept if entity.type == "person"]
+    for entity in kept:
+        page = world.pages[entity.name] if entity.type == "person" else _place_page(entity, kept_people, rng)
+        smaller.pages[entity.name] = page
+    smaller.qa_pairs = [pair for pair in world.qa_pairs if pair.subject not in removed]
+    return smaller
+
+
 def split_people(world: ToyWorld, seed: int) -> dict[str, list[QAPair]]:
     """The study's split: the people (every one of them in pre-training) cut in two halves at random; the questions
     about the first half are fine-tuned on (`train`, all question forms), those about the second are the test
@@ -256,4 +274,5 @@ __all__ = [
     "biography",
     "generate_knowledge_world",
     "split_people",
+    "without_people",
 ]

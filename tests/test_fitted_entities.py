@@ -1,0 +1,149 @@
+"""`entity_growth.fit_new_entities`: new rows trained alone on the pre-training objective, every other weight
+frozen; deterministic under a seed; bad input named."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from edmem_hf.entity_growth import fit_new_entities
+from tiny_models import tiny_model_with_entities
+
+
+@pytest.fixture
+def setup():
+    torch.manual_seed(0)
+    model, tokenizer, names, words = tiny_model_with_entities(20)
+    new = [f"{words[100]} {words[101]}", words[102]]
+    passages = [
+        [f"{words[60]} <E_s> {new[0]} <E_e> {words[61]} {words[70]}", f"<E_s> {new[0]} <E_e> {words[62]} {words[63]}"],
+        [f"{words[64]} {words[65]} <E_s> {new[1]} <E_e> {words[71]}"],
+    ]
+    negatives = {names[3]: [f"{words[66]} <E_s> {names[3]} <E_e> {words[67]}"],
+                 names[4]: [f"<E_s> {names[4]} <E_e> {words[68]} {words[69]}"]}  # fmt: skip
+    return model, tokenizer, new, passages, negatives
+
+
+def _state(model):
+    return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+
+
+def test_only_the_new_rows_change(setup):
+    model, tokenizer, new, passages, negatives = setup
+    before = _state(model)
+    trained = model.config.entity_vocab_size
+    was_training = model.training
+    ids = fit_new_entities(model, new, passages, tokenizer, negatives, steps=5, learning_rate=0.05, seed=0)
+    assert ids == [trained, trained + 1] and model.training == was_training
+    table = model.get_encoder().entity_embeddings.weight
+    # the trained rows and every other weight are bit-identical
+    assert torch.equal(table[:trained], before["model.encoder.entity_embeddings.weight"])
+    for name, tensor in model.state_dict().items():
+        if "entity_embeddings" not in name:
+            assert torch.equal(tensor, before[name]), name
+    assert all(p.requires_grad for p in model.parameters())  # left as it was
+    # the new rows moved away from where add_entities put them
+    reference, _, _, _ = tiny_model_with_entities(20)
+    reference.load_state_dict(before)
+    reference.add_entities(new, passages, tokenizer)
+    start = reference.get_encoder().entity_embeddings.weight[trained:]
+    assert not torch.allclose(table[trained:], start)
+    assert model.entity_vocab.names[trained:] == new
+
+
+def test_the_fit_lowers_the_pretraining_loss_of_the_new_passages(setup):
+    model, tokenizer, new, passages, _ = setup
+    from edmem_hf.collator import EDMemMaskingCollator
+    from edmem_hf.entity_growth import _labelled_passage
+
+    grown, _, _, _ = tiny_model_with_entities(20)
+    grown.load_state_dict(model.state_dict())
+    ids = grown.add_entities(new, passages, tokenizer)
+    examples = [{**_labelled_passage(text, i, tokenizer, grown.config.entity_start_token_id, 64), "example_index": n}
+                for n, (i, texts) in enumerate(zip(ids, passages)) for text in texts]  # fmt: skip
+    batch = EDMemMaskingCollator(tokenizer, seed=1)(examples)
+
+    def loss(m):
+        with torch.no_grad():
+            return m.train()(**batch).loss.item()
+
+    before = loss(grown)
+    fit_new_entities(model, new, passages, tokenizer, steps=30, learning_rate=0.05, seed=0)
+    assert loss(model) < before
+
+
+def test_the_fit_is_deterministic_under_a_seed(setup):
+    model, tokenizer, new, passages, negatives = setup
+    state = _state(model)
+    rows = []
+    for seed in (0, 0, 1):
+        model.load_state_dict(state)
+        grown, _, _, _ = tiny_model_with_entities(20)
+        grown.load_state_dict(state)
+        fit_new_entities(grown, new, passages, tokenizer, negatives, steps=4, learning_rate=0.05, seed=seed)
+        rows.append(grown.get_encoder().entity_embeddings.weight[-2:].detach().clone())
+    assert torch.equal(rows[0], rows[1]) and not torch.equal(rows[0], rows[2])
+
+
+def test_initial_rows_may_be_given(setup):
+    model, tokenizer, new, passages, _ = setup
+    rows = torch.zeros(2, model.config.entity_embed_dim)
+    fit_new_entities(model, new, passages, tokenizer, rows=rows, steps=3, learning_rate=0.05)
+    assert model.get_encoder().entity_embeddings.weight[-2:].abs().sum() > 0
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(steps=0), "steps=0"),
+        (dict(learning_rate=-1.0), "learning_rate=-1.0"),
+        (dict(passages_cut=True), "2 names but 1 passage lists"),
+        (dict(negatives={"Nobody Known": ["<E_s> Nobody Known <E_e> x"]}), "'Nobody Known' is not in"),
+        (dict(no_marker=True), "no marked mention of"),
+        (dict(known_name=True), "already in the vocabulary"),
+    ],
+)
+def test_bad_input_is_named(setup, change, message):
+    model, tokenizer, new, passages, _ = setup
+    kwargs = {key: value for key, value in change.items() if key in ("steps", "learning_rate", "negatives")}
+    if change.get("passages_cut"):
+        passages = passages[:1]
+    if change.get("no_marker"):
+        passages = [[text.replace("<E_s>", "").replace("<E_e>", "") for text in texts] for texts in passages]
+    if change.get("known_name"):
+        new = [model.entity_vocab.names[0], new[1]]
+    size = model.config.entity_vocab_size
+    with pytest.raises(ValueError, match=message):
+        fit_new_entities(model, new, passages, tokenizer, **kwargs)
+    assert model.config.entity_vocab_size == size  # nothing added
+
+
+def test_edmem_add_entities_fits_by_default_and_can_skip_the_fit(setup, tmp_path, capsys):
+    from transformers import AutoModelForSeq2SeqLM
+
+    from edmem_hf import EntityVocab
+    from edmem_hf.cli import main
+    from edmem_hf.toy_world import generate_toy_world, write_mediawiki_dump
+    from tiny_models import tiny_model
+
+    _, tokenizer, _, _, _ = setup
+    world = generate_toy_world(30, seed=0)
+    people = [e.name for e in world.entities if e.type == "person"][:3]
+    known = [e.name for e in world.entities if e.name not in people]
+    start, end = tokenizer.convert_tokens_to_ids(["<E_s>", "<E_e>"])
+    model = tiny_model(vocab_size=len(tokenizer), entity_vocab_size=len(known), entity_start_token_id=start)
+    model.config.entity_end_token_id = end
+    model.entity_vocab = EntityVocab(known)
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    dump = write_mediawiki_dump(world, tmp_path / "new.xml.bz2")
+    args = ["add-entities", "--model", str(tmp_path / "model"), "--dump", dump]
+    assert main(args + ["--out", str(tmp_path / "fitted"), "--fit_steps", "3"]) == 0
+    assert main(args + ["--out", str(tmp_path / "mean"), "--estimator", "mean_query"]) == 0
+    assert f"added 3 entities (ids {len(known)}..{len(known) + 2})" in capsys.readouterr().out
+    fitted = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "fitted")
+    mean = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "mean")
+    assert fitted.entity_vocab.names == mean.entity_vocab.names == known + sorted(people)
+    fitted_table, mean_table = fitted.model.entity_embeddings.weight, mean.model.entity_embeddings.weight
+    assert torch.equal(fitted_table[: len(known)], mean_table[: len(known)])  # trained rows as they were
+    assert not torch.allclose(fitted_table[len(known) :], mean_table[len(known) :])  # the fit moved the new ones
