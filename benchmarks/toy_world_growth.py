@@ -48,6 +48,7 @@ from toy_world_qa import (  # noqa: E402
     em,
     experiment_parser,
     finetune_model,
+    memory_hits,
     predict,
     pretrain_variant,
     pretraining_schedule,
@@ -70,7 +71,6 @@ from edmem_hf.knowledge_world import (  # noqa: E402
     without_people,
 )
 from edmem_hf.pretraining import PretrainingArguments, build_config, load_corpus, pretrain  # noqa: E402
-from edmem_hf.tasks import read_jsonl, read_qa  # noqa: E402
 from edmem_hf.toy_world import write_mediawiki_dump  # noqa: E402
 
 logger = logging.getLogger("toy_world_growth")
@@ -190,24 +190,6 @@ def continue_pretraining(pretrained: Path, new_dump: str, out: Path, settings: G
 
 
 # --- measuring --------------------------------------------------------------------------------------------------
-
-
-@torch.no_grad()
-def memory_hits(model_dir: Path, data_file: Path) -> list[bool]:
-    """For each question (file order): is the memory's top entity at the marked subject the subject?"""
-    model = EDMemForConditionalGeneration.from_pretrained(model_dir).eval()
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    subjects = {record["id"]: record["link_target"][0] for record in read_jsonl(data_file)}
-    rows = read_qa(data_file, model.entity_vocab)
-    hits = {}
-    for begin in range(0, len(rows), 64):
-        chunk = rows[begin : begin + 64]
-        batch = tokenizer(chunk["question"], padding=True, return_tensors="pt")
-        access = model.get_encoder()(**batch, output_attended_entities=True).memory_access
-        for (row, _), top in zip(access.positions.tolist(), access.top_entity_ids[:, 0].tolist()):
-            question = chunk["id"][row]
-            hits[question] = model.entity_vocab.name_of(top) == subjects[question]
-    return [hits.get(question, False) for question in subjects]
 
 
 def time_additions(model_dir: Path, sizes: tuple[int, ...], settings: GrowthSettings) -> dict[str, dict[str, float]]:

@@ -70,14 +70,14 @@ class Settings:
     num_people: int = 334  # 167 test-half people: 1,002 test questions a seed
     biographies: int = 5
     seeds: tuple[int, ...] = (0, 1, 2)
-    d_model: int = 128
+    d_model: int = 64
     layers: int = 1  # lower and upper layers on each side (each)
     entity_embed_dim: int = 64
-    pretrain_steps: int = 6000
-    pretrain_batch_size: int = 32
-    pretrain_learning_rate: float = 1e-3
-    mix_qa: bool = False  # the fine-tuning half's questions and answers also in pre-training (all systems)
-    finetune_epochs: float = 30.0
+    pretrain_steps: int = 25000  # about 95 readings of each biography, as in --quick
+    pretrain_batch_size: int = 8
+    pretrain_learning_rate: float = 3e-3
+    mix_qa: bool = True  # the fine-tuning half's questions and answers also in pre-training (every system)
+    finetune_epochs: float = 60.0
     finetune_learning_rate: float = 1e-3
     finetune_batch_size: int = 32
     encmem: bool = True
@@ -89,8 +89,8 @@ class Settings:
     valid_literal_margin: float | None = 10.0  # None: not required
 
 
-QUICK = Settings(num_people=20, d_model=64, pretrain_steps=1500, pretrain_batch_size=8, pretrain_learning_rate=3e-3,
-                 finetune_epochs=60, seeds=(0,), mix_qa=True, encmem=False, memory_hidden_in_finetuning=False,
+# One seed of a 20-person world: about 20 minutes on 2 free cores.
+QUICK = Settings(num_people=20, pretrain_steps=1500, seeds=(0,), encmem=False, memory_hidden_in_finetuning=False,
                  single_biography_ablation=False, valid_entity_em=40.0, valid_entity_margin=25.0,
                  valid_literal_margin=None)  # fmt: skip
 
@@ -399,6 +399,24 @@ def memorisation(model_dir: Path, world: ToyWorld, people: dict[str, list[str]])
     return result
 
 
+@torch.no_grad()
+def memory_hits(model_dir: Path, data_file: Path) -> list[bool]:
+    """For each question (file order): is the memory's top entity at the marked subject the subject?"""
+    model = EDMemForConditionalGeneration.from_pretrained(model_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    subjects = {record["id"]: record["link_target"][0] for record in read_jsonl(data_file)}
+    rows = read_qa(data_file, model.entity_vocab)
+    hits = {}
+    for begin in range(0, len(rows), 64):
+        chunk = rows[begin : begin + 64]
+        batch = tokenizer(chunk["question"], padding=True, return_tensors="pt")
+        access = model.get_encoder()(**batch, output_attended_entities=True).memory_access
+        for (row, _), top in zip(access.positions.tolist(), access.top_entity_ids[:, 0].tolist()):
+            question = chunk["id"][row]
+            hits[question] = model.entity_vocab.name_of(top) == subjects[question]
+    return [hits.get(question, False) for question in subjects]
+
+
 # --- scoring ----------------------------------------------------------------------------------------------------
 
 
@@ -501,6 +519,7 @@ def run_condition(settings: Settings, seed: int, out: Path, varied: bool = True,
     for half in ("train", "test"):
         predictions[half]["majority_answer"] = majority_answers(files["train"], files[half],
                                                                 out / f"majority_predictions_{half}.json")  # fmt: skip
+    recall = {half: memory_hits(edmem, files[half]) for half in ("train", "test")}
     hits = {half: {system: question_hits(files[half], files[f"{half}_links"], path)
                    for system, path in systems.items()} for half, systems in predictions.items()}  # fmt: skip
     return {
@@ -510,6 +529,7 @@ def run_condition(settings: Settings, seed: int, out: Path, varied: bool = True,
         "entities": size,
         "parameters": {variant: parameter_counts(path) for variant, path in models.items()},
         "memorisation": memorised,
+        "edmem_memory_recall_at_subject": {half: round(100 * sum(h) / len(h), 2) for half, h in recall.items()},
         "hits": hits,
         "em": {half: {system: em(h) for system, h in systems.items()} for half, systems in hits.items()},
         "seconds": round(time.perf_counter() - started),
@@ -622,6 +642,9 @@ def experiment_parser(description: str, default_out: str) -> argparse.ArgumentPa
     parser.add_argument("--pretrain-steps", type=int, help="override the pre-training steps")
     parser.add_argument("--finetune-epochs", type=float, help="override the fine-tuning epochs")
     parser.add_argument("--finetune-learning-rate", type=float, help="override the fine-tuning learning rate")
+    parser.add_argument("--finetune-batch-size", type=int, help="override the fine-tuning batch size")
+    parser.add_argument("--pretrain-batch-size", type=int, help="override the pre-training batch size")
+    parser.add_argument("--pretrain-learning-rate", type=float, help="override the pre-training learning rate")
     parser.add_argument("--d-model", type=int, help="override the width")
     parser.add_argument("--layers", type=int, help="override the lower and upper layers of each side")
     parser.add_argument("--mix-qa", action="store_true", help="the fine-tuning half's questions in pre-training too")
@@ -633,7 +656,8 @@ def with_overrides(settings: Settings, args: argparse.Namespace) -> Settings:
     """`settings` with the shared options given on the command line."""
     overrides = dict(seeds=tuple(args.seeds) if args.seeds else None, num_people=args.num_people,
                      pretrain_steps=args.pretrain_steps, finetune_epochs=args.finetune_epochs, d_model=args.d_model,
-                     finetune_learning_rate=args.finetune_learning_rate,
+                     finetune_learning_rate=args.finetune_learning_rate, finetune_batch_size=args.finetune_batch_size,
+                     pretrain_batch_size=args.pretrain_batch_size, pretrain_learning_rate=args.pretrain_learning_rate,
                      layers=args.layers, mix_qa=True if args.mix_qa else None)  # fmt: skip
     return replace(settings, **{k: v for k, v in overrides.items() if v is not None})
 
