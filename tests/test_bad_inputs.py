@@ -181,3 +181,13 @@ def test_old_step_checkpoints_are_refused_naming_them(corpus, tmp_path, capsys):
     # starting afresh deletes them with the rest
     assert pretrain(_pretraining(corpus, out, max_steps=1, resume="no", overwrite_output_dir=True))["global_step"] == 1
     assert sorted(os.listdir(out / "checkpoints")) == ["checkpoint_0"]
+
+
+def test_pretrain_on_a_corpus_with_a_broken_tokenizer_names_it(corpus, tmp_path, capsys):
+    broken = tmp_path / "corpus"
+    shutil.copytree(corpus, broken)
+    (broken / "tokenizer" / "tokenizer.json").write_text("{not json", encoding="utf-8")
+    capsys.readouterr()
+    assert edmem(["pretrain", "--output_dir", str(tmp_path / "out"), "--corpus_dir", str(broken)]) == 2
+    printed = capsys.readouterr().out
+    assert f"edmem pretrain: error: tokenizer directory '{broken / 'tokenizer'}' could not be loaded" in printed

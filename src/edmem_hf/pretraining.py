@@ -216,7 +216,11 @@ def load_corpus(corpus_dir: str) -> tuple[Any, Any, Any]:
     if "train" not in passages:
         raise ValueError(f"{passages_dir} has no 'train' split (splits: {list(passages)})")
     vocab = EntityVocab.load(corpus_dir)
-    tokenizer = AutoTokenizer.from_pretrained(os.path.join(corpus_dir, "tokenizer"))
+    tokenizer_dir = os.path.join(corpus_dir, "tokenizer")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    except Exception as err:  # a broken tokenizer.json raises json's or tokenizers' errors, which name no file
+        raise ValueError(f"tokenizer directory {tokenizer_dir!r} could not be loaded: {err}") from err
     return passages, vocab, tokenizer
 
 
