@@ -33,6 +33,9 @@ def test_inputs_embeds_without_input_ids_is_refused_by_a_memory_model_only():
         model(inputs_embeds=embeds, attention_mask=batch["attention_mask"], labels=batch["labels"])
     with pytest.raises(ValueError, match=message):
         model.generate(inputs_embeds=embeds, attention_mask=batch["attention_mask"], max_new_tokens=2)
+    decoder_embeds = model.get_input_embeddings()(batch["labels"].clamp_min(0))
+    with pytest.raises(ValueError, match=r"finds mentions by their <E_s> tokens: pass decoder_input_ids, not only"):
+        model(input_ids=batch["input_ids"], decoder_inputs_embeds=decoder_embeds)
     with pytest.raises(ValueError, match="exactly one of input_ids or inputs_embeds"):
         model.get_encoder()(input_ids=batch["input_ids"], inputs_embeds=embeds)
     encdec = tiny_model(variant="encdec").eval()  # no memory, no mention to find: embeddings alone are enough
