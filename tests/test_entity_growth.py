@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForSeq2SeqLM
 
-from edmem_hf import EDMemForConditionalGeneration, EntityVocab
+from edmem_hf import EDMemEncDecForConditionalGeneration, EntityVocab, entity_growth
 from tiny_models import tiny_model, tiny_model_with_entities
 
 
@@ -125,9 +125,10 @@ def test_encdec_has_no_memory_to_grow(setup):
     _, tokenizer, new, passages = setup
     config = tiny_model(vocab_size=len(tokenizer), entity_vocab_size=20).config
     config.variant = "encdec"
-    model = EDMemForConditionalGeneration(config)
-    with pytest.raises(ValueError, match="no entity memory"):
-        model.add_entities(new, passages, tokenizer)
+    model = EDMemEncDecForConditionalGeneration(config)
+    assert not hasattr(model, "add_entities") and not hasattr(model, "memory_queries")
+    with pytest.raises(ValueError, match="EDMemEncDecForConditionalGeneration has no entity memory"):
+        entity_growth.add_entities(model, new, passages, tokenizer)
 
 
 def test_edmem_add_entities_from_a_dump(setup, tmp_path, capsys):

@@ -118,11 +118,6 @@ class EDMemConfig(PreTrainedConfig):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.variant != "encdec":
-            if not self.tie_word_embeddings:
-                raise ValueError(
-                    "tie_word_embeddings=False would untie the entity table that the encoder and decoder share "
-                    f"(Transformers ties both through it): a {self.variant!r} model needs tie_word_embeddings=True"
-                )
             if self.entity_vocab_size < 1:
                 raise ValueError(f"entity_vocab_size must be >= 1, got {self.entity_vocab_size}")
             if self.entity_start_token_id is None or self.entity_end_token_id is None:
