@@ -403,6 +403,11 @@ class EDMemPreTrainedModel(PreTrainedModel):
         return mask.to(device) if mask is not None else None
 
 
+def _token_embeddings(config: EDMemConfig) -> BartScaledWordEmbedding:
+    embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+    return BartScaledWordEmbedding(config.vocab_size, config.d_model, config.pad_token_id, embed_scale=embed_scale)
+
+
 class _EntityMemoryStack(EDMemPreTrainedModel):
     """What the encoder and decoder share: an entity memory between their lower and upper layers when their model
     gives them its entity table (EDMem, EncMem), none when it does not (the EncDec baseline)."""
@@ -437,10 +442,7 @@ class EDMemEncoder(_EntityMemoryStack):
         super().__init__(config)
         self.dropout = config.dropout
         self.layerdrop = config.encoder_layerdrop
-        embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
-        self.embed_tokens = BartScaledWordEmbedding(
-            config.vocab_size, config.d_model, config.pad_token_id, embed_scale=embed_scale
-        )
+        self.embed_tokens = _token_embeddings(config)
         self.embed_positions = BartLearnedPositionalEmbedding(config.max_position_embeddings, config.d_model)
         self.layers = nn.ModuleList([BartEncoderLayer(config, layer_idx=i) for i in range(config.encoder_layers)])
         self.layernorm_embedding = nn.LayerNorm(config.d_model)
@@ -534,10 +536,7 @@ class EDMemDecoder(_EntityMemoryStack):
         super().__init__(config)
         self.dropout = config.dropout
         self.layerdrop = config.decoder_layerdrop
-        embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
-        self.embed_tokens = BartScaledWordEmbedding(
-            config.vocab_size, config.d_model, config.pad_token_id, embed_scale=embed_scale
-        )
+        self.embed_tokens = _token_embeddings(config)
         self.embed_positions = BartLearnedPositionalEmbedding(config.max_position_embeddings, config.d_model)
         self.layers = nn.ModuleList([BartDecoderLayer(config, layer_idx=i) for i in range(config.decoder_layers)])
         self.layernorm_embedding = nn.LayerNorm(config.d_model)
@@ -661,10 +660,7 @@ class _EncoderDecoderModel(EDMemHubMixin, EDMemPreTrainedModel):
 
     def __init__(self, config: EDMemConfig, entity_embeddings: nn.Embedding | None):
         super().__init__(config)
-        embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
-        self.shared = BartScaledWordEmbedding(
-            config.vocab_size, config.d_model, config.pad_token_id, embed_scale=embed_scale
-        )
+        self.shared = _token_embeddings(config)
         self.entity_embeddings = entity_embeddings
         self.encoder = EDMemEncoder(config, entity_embeddings)
         self.decoder = EDMemDecoder(config, entity_embeddings)
@@ -809,10 +805,7 @@ class EDMemEncMemModel(_EntityGrowthMethods, EDMemHubMixin, EDMemPreTrainedModel
 
     def __init__(self, config: EDMemConfig):
         super().__init__(config)
-        embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
-        self.shared = BartScaledWordEmbedding(
-            config.vocab_size, config.d_model, config.pad_token_id, embed_scale=embed_scale
-        )
+        self.shared = _token_embeddings(config)
         self.entity_embeddings = nn.Embedding(config.entity_vocab_size, config.entity_embed_dim)
         self.encoder = EDMemEncoder(config, self.entity_embeddings)
         self.post_init()
@@ -872,6 +865,21 @@ def _mean_entity_loss(
     if reduction == "all_accesses":
         return torch.stack(per_access).sum() / len(accesses) + anchor
     return torch.stack(per_access).mean() + anchor
+
+
+def _lm_output(outputs: EDMemModelOutput, logits: torch.Tensor, **losses_and_entities) -> EDMemSeq2SeqLMOutput:
+    """The LM heads' output: the logits, the encoder-decoder's outputs, and the losses and entity reports given."""
+    return EDMemSeq2SeqLMOutput(
+        logits=logits,
+        past_key_values=outputs.past_key_values,
+        decoder_hidden_states=outputs.decoder_hidden_states,
+        decoder_attentions=outputs.decoder_attentions,
+        cross_attentions=outputs.cross_attentions,
+        encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+        encoder_hidden_states=outputs.encoder_hidden_states,
+        encoder_attentions=outputs.encoder_attentions,
+        **losses_and_entities,
+    )
 
 
 def _lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -1035,18 +1043,12 @@ class EDMemForConditionalGeneration(_EntityGrowthMethods, _EDMemSeq2SeqLM):
                 config.entity_loss_reduction,
             )
             loss = lm_loss + config.entity_loss_weight * entity_loss
-        return EDMemSeq2SeqLMOutput(
+        return _lm_output(
+            outputs,
+            logits,
             loss=loss,
             lm_loss=lm_loss,
             entity_loss=entity_loss,
-            logits=logits,
-            past_key_values=outputs.past_key_values,
-            decoder_hidden_states=outputs.decoder_hidden_states,
-            decoder_attentions=outputs.decoder_attentions,
-            cross_attentions=outputs.cross_attentions,
-            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
-            encoder_hidden_states=outputs.encoder_hidden_states,
-            encoder_attentions=outputs.encoder_attentions,
             encoder_attended_entities=outputs.encoder_attended_entities,
             decoder_attended_entities=outputs.decoder_attended_entities,
             linked_entities=linked,
@@ -1122,18 +1124,7 @@ class EDMemEncDecForConditionalGeneration(_EDMemSeq2SeqLM):
         )
         logits = self._lm_logits(outputs.last_hidden_state)
         lm_loss = _lm_loss(logits, labels) if labels is not None else None
-        return EDMemSeq2SeqLMOutput(
-            loss=lm_loss,
-            lm_loss=lm_loss,
-            logits=logits,
-            past_key_values=outputs.past_key_values,
-            decoder_hidden_states=outputs.decoder_hidden_states,
-            decoder_attentions=outputs.decoder_attentions,
-            cross_attentions=outputs.cross_attentions,
-            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
-            encoder_hidden_states=outputs.encoder_hidden_states,
-            encoder_attentions=outputs.encoder_attentions,
-        )
+        return _lm_output(outputs, logits, loss=lm_loss, lm_loss=lm_loss)
 
 
 class EDMemForEntityLinking(_EntityGrowthMethods, EDMemHubMixin, EDMemPreTrainedModel):
