@@ -43,7 +43,8 @@ class EDMemConfig(PreTrainedConfig):
             0 (the authors' code: a batch with fewer labelled accesses gets a smaller effective lambda).
         entity_start_token_id / entity_end_token_id (`int`): ids of `<E_s>` and `<E_e>`.
         variant (`str`): `"edmem"` (full model), `"encdec"` (no memory, same LM objective) or `"encmem"`
-            (encoder + memory, the EaE-style auto-encoder of the paper's ablations).
+            (encoder + memory, the EaE-style auto-encoder of the paper's ablations). Each has its own model classes
+            (`modeling_edmem.VARIANT_CLASSES`); this says which a saved model needs.
         lower_decoder_attends_to (`str`): which encoder output the lower decoder layers cross-attend to:
             `"upper"` (the final encoder output, as in the authors' runs) or `"lower"` (the lower encoder layers'
             output before the memory is merged: the authors' `lower_encoder` option). The upper decoder layers
