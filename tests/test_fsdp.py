@@ -44,7 +44,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start(tmp_path, out, corpus, hook: bool = True) -> subprocess.Popen:
+def _start(tmp_path, out, corpus, *extra: str, hook: bool = True) -> subprocess.Popen:
     """`accelerate launch` of `edmem pretrain` with fsdp.yaml turned into 2 processes on this CPU machine, through
     this file's `cpu_fsdp` hook (or not), in a session of its own so that it can be killed whole."""
     with open(FSDP_YAML, encoding="utf-8") as f:
@@ -57,7 +57,7 @@ def _start(tmp_path, out, corpus, hook: bool = True) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_file), *program]
     env = dict(os.environ, ACCELERATE_USE_CPU="true", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     return subprocess.Popen(
-        [*cmd, *_argv(out, corpus, *RUN)],
+        [*cmd, *_argv(out, corpus, *RUN, *extra)],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -68,10 +68,10 @@ def _start(tmp_path, out, corpus, hook: bool = True) -> subprocess.Popen:
 
 def test_without_the_hook_accelerate_runs_multi_cpu_not_fsdp(corpus, tmp_path):
     out = tmp_path / "run"
-    _finish(_start(tmp_path, out, corpus, hook=False))
+    _finish(_start(tmp_path, out, corpus, "--max_steps", "2", hook=False))
     assert _log(out)[0]["distributed_type"] == "DistributedType.MULTI_CPU"  # FSDP would be DistributedType.FSDP
-    # Unsharded checkpoints: one whole model file, not FSDP's per-rank shards (pytorch_model_fsdp_0/).
-    assert "model.safetensors" in os.listdir(_checkpoint(out, 2))
+    # An unsharded checkpoint: one whole model file, not FSDP's per-rank shards (pytorch_model_fsdp_0/).
+    assert "model.safetensors" in os.listdir(_checkpoint(out, 0))
 
 
 @pytest.fixture(scope="module")
