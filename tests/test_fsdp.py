@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -74,26 +75,10 @@ def test_without_the_hook_accelerate_runs_multi_cpu_not_fsdp(corpus, tmp_path):
     assert "model.safetensors" in os.listdir(_checkpoint(out, 0))
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(corpus, tmp_path_factory):
-    """The reference FSDP run, started at once so that it overlaps with the killed one; its output directory."""
-    tmp = tmp_path_factory.mktemp("uninterrupted")
-    out = tmp / "run"
-    proc = _start(tmp, out, corpus)
-
-    def result():
-        if proc.returncode is None:
-            _finish(proc)
-        return out
-
-    yield result
-    if proc.poll() is None:
-        proc.kill()
-        proc.communicate()
-
-
-def test_fsdp_sigkill_resume_and_load(corpus, uninterrupted, tmp_path):
-    out = tmp_path / "killed"
+def test_fsdp_sigkill_resume_and_load(corpus, tmp_path, request):
+    reference, out = tmp_path / "uninterrupted", tmp_path / "killed"
+    reference_run = _start(tmp_path, reference, corpus)  # overlaps with the killed run
+    request.addfinalizer(lambda: reference_run.poll() is None and os.killpg(reference_run.pid, signal.SIGKILL))
     proc = _start(tmp_path, out, corpus)
     # Step 3 is logged after its optimizer step: the step-2 checkpoint is complete and step 4 is under way.
     _kill_when(proc, lambda: 3 in _logged_steps(out), "step 3")
@@ -109,7 +94,7 @@ def test_fsdp_sigkill_resume_and_load(corpus, uninterrupted, tmp_path):
     assert [r["distributed_type"] for r in starts] == ["DistributedType.FSDP"] * 2
     assert len(starts) == 2 and starts[1]["step"] in (2, 4) and starts[1]["num_processes"] == 2
     assert os.path.basename(starts[1]["resumed_from"]) == f"checkpoint_{starts[1]['step'] // 2 - 1}"
-    reference = uninterrupted()
+    _finish(reference_run)
     assert [r["step"] for r in _log(reference) if r["type"] == "train"] == [1, 2, 3, 4, 5, 6]
     _assert_same_weights(reference, out)
 
