@@ -478,3 +478,18 @@ def test_a_wrong_option_in_prose_is_caught(tmp_path):
         "`python benchmarks/bench_training_throughput.py --d-model 1024 --d_model 4`: --d_model is not an option "
         "of benchmarks/bench_training_throughput.py",
     ]
+
+
+def test_the_design_page_lists_every_module():
+    """docs/design.md's table of stages names every module and package of `src/edmem_hf/`."""
+    package = ROOT / "src" / "edmem_hf"
+    text = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
+    table = text[: text.index("\n## ")]
+    modules = {path.name for path in package.glob("*.py") if path.name != "__init__.py"}
+    modules |= {
+        f"metrics/{path.name}/"
+        for path in (package / "metrics").iterdir()
+        if path.is_dir() and not path.name.startswith("_")
+    }
+    assert modules, package
+    assert not {name for name in modules if f"`{name}`" not in table}
