@@ -318,7 +318,7 @@ def _parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def _shard_token_embeddings_together(model: torch.nn.Module, fsdp_plugin: Any) -> None:
+def _shard_token_embeddings_together(model: torch.nn.Module, accelerator: Any) -> None:
     """One FSDP2 group for every module that holds the token embeddings, before Accelerate wraps the rest.
 
     `fully_shard` wants each parameter in exactly one group. Accelerate groups the input embeddings
@@ -333,11 +333,13 @@ def _shard_token_embeddings_together(model: torch.nn.Module, fsdp_plugin: Any) -
     tied = {id(m.weight) for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None}
     holders = [m for m in model.modules() if any(id(p) in tied for p in m.parameters(recurse=False))]
     if len(holders) > 1:
-        fully_shard(
+        plugin, mesh = accelerator.state.fsdp_plugin, getattr(accelerator, "torch_device_mesh", None)
+        fully_shard(  # the settings Accelerate gives its own groups
             holders,
             reshard_after_forward=False,
-            offload_policy=fsdp_plugin.cpu_offload,
-            mp_policy=fsdp_plugin.mixed_precision_policy or MixedPrecisionPolicy(),
+            offload_policy=plugin.cpu_offload,
+            mp_policy=plugin.mixed_precision_policy or MixedPrecisionPolicy(),
+            mesh=mesh[tuple(accelerator.parallelism_config.fsdp_dim_names)] if mesh is not None else None,
         )
 
 
@@ -675,7 +677,7 @@ class _PretrainingRun:
         steps_per_epoch = max(math.ceil(self.batches_per_epoch / args.gradient_accumulation_steps), 1)
         self.max_steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * steps_per_epoch)
         if accelerator.is_fsdp2:
-            _shard_token_embeddings_together(model, accelerator.state.fsdp_plugin)
+            _shard_token_embeddings_together(model, accelerator)
         optimizer = _adamw(model, args)
         scheduler = get_linear_schedule_with_warmup(optimizer, int(args.warmup_ratio * self.max_steps), self.max_steps)
         self.model, self.optimizer, self.train_dl, self.scheduler = accelerator.prepare(
