@@ -41,8 +41,8 @@ from transformers.models.bart.modeling_bart import (
 from transformers.utils import can_return_tuple, logging
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
-from .configuration_edmem import EDMemConfig
-from .entity_attention import IGNORE_INDEX, entity_attention
+from .configuration_edmem import IGNORE_INDEX, EDMemConfig
+from .entity_attention import entity_attention
 from .generation_edmem import EDMemGenerationMixin
 from .hub_edmem import EDMemHubMixin
 
