@@ -318,10 +318,16 @@ def majority_answers(train_file: Path, test_file: Path, path: Path) -> Path:
     return path
 
 
-def write_entity_mask(hidden: torch.Tensor, path: Path) -> Path:
-    """The authors' memory mask file: a long tensor, 1 for a hidden entity."""
+def save_entity_mask(hidden: torch.Tensor, path: Path) -> Path:
+    """The authors' memory mask file (their get_memory_mask.py, read by `--entity_mask_file`): a long tensor, 1 for a
+    hidden entity."""
     torch.save(hidden.long(), path)
     return path
+
+
+def write_entity_mask(num_entities: int, visible_fraction: float, seed: int, path: Path) -> Path:
+    """The authors' random memory mask: each entity hidden with probability `1 - visible_fraction`, saved."""
+    return save_entity_mask(random_entity_mask(num_entities, visible_fraction, seed), path)
 
 
 def hidden_rows(num_entities: int, names: list[str] | None, vocab) -> torch.Tensor:
@@ -486,8 +492,8 @@ def run_condition(settings: Settings, seed: int, out: Path, varied: bool = True,
     predictions: dict[str, dict[str, Path]] = {"train": {}, "test": {}}  # half -> system -> predictions file
     vocab = EDMemForConditionalGeneration.from_pretrained(models["edmem"]).entity_vocab
     size = len(vocab)
-    every_row = write_entity_mask(hidden_rows(size, None, vocab), out / "mask-every-row.pt")
-    subject_rows = write_entity_mask(hidden_rows(size, halves["test"], vocab), out / "mask-test-subjects.pt")
+    every_row = save_entity_mask(hidden_rows(size, None, vocab), out / "mask-every-row.pt")
+    subject_rows = save_entity_mask(hidden_rows(size, halves["test"], vocab), out / "mask-test-subjects.pt")
     edmem = finetune_model(models["edmem"], files["train"], out / "finetune-edmem", settings, seed)
     for mode in ("free",) if ablation else MODES:
         predictions["test"][f"edmem_{mode}"] = predict(edmem, files["test"], out / "finetune-edmem" / mode, mode,
