@@ -186,7 +186,7 @@ def test_edmem_add_entities_from_a_dump(setup, tmp_path, capsys):
         assert f"<E_s> {name} <E_e>  (born" in passages[name][-1] and len(passages[name]) >= 2
 
     grow = ["add-entities", "--model", str(tmp_path / "model"), "--dump", dump, "--out", str(tmp_path / "grown")]
-    assert main(grow + ["--estimator", "mean_query"]) == 0  # the fitted default: tests/test_fitted_entities.py
+    assert main(grow) == 0
     assert f"added 3 entities (ids {len(known)}..{len(known) + 2})" in capsys.readouterr().out
     grown = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "grown")
     assert grown.entity_vocab.names == known + sorted(people)

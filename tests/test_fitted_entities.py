@@ -119,7 +119,7 @@ def test_bad_input_is_named(setup, change, message):
     assert model.config.entity_vocab_size == size  # nothing added
 
 
-def test_edmem_add_entities_fits_by_default_and_can_skip_the_fit(setup, tmp_path, capsys):
+def test_edmem_add_entities_fits_the_rows_when_asked(setup, tmp_path, capsys):
     from transformers import AutoModelForSeq2SeqLM
 
     from edmem_hf import EntityVocab
@@ -139,8 +139,8 @@ def test_edmem_add_entities_fits_by_default_and_can_skip_the_fit(setup, tmp_path
     tokenizer.save_pretrained(tmp_path / "model")
     dump = write_mediawiki_dump(world, tmp_path / "new.xml.bz2")
     args = ["add-entities", "--model", str(tmp_path / "model"), "--dump", dump]
-    assert main(args + ["--out", str(tmp_path / "fitted"), "--fit_steps", "3"]) == 0
-    assert main(args + ["--out", str(tmp_path / "mean"), "--estimator", "mean_query"]) == 0
+    assert main(args + ["--out", str(tmp_path / "fitted"), "--estimator", "fitted", "--fit_steps", "3"]) == 0
+    assert main(args + ["--out", str(tmp_path / "mean")]) == 0  # the default: the mean query, no gradient step
     assert f"added 3 entities (ids {len(known)}..{len(known) + 2})" in capsys.readouterr().out
     fitted = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "fitted")
     mean = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "mean")
