@@ -458,6 +458,7 @@ class TrieTensors:
     seq_offsets: torch.Tensor
     rank: torch.Tensor
     vocab_size: int
+    max_depth: int  # tokens in the longest sequence
 
     _NUMPY = ("first_child", "edge_key", "node_depth", "node_lo", "node_hi", "seq_tokens", "seq_offsets", "rank")
 
@@ -465,7 +466,8 @@ class TrieTensors:
     def from_trie(cls, trie: EntityTrie, device: torch.device) -> TrieTensors:
         arrays = {k: torch.from_numpy(np.ascontiguousarray(getattr(trie, k))).to(device) for k in cls._NUMPY}
         is_leaf = arrays["first_child"][1:] == arrays["first_child"][:-1]
-        return cls(**arrays, is_leaf=is_leaf, vocab_size=trie.vocab_size)
+        max_depth = int(trie.node_depth.max())
+        return cls(**arrays, is_leaf=is_leaf, vocab_size=trie.vocab_size, max_depth=max_depth)
 
     def child(self, node: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
         """Child of each node `(rows,)` through its token `(rows,)`: node ids `(rows,)`, -1 where there is none
