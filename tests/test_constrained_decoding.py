@@ -315,6 +315,7 @@ def test_each_row_is_placed_by_its_own_tokens(tokenizer, names):
             name, expected = state(row)
             assert set(torch.isfinite(scores).nonzero().flatten().tolist()) == expected, (step, row)
             states.add(name)
+
         # The next rows: any rows of this call (beam search's choice), each with a start marker, an allowed token
         # or (another processor forced it) any token.
         def next_token(row: list[int]) -> int:
@@ -370,6 +371,8 @@ def test_bad_input(tokenizer, names):
         EntityConstrainedLogitsProcessor.for_edmem(names, make_tokenizer(markers=False))
     with pytest.raises(ValueError, match="must differ"):
         EntityConstrainedLogitsProcessor(trie, start_token_id=end_id)
+    with pytest.raises(ValueError, match=r"must end with the end token 2; entity \d+ ends with \d+"):
+        EntityConstrainedLogitsProcessor(trie, start_token_id=start_id, end_token_id=2)
     bad_rows = EntityConstrainedLogitsProcessor(trie, start_token_id=start_id, candidates=torch.tensor([[0], [1]]))
     with pytest.raises(ValueError, match="do not divide"):
         bad_rows(torch.tensor([[2, start_id]] * 3), torch.zeros(3, len(tokenizer)))

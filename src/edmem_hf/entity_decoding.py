@@ -28,7 +28,6 @@ __all__ = [
 ]
 
 
-
 def marker_token_ids(tokenizer: Any) -> tuple[int, int]:
     """Ids of `<E_s>` and `<E_e>` in `tokenizer`; a ValueError if it does not have them as single tokens."""
     ids = []
@@ -257,6 +256,13 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
         self.end_token_id = int(end_token_id)
         if self.start_token_id is not None and self.start_token_id == self.end_token_id:
             raise ValueError("start_token_id and end_token_id must differ")
+        last_tokens = trie.seq_tokens[trie.seq_offsets[1:] - 1]
+        if (last_tokens != self.end_token_id).any():
+            raise ValueError(
+                f"every sequence of the trie must end with the end token {self.end_token_id}; entity "
+                f"{int(trie.order[(last_tokens != self.end_token_id).argmax()])} ends with "
+                f"{int(last_tokens[(last_tokens != self.end_token_id).argmax()])} (build the trie with this end_token_id)"
+            )
         self.start_position = start_position
         self.candidates_fn = candidates_fn
         self.group_size = group_size
@@ -370,30 +376,23 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
         return begin.masked_fill_(begin == 0, -1)
 
     def _nodes(self, input_ids: torch.LongTensor, begin: torch.Tensor) -> torch.Tensor:
-        """The state of every row `(rows,)`, from its tokens: the trie node its span's tokens lead to; OUTSIDE if it
-        has no span, or the span is closed (an end token, or a whole sequence of the trie, was generated); DEAD if
-        the span's tokens left the trie. One vectorised trie step per token of the longest open span."""
+        """The state of every row `(rows,)`, from its tokens: OUTSIDE if it has no span or its span holds the end
+        token (which ends every sequence of the trie), else the node of the span's tokens, or DEAD if they left
+        the trie. One vectorised trie step per token of the longest open span."""
         trie = self._state.trie
-        rows, length = input_ids.shape
+        length = input_ids.shape[1]
         positions = torch.arange(length, device=input_ids.device)
         in_span = begin >= 0
         closed = ((input_ids == self.end_token_id) & (positions >= begin[:, None])).any(1)
         walking = in_span & ~closed
-        node = torch.where(walking, 0, OUTSIDE)
         count = torch.where(walking, length - begin, 0)  # tokens of the open spans
-        # A walk of max_depth tokens ends at a leaf or has left the trie: the tokens after it change nothing.
+        # An open span longer than the longest sequence has left the trie: its first max_depth tokens tell so.
         steps = min(int(count.max()), trie.max_depth)
         if steps == 0:
-            return node
-        offsets = torch.arange(steps, device=input_ids.device)
-        tokens = input_ids.gather(1, (begin.clamp(min=0)[:, None] + offsets).clamp_(max=length - 1))
-        active = offsets < count[:, None]
-        reached = node.clone()  # the deepest node of the walk
-        for j in range(steps):
-            node = torch.where(active[:, j], trie.child(node, tokens[:, j]), node)
-            reached = torch.where(node >= 0, node, reached)
-        complete = trie.is_leaf.take(reached.clamp(min=0)) & walking  # a whole sequence was spelled: closed
-        return torch.where(complete, OUTSIDE, torch.where(walking & (node < 0), DEAD, node))
+            return torch.where(walking, 0, OUTSIDE)
+        columns = begin.clamp(min=0)[:, None] + torch.arange(steps, device=input_ids.device)
+        node = trie.descend(input_ids.gather(1, columns.clamp_(max=length - 1)), count)
+        return torch.where(walking, torch.where(node >= 0, node, DEAD), OUTSIDE)
 
     def _take_offers(self, input_ids: torch.LongTensor, begin: torch.Tensor, generation: _Generation) -> None:
         """Records the pending offers (`set_candidates(..., rows=...)`, `candidates_fn`) under the key of the span

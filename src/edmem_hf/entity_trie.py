@@ -478,6 +478,23 @@ class TrieTensors:
         found = (self.edge_key.take(pos) == key) & (node >= 0) & (token >= 0) & (token < vocab)
         return torch.where(found, pos + 1, -1)
 
+    def descend(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """The node of each row's prefix `tokens[r, : lengths[r]]` (`tokens` `(rows, L)`, `lengths` `(rows,)`), -1
+        where the prefix is not in the trie: `EntityTrie._node_of` vectorised over rows, one `searchsorted` a
+        column."""
+        vocab = self.vocab_size
+        node = torch.zeros(tokens.shape[0], dtype=torch.long, device=tokens.device)
+        valid = (tokens >= 0) & (tokens < vocab)
+        active = torch.arange(tokens.shape[1], device=tokens.device) < lengths[:, None]
+        last = self.edge_key.numel() - 1
+        for j in range(tokens.shape[1]):
+            # below a missing node (-1) the key is negative: no edge matches it
+            key = torch.where(valid[:, j], torch.add(tokens[:, j], node, alpha=vocab), -1)
+            pos = torch.searchsorted(self.edge_key, key).clamp_(max=last)
+            child = torch.where(self.edge_key.take(pos) == key, pos + 1, -1)
+            node = torch.where(active[:, j], child, node)
+        return node
+
     def children(self, node: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The children of each node `(rows,)` (none where `node` is negative) as pairs: the row of each pair and
         the token of its edge, both `(pairs,)`, row by row."""
