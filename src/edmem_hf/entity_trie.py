@@ -469,15 +469,6 @@ class TrieTensors:
         max_depth = int(trie.node_depth.max())
         return cls(**arrays, is_leaf=is_leaf, vocab_size=trie.vocab_size, max_depth=max_depth)
 
-    def child(self, node: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
-        """Child of each node `(rows,)` through its token `(rows,)`: node ids `(rows,)`, -1 where there is none
-        (or where `node` is negative)."""
-        vocab = self.vocab_size
-        key = node.clamp(min=0) * vocab + token.clamp(0, vocab - 1)
-        pos = torch.searchsorted(self.edge_key, key).clamp_(max=self.edge_key.numel() - 1)
-        found = (self.edge_key.take(pos) == key) & (node >= 0) & (token >= 0) & (token < vocab)
-        return torch.where(found, pos + 1, -1)
-
     def descend(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """The node of each row's prefix `tokens[r, : lengths[r]]` (`tokens` `(rows, L)`, `lengths` `(rows,)`), -1
         where the prefix is not in the trie: `EntityTrie._node_of` vectorised over rows, one `searchsorted` a
