@@ -68,7 +68,7 @@ def test_node_ranges_hold_exactly_the_names_below(tokenizer, names):
 
 def test_descend_finds_the_node_of_each_rows_prefix(tokenizer, names):
     """`TrieTensors.descend`, vectorised over rows, agrees with the one-prefix walk on prefixes in and out of the
-    trie, of every length, with tokens past each row's length and out of the vocabulary."""
+    trie, of every length, right-aligned after other tokens, with tokens out of the vocabulary."""
     _, end_id = marker_token_ids(tokenizer)
     trie = EntityTrie.build(names, tokenizer, end_token_id=end_id)
     rng = random.Random(4)
@@ -80,7 +80,7 @@ def test_descend_finds_the_node_of_each_rows_prefix(tokenizer, names):
             prefix[rng.randrange(len(prefix))] = rng.choice([rng.randrange(len(tokenizer)), len(tokenizer) + 3])
         prefixes.append(prefix)
     width = max(map(len, prefixes)) + 2
-    tokens = torch.tensor([p + [rng.randrange(len(tokenizer)) for _ in range(width - len(p))] for p in prefixes])
+    tokens = torch.tensor([[rng.randrange(len(tokenizer)) for _ in range(width - len(p))] + p for p in prefixes])
     nodes = trie.tensors().descend(tokens, torch.tensor([len(p) for p in prefixes])).tolist()
     assert nodes == [trie._node_of(p) for p in prefixes]
     assert -1 in nodes and 0 in nodes and len(set(nodes)) > 50

@@ -366,14 +366,13 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
 
     def _span_begins(self, input_ids: torch.LongTensor, generation: _Generation) -> torch.Tensor:
         """Position of the first token of each row's current span `(rows,)` (the length of `input_ids` if the span
-        has no token yet), -1 for a row that never opened one: after its newest start token in marker mode, at
+        has no token yet), 0 for a row that never opened one: after its newest start token in marker mode, at
         `span_start` in position mode."""
         rows, length = input_ids.shape
         if self.start_token_id is None:
             return torch.full((rows,), generation.span_start, dtype=torch.long, device=input_ids.device)
         after = torch.arange(1, length + 1, device=input_ids.device)
-        begin = torch.where(input_ids == self.start_token_id, after, 0).amax(1)
-        return begin.masked_fill_(begin == 0, -1)
+        return torch.where(input_ids == self.start_token_id, after, 0).amax(1)
 
     def _nodes(self, input_ids: torch.LongTensor, begin: torch.Tensor) -> torch.Tensor:
         """The state of every row `(rows,)`, from its tokens: OUTSIDE if it has no span or its span holds the end
@@ -381,18 +380,17 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
         the trie. One vectorised trie step per token of the longest open span."""
         trie = self._state.trie
         length = input_ids.shape[1]
-        positions = torch.arange(length, device=input_ids.device)
-        in_span = begin >= 0
-        closed = ((input_ids == self.end_token_id) & (positions >= begin[:, None])).any(1)
-        walking = in_span & ~closed
+        after = torch.arange(1, length + 1, device=input_ids.device)
+        last_end = torch.where(input_ids == self.end_token_id, after, 0).amax(1)  # position + 1, 0 if none
+        opened = begin > 0 if self.start_token_id is not None else torch.ones_like(begin, dtype=torch.bool)
+        walking = opened & (last_end <= begin)  # a span without an end token
         count = torch.where(walking, length - begin, 0)  # tokens of the open spans
-        # An open span longer than the longest sequence has left the trie: its first max_depth tokens tell so.
         steps = min(int(count.max()), trie.max_depth)
         if steps == 0:
             return torch.where(walking, 0, OUTSIDE)
-        columns = begin.clamp(min=0)[:, None] + torch.arange(steps, device=input_ids.device)
-        node = trie.descend(input_ids.gather(1, columns.clamp_(max=length - 1)), count)
-        return torch.where(walking, torch.where(node >= 0, node, DEAD), OUTSIDE)
+        node = trie.descend(input_ids[:, length - steps :], count.clamp(max=steps))
+        in_trie = (node >= 0) & (count <= trie.max_depth)  # a longer open span has left the trie
+        return torch.where(walking, torch.where(in_trie, node, DEAD), OUTSIDE)
 
     def _take_offers(self, input_ids: torch.LongTensor, begin: torch.Tensor, generation: _Generation) -> None:
         """Records the pending offers (`set_candidates(..., rows=...)`, `candidates_fn`) under the key of the span

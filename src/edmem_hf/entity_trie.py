@@ -470,20 +470,19 @@ class TrieTensors:
         return cls(**arrays, is_leaf=is_leaf, vocab_size=trie.vocab_size, max_depth=max_depth)
 
     def descend(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """The node of each row's prefix `tokens[r, : lengths[r]]` (`tokens` `(rows, L)`, `lengths` `(rows,)`), -1
-        where the prefix is not in the trie: `EntityTrie._node_of` vectorised over rows, one `searchsorted` a
-        column."""
-        vocab = self.vocab_size
+        """The node of each row's prefix, its last `lengths[r]` tokens (`tokens` `(rows, L)`, right-aligned as the
+        open spans of generation rows are: they all end at the newest token), -1 where the prefix is not in the
+        trie: `EntityTrie._node_of` vectorised over rows, one `searchsorted` a column."""
+        vocab, columns = self.vocab_size, tokens.shape[1]
         node = torch.zeros(tokens.shape[0], dtype=torch.long, device=tokens.device)
-        valid = (tokens >= 0) & (tokens < vocab)
-        active = torch.arange(tokens.shape[1], device=tokens.device) < lengths[:, None]
+        valid = tokens < vocab
+        before = torch.arange(columns, device=tokens.device) < (columns - lengths)[:, None]  # not the prefix yet
         last = self.edge_key.numel() - 1
-        for j in range(tokens.shape[1]):
+        for j in range(columns):
             # below a missing node (-1) the key is negative: no edge matches it
             key = torch.where(valid[:, j], torch.add(tokens[:, j], node, alpha=vocab), -1)
             pos = torch.searchsorted(self.edge_key, key).clamp_(max=last)
-            child = torch.where(self.edge_key.take(pos) == key, pos + 1, -1)
-            node = torch.where(active[:, j], child, node)
+            node = torch.where(self.edge_key.take(pos) == key, pos + 1, -1).masked_fill_(before[:, j], 0)
         return node
 
     def children(self, node: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
