@@ -326,6 +326,23 @@ def test_each_row_is_placed_by_its_own_tokens(tokenizer, names):
     assert states == {"outside", "dead", "in a name"}
 
 
+def test_a_processor_reused_for_another_generation_starts_afresh(tokenizer, names):
+    """Position mode: the span starts where each generation's prompt ends, also when the next generation's prompt
+    is exactly one token longer than the previous generation's last call (its rows do not begin with that
+    generation's prompt)."""
+    processor = EntityConstrainedLogitsProcessor.from_strings(names, tokenizer, add_prefix_space=True)
+    trie, vocab = processor.trie, len(tokenizer)
+    root = set(trie.allowed_next_tokens([]))
+    first = trie.sequence(0)
+    processor(torch.tensor([[2, 7, 8]]), torch.zeros(1, vocab))
+    out = processor(torch.tensor([[2, 7, 8, first[0]]]), torch.zeros(1, vocab))
+    assert set(torch.isfinite(out[0]).nonzero().flatten().tolist()) == set(trie.allowed_next_tokens(first[:1]))
+    out = processor(torch.tensor([[2, 9, 9, 9, 9]]), torch.zeros(1, vocab))  # another generation's prompt
+    assert set(torch.isfinite(out[0]).nonzero().flatten().tolist()) == root
+    out = processor(torch.tensor([[2, 9, 9, 9, 9, first[0]]]), torch.zeros(1, vocab))
+    assert set(torch.isfinite(out[0]).nonzero().flatten().tolist()) == set(trie.allowed_next_tokens(first[:1]))
+
+
 def test_same_as_prefix_allowed_tokens_fn_with_dict_trie(tokenizer, names, inputs):
     """GENRE's recipe (nested-dict trie + prefix_allowed_tokens_fn) and ours agree on greedy and beam search."""
     sequences = [[0] + tokenizer(" " + n, add_special_tokens=False).input_ids + [2] for n in names]
