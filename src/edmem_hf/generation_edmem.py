@@ -64,7 +64,7 @@ class DynamicEntityLinking:
     processor: EntityConstrainedLogitsProcessor
     top_k: int
 
-    def receive(self, linked, num_rows: int, length: int) -> None:
+    def receive(self, linked, length: int) -> None:
         """Offers the head's top-k at the `<E_s>` tokens a step read last (position `length - 1`) to the processor."""
         if linked is None or linked.positions.shape[0] == 0:
             return
@@ -366,7 +366,7 @@ class EDMemGenerationMixin(GenerationMixin):
         linking = model_kwargs.get("entity_linking")
         if linking is not None:
             # the step read one new token per row (the whole prompt at the first step): its last one may be <E_s>
-            linking.receive(outputs.linked_entities, *outputs.logits.shape[:2])
+            linking.receive(outputs.linked_entities, outputs.logits.shape[1])
         return super()._update_model_kwargs_for_generation(
             outputs, model_kwargs, is_encoder_decoder=is_encoder_decoder, num_new_tokens=num_new_tokens
         )
