@@ -10,6 +10,7 @@ from transformers import GenerationConfig
 
 from edmem_hf import EDMemConfig, EDMemForConditionalGeneration, EntityVocab
 from edmem_hf.entity_decoding import marked_spans
+from edmem_hf.modeling_edmem import MODEL_WITH_HEADS
 from edmem_hf.tokenization import train_tokenizer
 from tiny_models import run_without_the_package
 
@@ -64,7 +65,7 @@ def make_model(tokenizer, seed: int, variant: str = "edmem", **overrides) -> EDM
         init_std=0.3,  # large enough weights that the entity-linking head's choice depends on the input
     )
     settings.update(overrides)
-    model = EDMemForConditionalGeneration(EDMemConfig(**settings))
+    model = MODEL_WITH_HEADS[variant](EDMemConfig(**settings))
     model.entity_vocab = EntityVocab(NAMES)
     model.eval()
     with torch.no_grad():  # a random model that opens many mentions

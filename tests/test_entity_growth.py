@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import AutoModelForSeq2SeqLM
 
-from edmem_hf import EDMemForConditionalGeneration, EntityVocab
-from tiny_models import tiny_model, tiny_model_with_entities
+from edmem_hf import EDMemEncDecForConditionalGeneration, EntityVocab, entity_growth
+from tiny_models import run_without_the_package, tiny_model, tiny_model_with_entities
 
 
 @pytest.fixture
@@ -125,9 +125,10 @@ def test_encdec_has_no_memory_to_grow(setup):
     _, tokenizer, new, passages = setup
     config = tiny_model(vocab_size=len(tokenizer), entity_vocab_size=20).config
     config.variant = "encdec"
-    model = EDMemForConditionalGeneration(config)
-    with pytest.raises(ValueError, match="no entity memory"):
-        model.add_entities(new, passages, tokenizer)
+    model = EDMemEncDecForConditionalGeneration(config)
+    assert not hasattr(model, "add_entities") and not hasattr(model, "memory_queries")
+    with pytest.raises(ValueError, match="EDMemEncDecForConditionalGeneration has no entity memory"):
+        entity_growth.add_entities(model, new, passages, tokenizer)
 
 
 def test_edmem_add_entities_from_a_dump(setup, tmp_path, capsys):
@@ -163,3 +164,19 @@ def test_edmem_add_entities_from_a_dump(setup, tmp_path, capsys):
     grown = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "grown")
     assert grown.entity_vocab.names == known + sorted(people)
     assert grown.config.entity_vocab_size == len(known) + 3
+
+
+def test_growth_under_trust_remote_code_needs_the_package(setup, tmp_path):
+    """add_entities is not Hub custom code: a model loaded from its folder without the package says so."""
+    model, tokenizer, new, passages = setup
+    model.save_pretrained(tmp_path / "model")
+    script = f"""
+        from transformers import AutoModelForSeq2SeqLM
+        model = AutoModelForSeq2SeqLM.from_pretrained({str(tmp_path / "model")!r}, trust_remote_code=True)
+        try:
+            model.add_entities(["new"], rows=model.get_encoder().entity_embeddings.weight[:1])
+        except ImportError as error:
+            print(error)
+        """
+    message = run_without_the_package(script, tmp_path).stdout.strip().splitlines()[-1]
+    assert message.startswith("growing the entity memory needs the edmem-hf package")

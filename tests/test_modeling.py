@@ -9,7 +9,13 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, BartConfig, BartForConditionalGeneration
 
-from edmem_hf import EDMemForConditionalGeneration, EDMemForEntityLinking, EDMemModel, EntityVocab
+from edmem_hf import (
+    EDMemEncDecForConditionalGeneration,
+    EDMemForConditionalGeneration,
+    EDMemForEntityLinking,
+    EDMemModel,
+    EntityVocab,
+)
 from edmem_hf.entity_attention import dense_entity_attention, entity_attention
 from tiny_models import EE, EOS, ES, N_ENTITIES, PAD, run_without_the_package, tiny_batch, tiny_config, tiny_model
 
@@ -585,7 +591,7 @@ def test_bart_weights_load_into_the_same_names():
         )
     )
     bart.eval()
-    edmem = EDMemForConditionalGeneration(config)
+    edmem = EDMemEncDecForConditionalGeneration(config)
     missing, unexpected = edmem.load_state_dict(bart.state_dict(), strict=False)
     assert not unexpected and not missing
     edmem.eval()

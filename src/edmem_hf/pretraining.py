@@ -277,16 +277,17 @@ def build_config(args: PretrainingArguments, tokenizer: Any, entity_vocab_size: 
 
 
 def build_model(args: PretrainingArguments, tokenizer: Any, entity_vocab: Any) -> Any:
-    """A new EDMem from the options, or the checkpoint at `--model_name_or_path`: an
-    `EDMemForConditionalGeneration`, or for the `encmem` variant an `EDMemForEntityLinking`."""
+    """A new EDMem from the options, or the checkpoint at `--model_name_or_path`, in its variant's class with heads
+    (`modeling_edmem.MODEL_WITH_HEADS`): `EDMemForConditionalGeneration`, `EDMemEncDecForConditionalGeneration`
+    (`encdec`) or `EDMemForEntityLinking` (`encmem`)."""
     from .configuration_edmem import EDMemConfig
-    from .modeling_edmem import EDMemForConditionalGeneration, EDMemForEntityLinking
+    from .modeling_edmem import MODEL_WITH_HEADS
 
     if args.model_name_or_path:
         config = EDMemConfig.from_pretrained(args.model_name_or_path)
     else:
         config = build_config(args, tokenizer, len(entity_vocab))
-    model_class = EDMemForEntityLinking if config.variant == "encmem" else EDMemForConditionalGeneration
+    model_class = MODEL_WITH_HEADS[config.variant]
     if not args.model_name_or_path:
         model = model_class(config)
     else:
