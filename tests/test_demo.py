@@ -85,7 +85,7 @@ def test_only_the_tied_weight_notice_is_silenced(caplog):
 
     accelerate_logger = logging.getLogger("accelerate.utils.other")
     with caplog.at_level("WARNING", logger="accelerate.utils.other"), quiet_tied_weight_saving():
-        accelerate_logger.warning("Removed shared tensor {'lm_head.weight'} while saving. This should be OK")
+        accelerate_logger.warning("[RANK 0] Removed shared tensor {'lm_head.weight'} while saving. This should be OK")
         accelerate_logger.warning("a real warning")
     assert "a real warning" in caplog.text and "Removed shared tensor" not in caplog.text
     with caplog.at_level("WARNING", logger="accelerate.utils.other"):

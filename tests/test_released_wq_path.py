@@ -21,7 +21,8 @@ TINY |= dict(encoder_lower_layers=1, encoder_upper_layers=1, decoder_lower_layer
 TINY |= dict(entity_embed_dim=16, max_position_embeddings=128)
 
 
-def test_the_released_wq_files_from_a_new_model_folder_to_scores(tmp_path, capsys):
+def test_the_released_wq_files_from_a_new_model_folder_to_scores(tmp_path, capfd, caplog):
+    capsys = capfd  # the Trainer's and Transformers' logs go to the process's stderr
     wq = shared_data_path("edmem_release/data/openqa/wq")
     tokenizer, model, run = tmp_path / "wq-tokenizer", tmp_path / "wq-tiny", tmp_path / "wq-tiny-qa"
     corpus = ["--corpus", str(wq / "edmem_wq-train.jsonl"), "--out", str(tokenizer), "--vocab_size", "2000"]
@@ -30,6 +31,7 @@ def test_the_released_wq_files_from_a_new_model_folder_to_scores(tmp_path, capsy
     folder = ["edmem-base", str(model), "--random-weights", "--tokenizer", str(tokenizer), "--task-data", str(wq)]
     assert edmem(["write-preset", *folder, *settings]) == 0
     assert "<E_s> = 5, <E_e> = 6" in capsys.readouterr().out  # the ids a trained tokenizer gives the markers
+    caplog.set_level("INFO", logger="edmem_hf.task_files")
     metrics = finetune_qa.main(
         [
             "--model_name_or_path", str(model), "--output_dir", str(run),
@@ -42,6 +44,12 @@ def test_the_released_wq_files_from_a_new_model_folder_to_scores(tmp_path, capsy
         ]
     )  # fmt: skip
     assert metrics["test_count"] == 2032  # every question, record 37's overlapping link left out, not the record
+    log = capfd.readouterr().err
+    assert "***** Running training *****" in log and "Num examples = 200" in log  # the Trainer's set-up, logged
+    assert "wq-test.jsonl: left out: record '37'" in caplog.text
+    assert "2032 records read, skipped: none" in caplog.text and "1 bad links left out" in caplog.text
+    # and no noise: no configuration dump, no max_new_tokens/max_length warning, no progress bar in a log
+    assert "EDMemConfig {" not in log and "Both `max_new_tokens`" not in log and "it/s]" not in log
     predictions = json.loads((run / "dynamic_predictions.json").read_text())
     test_ids = [json.loads(line)["id"] for line in (wq / "edmem_wq-test.jsonl").read_text().splitlines()]
     assert sorted(predictions) == sorted(test_ids)

@@ -270,7 +270,8 @@ class _TiedWeightNotice(logging.Filter):
     embeddings and LM head, the entity table's) are saved once and tied again on loading, as it says they should."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("Removed shared tensor")
+        message = record.getMessage()  # "[RANK 0] Removed shared tensor {...} while saving. ..."
+        return not ("Removed shared tensor" in message and "while saving" in message)
 
 
 @contextlib.contextmanager
