@@ -98,5 +98,9 @@ def test_demo_help_describes_every_option(capsys):
         main(["demo", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     assert "generate a toy world, build its corpus, pre-train and fine-tune" in help_text
-    for option in ("--out", "--seed", "--d_model", "--pretrain_steps", "--finetune_epochs", "--held_out_every"):
-        assert re.search(rf"{option} \S+\s+[A-Z]\w+", help_text), option  # followed by its help sentence
+    for option, described in (
+        ("--d-model D_MODEL", "Hidden width of the tiny model."),
+        ("--pretrain-steps PRETRAIN_STEPS", "Pre-training optimizer steps (batch 16)."),
+        ("--held-out-every HELD_OUT_EVERY", "Every N-th question is held out of fine-tuning and scored apart."),
+    ):
+        assert f"{option} {described}" in help_text  # every option: tests/test_cli_help.py
