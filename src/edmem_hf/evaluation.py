@@ -301,14 +301,15 @@ def score_task(
     """The metrics of `task` (`qa_scores` or `generation_scores`, CREAK without its verdict). Records without the
     task's gold field are an error naming the task and the field."""
     task = task.lower()
-    _check_gold_field(task, records)
     if task in QA_TASKS:
         if aliases is not None:
             raise ValueError("--aliases applies to the generation tasks only")
+        _check_gold_field(task, records)
         return qa_scores(records, predictions, answer_links)
     if task in GENERATION_TASKS:
         if answer_links is not None:
             raise ValueError("--answer-links applies to the QA tasks only")
+        _check_gold_field(task, records)
         return generation_scores(records, predictions, strip_creak_verdict=task == "creak", aliases=aliases)
     raise ValueError(f"unknown task {task!r}: one of {', '.join(QA_TASKS + GENERATION_TASKS)}")
 
