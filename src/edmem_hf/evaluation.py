@@ -14,12 +14,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .configuration_edmem import MENTION_MARKERS as _MARKERS
 from .task_files import read_jsonl
 
 QA_TASKS = ("nq", "wq", "tqa", "qa")  # "qa": any open-domain QA file in the released format
 GENERATION_TASKS = ("creak", "wow", "eli5", "msmarco")
-_MARKERS = re.compile(r"\s*<E_[se]>\s*")
-_ANSWER_MARKERS = re.compile(r"<E_[se]>|\[E_[se]\]")
 # CREAK references open with the verdict the model is given; the authors scored the explanation after it.
 _CREAK_VERDICT = re.compile(r"^this is (true|false) because\s*", re.IGNORECASE)
 _WORD = re.compile(r"\w+")
@@ -29,7 +28,7 @@ _TRAILING_PARENTHETICAL = re.compile(r"\s*\([^()]*\)$")
 
 def normalize_answer(text: str) -> str:
     """SQuAD answer normalisation (NFD, lower case, no punctuation or articles), with mention markers removed."""
-    text = unicodedata.normalize("NFD", _ANSWER_MARKERS.sub(" ", text)).lower()
+    text = unicodedata.normalize("NFD", _MARKERS.sub(" ", text)).lower()
     text = "".join(ch for ch in text if ch not in set(string.punctuation))
     text = re.sub(r"\b(a|an|the)\b", " ", text)
     return " ".join(text.split())

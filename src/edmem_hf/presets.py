@@ -27,7 +27,7 @@ from .configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN, EDMemConf
 from .convert_original import AUTHORS_DEFAULTS, entity_names_from_task_files, parse_set_options
 from .entity_vocab import EntityVocab
 from .model_card import edmem_model_card, save_model_card
-from .modeling_edmem import HUB_AUTO_MAP, EDMemForConditionalGeneration
+from .modeling_edmem import EDMemForConditionalGeneration
 
 _AUTHORS_MODEL: dict[str, Any] = dict(
     AUTHORS_DEFAULTS,
@@ -202,7 +202,7 @@ def _save_without_weights(model: EDMemForConditionalGeneration, folder: str) -> 
     from transformers.dynamic_module_utils import custom_object_save
 
     os.makedirs(folder, exist_ok=True)
-    model.config.auto_map = HUB_AUTO_MAP.copy()
+    model.config.auto_map = model._hub_auto_map(model.config)
     model.config.architectures = [type(model).__name__]
     custom_object_save(model, folder, config=model.config)
     model.config.save_pretrained(folder)

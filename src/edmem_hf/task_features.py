@@ -10,8 +10,7 @@ from typing import Any
 
 import torch
 
-from .collator import IGNORE_INDEX
-from .configuration_edmem import ENTITY_START_TOKEN
+from .configuration_edmem import ENTITY_START_TOKEN, IGNORE_INDEX
 from .generation_edmem import static_linking_decoder_input
 from .task_files import mark_mentions
 

@@ -16,8 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .collator import IGNORE_INDEX
-from .configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN
+from .configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN, IGNORE_INDEX
 from .entity_vocab import AUTHORS_ID_SPACE, EntityVocab
 
 logger = logging.getLogger(__name__)

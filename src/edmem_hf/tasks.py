@@ -6,7 +6,7 @@ rows as training features with the collator (`task_features.py`), and exact matc
 
 from __future__ import annotations
 
-from .collator import IGNORE_INDEX
+from .configuration_edmem import IGNORE_INDEX
 from .evaluation import exact_match, normalize_answer, strip_generation
 from .task_features import (
     EDMemSeq2SeqCollator,
