@@ -6,6 +6,7 @@ question."""
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -32,6 +33,8 @@ def test_the_released_wq_files_from_a_new_model_folder_to_scores(tmp_path, capfd
     assert edmem(["write-preset", *folder, *settings]) == 0
     assert "<E_s> = 5, <E_e> = 6" in capsys.readouterr().out  # the ids a trained tokenizer gives the markers
     caplog.set_level("INFO", logger="edmem_hf.task_files")
+    transformers_logs = logging.getLogger("transformers")  # its own handler, no propagation: caplog's added
+    transformers_logs.addHandler(caplog.handler)
     metrics = finetune_qa.main(
         [
             "--model_name_or_path", str(model), "--output_dir", str(run),
@@ -44,7 +47,8 @@ def test_the_released_wq_files_from_a_new_model_folder_to_scores(tmp_path, capfd
         ]
     )  # fmt: skip
     assert metrics["test_count"] == 2032  # every question, record 37's overlapping link left out, not the record
-    log = capfd.readouterr().err
+    transformers_logs.removeHandler(caplog.handler)
+    log = capfd.readouterr().err + caplog.text
     assert "***** Running training *****" in log and "Num examples = 200" in log  # the Trainer's set-up, logged
     assert "wq-test.jsonl: left out: record '37'" in caplog.text
     assert "2032 records read, skipped: none" in caplog.text and "1 bad links left out" in caplog.text
