@@ -27,8 +27,8 @@ the mentions per sequence, the fraction of generated tokens inside mentions and 
 table searches. RESULT keys: `edmem_{static,dynamic}_{greedy,beam5}_{10k,1m}` = time / time of its `free@L`;
 `edmem_mentions_*` and `edmem_memory_queries_*` for the 1M runs (`free_for_static`, `free_for_dynamic` are the free
 runs). At 1M the EDMem runs are repeated with an `EntityIndex` (`generate(entity_index=True)`, the default
-setting), side by side with the exact ones, over a `clustered_table` (rows around random centres, as a trained
-table's; the exact search's cost does not depend on the rows): `edmem_{static,dynamic}_{greedy,beam5}_1m_index`
+setting), side by side with the exact ones, over a `clustered_table` (rows around 1000 random centres, as a
+trained table's; the exact search's cost does not depend on the rows): `edmem_{static,dynamic}_{greedy,beam5}_1m_index`
 = indexed time / indexed `free@L` time, `index_build_s_1m` (wall clock), `index_mb_1m` (its arrays),
 `index_recall_at_100_1m` (200 queries aimed at entities), `index_recall_random_model_1m` (the random model's own
 queries, aimed at nothing: the worst case). `--no-index` skips them. `--sections standalone,edmem` picks the
@@ -440,14 +440,14 @@ class MentionShaper(LogitsProcessor):
         return scores
 
 
-def clustered_table(num_entities: int, dim: int = 256, rows_per_cluster: int = 100, seed: int = 0) -> torch.Tensor:
-    """A random entity table with the structure of a trained one: rows scattered around `num_entities /
-    rows_per_cluster` random centres (entities of one kind), as much spread within a cluster as between centres,
-    at the scale of the model's initialisation (std 0.02). An unstructured table (i.i.d. rows) is the index's worst
-    case: no clustering of it lets a query skip rows."""
+def clustered_table(num_entities: int, dim: int = 256, num_kinds: int = 1000, seed: int = 0) -> torch.Tensor:
+    """A random entity table with the structure of a trained one: rows scattered around `num_kinds` random centres
+    (kinds of entities), as much spread within a kind as between centres, at the scale of the model's
+    initialisation (std 0.02). An unstructured table (independent rows) is the index's worst case: no clustering of
+    it lets a query skip rows."""
     generator = torch.Generator().manual_seed(seed)
-    centres = torch.randn(max(num_entities // rows_per_cluster, 1), dim, generator=generator)
-    rows = centres[torch.randint(0, len(centres), (num_entities,), generator=generator)]
+    centres = torch.randn(num_kinds, dim, generator=generator)
+    rows = centres[torch.randint(0, num_kinds, (num_entities,), generator=generator)]
     return rows.add_(torch.randn(num_entities, dim, generator=generator)).mul_(0.02)
 
 

@@ -158,13 +158,16 @@ class EntityIndex:
         return built
 
     def save(self, directory: str | os.PathLike) -> None:
-        """Writes `entity_index.faiss` and `entity_index.json` (fingerprint, nprobe) into `directory`."""
+        """Writes `entity_index.faiss`, then `entity_index.json` (fingerprint, nprobe), each whole or not at all: the
+        second marks a complete folder."""
         faiss = import_faiss()
         os.makedirs(directory, exist_ok=True)
-        faiss.write_index(self.faiss_index, os.path.join(directory, INDEX_FILE + ".tmp"))
-        os.replace(os.path.join(directory, INDEX_FILE + ".tmp"), os.path.join(directory, INDEX_FILE))
-        with open(os.path.join(directory, INDEX_META_FILE), "w", encoding="utf-8") as f:
+        index_path, meta_path = os.path.join(directory, INDEX_FILE), os.path.join(directory, INDEX_META_FILE)
+        faiss.write_index(self.faiss_index, index_path + ".tmp")
+        os.replace(index_path + ".tmp", index_path)
+        with open(meta_path + ".tmp", "w", encoding="utf-8") as f:
             json.dump({"fingerprint": self.fingerprint, "nprobe": self.nprobe, "num_lists": self.num_lists}, f)
+        os.replace(meta_path + ".tmp", meta_path)
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> EntityIndex:
@@ -196,9 +199,10 @@ class EntityIndex:
         folder = os.path.join(os.fspath(cache_dir), f"{fingerprint}-ivfflat{num_lists}-seed{seed}")
         if os.path.isfile(os.path.join(folder, INDEX_META_FILE)):
             index = cls.load(folder)
-            index.nprobe = nprobe
-            index.check(table)
-            return index
+            if index.fingerprint == fingerprint and index.num_entities == table.shape[0]:
+                index.nprobe = nprobe
+                index._verified = _quick_key(table)
+                return index
         index = cls.build(table, num_lists=num_lists, nprobe=nprobe, seed=seed, fingerprint=fingerprint)
         index.save(folder)
         return index
