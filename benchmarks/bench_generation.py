@@ -33,7 +33,7 @@ import torch
 from transformers import BartConfig, BartForConditionalGeneration, LogitsProcessor, LogitsProcessorList
 
 from edmem_hf import EDMemConfig, EDMemForConditionalGeneration
-from edmem_hf.entity_index import import_faiss
+from edmem_hf.entity_index import DEFAULT_NPROBE, import_faiss
 
 ES, EE = 50265, 50266
 
@@ -136,6 +136,7 @@ def main() -> None:
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: 1 with --clock cpu)")
     parser.add_argument("--no-index", action="store_true", help="exact search only (no EntityIndex runs)")
+    parser.add_argument("--nprobe", type=int, default=DEFAULT_NPROBE, help="clusters the index searches per query")
     parser.add_argument(
         "--paper",
         action="store_true",
@@ -161,7 +162,7 @@ def main() -> None:
         with torch.no_grad():
             edmem.model.entity_embeddings.weight.copy_(clustered_table(args.entities, 256, seed=0))
         start = time.perf_counter()
-        index = edmem.build_entity_index(use_cache=False)
+        index = edmem.build_entity_index(use_cache=False, nprobe=args.nprobe)
         print(f"{index} built in {time.perf_counter() - start:.1f} s (wall clock)")
         runs["edmem_index"] = (edmem, {"entity_index": True})
     results, extra = {}, {}
