@@ -1,7 +1,8 @@
 """Training throughput of EDMem vs a BART of the same widths and depth (CPU): forward + backward + AdamW step.
 
-Setting: d_model 256, 4 heads, FFN 1024; EDMem with 2 lower + 2 upper layers on each side, BART with 4 + 4;
-entity embeddings of width 256 (the paper's); 10K and 100K entities. Batches: synthetic 128-token passages
+Setting: d_model 256, FFN 4 x d_model, heads of width 64 as in BART (4 heads here; BART-large's 16 with
+`--d-model 1024`); EDMem with 2 lower + 2 upper layers on each side, BART with 4 + 4; entity embeddings of width
+256 (the paper's); 10K and 100K entities. Batches: synthetic 128-token passages
 with 12 mentions each (the paper's average density after heuristic labelling), corrupted by
 `EDMemMaskingCollator` (P_rtm 0.3, P_ssm 0.5); BART gets the same `input_ids`/`labels` without the entity
 fields. The models are stepped in interleaved rounds (EDMem-10K, EDMem-100K, BART) so that load from other
@@ -9,7 +10,8 @@ processes hits them alike (one step per model per round). The EDMem/BART ratios 
 and their median is reported; tokens/s is each model's fastest round. Tokens/s counts non-padding input tokens.
 Target: EDMem >= 0.8x BART.
 
-    python benchmarks/bench_training_throughput.py [--batch-size 8] [--rounds 4] [--vocab-size 16384] [--threads N]
+    python benchmarks/bench_training_throughput.py [--batch-size 8] [--rounds 6] [--vocab-size 16384] [--threads N]
+        [--d-model 256] [--heads D_MODEL/64] [--lower 2] [--upper 2] [--entities 10000,100000]
 
 Ends with `RESULT edmem_vs_bart_10k=... edmem_vs_bart_100k=... edmem_tokens_per_s_10k=... bart_tokens_per_s=...`.
 """
@@ -64,14 +66,14 @@ def make_examples(n: int, vocab_size: int, n_entities: int, length: int = 128, m
     return examples
 
 
-def make_models(vocab_size: int, d_model: int, lower: int, upper: int, entities: list[int]):
+def make_models(vocab_size: int, d_model: int, heads: int, lower: int, upper: int, entities: list[int]):
     common = dict(
         vocab_size=vocab_size,
         d_model=d_model,
         encoder_ffn_dim=4 * d_model,
         decoder_ffn_dim=4 * d_model,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
+        encoder_attention_heads=heads,
+        decoder_attention_heads=heads,
         max_position_embeddings=160,
         dropout=0.1,
         pad_token_id=PAD,
@@ -120,6 +122,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--vocab-size", type=int, default=16384)
     parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=None, help="attention heads (default: d_model / 64, as BART)")
     parser.add_argument("--lower", type=int, default=2)
     parser.add_argument("--upper", type=int, default=2)
     parser.add_argument("--entities", type=str, default="10000,100000")
@@ -128,6 +131,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     entities = [int(x) for x in args.entities.split(",")]
+    heads = args.heads or args.d_model // 64
 
     tok = _Tokenizer(mask_token_id=MASK, pad_token_id=PAD, unk_token_id=UNK, all_special_ids=list(range(7)))
     collator = EDMemMaskingCollator(tok, seed=0)
@@ -136,7 +140,7 @@ def main() -> None:
         collator(make_examples(args.batch_size, args.vocab_size, min(entities), seed=i)) for i in range(n_batches)
     ]
     tokens = [int(b["attention_mask"].sum()) for b in batches]
-    models = make_models(args.vocab_size, args.d_model, args.lower, args.upper, entities)
+    models = make_models(args.vocab_size, args.d_model, heads, args.lower, args.upper, entities)
     steps = {}
     for name, model in models.items():
         model.train()
@@ -147,7 +151,7 @@ def main() -> None:
         print(f"{name}: {params / 1e6:.1f}M parameters")
     print(
         f"threads={torch.get_num_threads()} batch={args.batch_size}x{batches[0]['input_ids'].shape[1]} "
-        f"vocab={args.vocab_size} d_model={args.d_model} layers={args.lower}+{args.upper}"
+        f"vocab={args.vocab_size} d_model={args.d_model} heads={heads} layers={args.lower}+{args.upper}"
     )
 
     for name in steps:  # warm-up: allocator, AdamW state

@@ -14,6 +14,10 @@ Accelerate config that is not there fails here, naming the page, the block and t
 - Optional parts `[...]` are parsed too (each alternative of `[A | B]` on its own); `...` stands for options the page
   leaves out and is dropped. Placeholders (`MODEL`, `HOST`, `PATH`, file names) are passed as written: the parsers
   take them as strings.
+- Every option named in a code span of the prose (`--foo_bar`) is an option of the program it belongs to: the one
+  the span names (`edmem pretrain --preset`), else one of the programs the page runs or names (its bash blocks, its
+  code spans). The parsers are read by running each program up to its final parse. Options of programs outside
+  the project are listed, with whose they are, in FOREIGN_OPTIONS.
 - An unknown kind of command fails, so that a new block cannot escape the check; so does a fenced block that is
   neither ```python (run by tests/test_docs.py) nor ```bash, unless it is ```text or ```json (figures, sample output).
 - `edmem evaluate` is cheap enough to run for real: each documented evaluate command runs, all its options in, on the
@@ -25,6 +29,8 @@ Accelerate config that is not there fails here, naming the page, the block and t
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib
 import itertools
 import json
 import re
@@ -302,3 +308,188 @@ def test_the_evaluate_commands_run_on_the_released_files(case, tmp_path, monkeyp
         assert scores["count_entity_coverage"] > 0
     if "--bertscore-model" in argv:  # reported when the model is on this machine, else one line says why not
         assert "bertscore_f1" in scores or "BERTScore not reported" in err
+
+
+# --- options named in prose ----------------------------------------------------------------------------------
+
+CODE_SPAN = re.compile(r"`([^`\n]+)`")
+OPTION = re.compile(r"(?<![\w-])--[A-Za-z][\w-]*")
+HEADING = re.compile(r"^#{1,6} .*$", re.M)
+# Options of programs outside this project, named in prose: (page, option) -> whose option it is.
+FOREIGN_OPTIONS = {("convert_original.md", "--lower_decoder_attn"): "the authors' training script"}
+
+
+class _Stop(Exception):
+    """Raised by the final parse of a program whose options are being collected."""
+
+
+def _collected_options(run) -> frozenset[str]:
+    """Every option string of the parsers `run()` parses with: pre-parsers (`parse_known_args`, as the fine-tuning
+    scripts' `--objective`) parse, given a value for each required option, and the program goes on; the final
+    parse (`parse_args`, `parse_args_into_dataclasses`) stops it."""
+    parsers = []
+    originals = (argparse.ArgumentParser.parse_known_args, argparse.ArgumentParser.parse_args)
+    into_dataclasses, argv = HfArgumentParser.parse_args_into_dataclasses, sys.argv
+
+    def pre_parse(self, args=None, namespace=None):
+        parsers.append(self)
+        args = list(sys.argv[1:] if args is None else args)
+        for action in self._actions:  # a value for each required option, that the program may go on
+            if action.required and action.option_strings:
+                args += [action.option_strings[0], str(next(iter(action.choices)) if action.choices else "x")]
+        return originals[0](self, args, namespace)
+
+    def final_parse(self, *args, **kwargs):
+        parsers.append(self)
+        raise _Stop
+
+    argparse.ArgumentParser.parse_known_args = pre_parse
+    argparse.ArgumentParser.parse_args = final_parse
+    HfArgumentParser.parse_args_into_dataclasses = final_parse
+    try:
+        run()
+    except _Stop:
+        pass
+    finally:
+        argparse.ArgumentParser.parse_known_args, argparse.ArgumentParser.parse_args = originals
+        HfArgumentParser.parse_args_into_dataclasses, sys.argv = into_dataclasses, argv
+    _require(parsers, "the program parsed no arguments")
+    return frozenset(option for parser in parsers for option in parser._option_string_actions)
+
+
+@functools.cache
+def program_options(program: tuple) -> frozenset[str]:
+    """The options a program accepts: ("edmem", command), ("accelerate",), ("torchrun",) or ("script", path)."""
+    if program[0] == "edmem":
+        from edmem_hf.cli import COMMANDS
+
+        module = importlib.import_module(COMMANDS[program[1]][0])
+        return _collected_options(lambda: module.cli_main([]))
+    if program[0] == "accelerate":
+        from accelerate.commands.launch import launch_command_parser
+
+        return frozenset(launch_command_parser()._option_string_actions)
+    if program[0] == "torchrun":
+        from torch.distributed.run import get_args_parser
+
+        return frozenset(get_args_parser()._option_string_actions)
+    return _collected_options(lambda: _script([str(program[1].relative_to(ROOT))]))
+
+
+def _script_path(word: str) -> Path | None:
+    """A script of the project named in prose: its path from the root, or only its file name."""
+    if not word.endswith(".py"):
+        return None
+    if (ROOT / word).is_file():
+        return ROOT / word
+    found = [path for folder in ("examples", "benchmarks") for path in (ROOT / folder).rglob(Path(word).name)]
+    return found[0] if len(found) == 1 else None
+
+
+def programs_and_options(words: list[str]) -> list[tuple[tuple, list[str]]]:
+    """The programs a command line (or a piece of prose) names, each with the options written after it."""
+    found: list[tuple[tuple, list[str]]] = []
+    position = 0
+    while position < len(words):
+        word, following = words[position], words[position + 1 : position + 2]
+        program = None
+        if word in ("edmem", "edmem_hf.cli") and following:
+            program, position = ("edmem", following[0]), position + 1
+        elif word == "accelerate" and following == ["launch"]:
+            program, position = ("accelerate",), position + 1
+        elif word == "torchrun":
+            program = ("torchrun",)
+        elif (path := _script_path(word)) is not None:
+            program = ("script", path)
+        if program is not None:
+            found.append((program, []))
+        elif found and OPTION.fullmatch(option := word.split("=")[0]):
+            found[-1][1].append(option)
+        position += 1
+    return found
+
+
+def _words(text: str) -> list[str]:
+    try:
+        return shlex.split(text)
+    except ValueError:  # an unbalanced quote in prose
+        return text.split()
+
+
+def prose_options(page: Path) -> tuple[set[tuple], list[tuple[str, str, list[tuple] | None]]]:
+    """The programs a page runs or names, and `(code span, option, its programs)` for each option named in a code
+    span of its prose: the programs are the span's own when it names one (`edmem pretrain --preset`), else None."""
+    text = page.read_text(encoding="utf-8")
+    programs = set()
+    for language, block in fences(page):
+        if language == "bash":
+            for line in block.replace("\\\n", " ").splitlines():
+                programs |= {program for program, _ in programs_and_options(_words(line.split(" #")[0]))}
+    prose = FENCE.sub("", text)
+    options = []
+    for span in CODE_SPAN.findall(prose):
+        named = programs_and_options(_words(span))
+        programs |= {program for program, _ in named}
+        if named:
+            options += [(span, option, [program]) for program, written in named for option in written]
+        else:
+            options += [(span, option, None) for option in OPTION.findall(span)]
+    return programs, options
+
+
+def _name(program: tuple) -> str:
+    return str(program[1].relative_to(ROOT)) if program[0] == "script" else " ".join(program)
+
+
+def unknown_prose_options(page: Path) -> list[str]:
+    """The options named in the prose of a page that the program they belong to does not accept: the program the
+    code span names, else any program the page runs or names."""
+    programs, options = prose_options(page)
+    unknown = []
+    for span, option, own in options:
+        if (page.name, option) in FOREIGN_OPTIONS:
+            continue
+        candidates = own or sorted(programs, key=_name)
+        if not any(option in program_options(program) for program in candidates):
+            tried = ", ".join(_name(program) for program in candidates) or "no program"
+            unknown.append(f"`{span}`: {option} is not an option of {tried}")
+    return unknown
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_options_named_in_prose_are_accepted(page, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    unknown = unknown_prose_options(page)
+    assert not unknown, f"{page.relative_to(ROOT)}:\n  " + "\n  ".join(unknown)
+
+
+def test_a_wrong_option_in_prose_is_caught(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(
+        "```bash\nedmem build-corpus --dump d.xml --out c/\n```\n"
+        "`--passage_overlap N` (`--passage-stride`), `--passage_stride`; `edmem pretrain --max_grad_norm`, "
+        "`edmem pretrain --num_proc`; `python benchmarks/bench_training_throughput.py --d-model 1024 --d_model 4`\n"
+    )
+    assert unknown_prose_options(page) == [
+        "`--passage_stride`: --passage_stride is not an option of "
+        "benchmarks/bench_training_throughput.py, edmem build-corpus, edmem pretrain",
+        "`edmem pretrain --num_proc`: --num_proc is not an option of edmem pretrain",
+        "`python benchmarks/bench_training_throughput.py --d-model 1024 --d_model 4`: --d_model is not an option "
+        "of benchmarks/bench_training_throughput.py",
+    ]
+
+
+def test_the_design_page_lists_every_module():
+    """docs/design.md's table of stages names every module and package of `src/edmem_hf/`."""
+    package = ROOT / "src" / "edmem_hf"
+    text = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
+    table = text[: text.index("\n## ")]
+    modules = {path.name for path in package.glob("*.py") if path.name != "__init__.py"}
+    modules |= {
+        f"metrics/{path.name}/"
+        for path in (package / "metrics").iterdir()
+        if path.is_dir() and not path.name.startswith("_")
+    }
+    assert modules, package
+    assert not {name for name in modules if f"`{name}`" not in table}

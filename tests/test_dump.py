@@ -200,7 +200,7 @@ def test_threaded_bz2_reader_reads_like_bz2_open(tmp_path):
     decompression loop goes round many times); a truncated stream is an error, not a short text."""
     import random
 
-    from edmem_hf.dump import _ThreadedBZ2Reader
+    from edmem_hf.bz2_reader import ThreadedBZ2Reader
 
     rng = random.Random(0)
     parts = [bytes(rng.choice(b"abc <>\n") for _ in range(size)) for size in (50_000, 0, 123_457, 999)]
@@ -210,7 +210,7 @@ def test_threaded_bz2_reader_reads_like_bz2_open(tmp_path):
         expected = f.read()
     assert expected == b"".join(parts)
     for block_size, max_output in ((1 << 14, 1 << 17), (100, 1000), (7, 50_000)):
-        reader = _ThreadedBZ2Reader(str(path), block_size=block_size, max_output=max_output, max_blocks=3)
+        reader = ThreadedBZ2Reader(str(path), block_size=block_size, max_output=max_output, max_blocks=3)
         chunks = []
         while chunk := reader.read(4096):
             chunks.append(chunk)
@@ -218,7 +218,7 @@ def test_threaded_bz2_reader_reads_like_bz2_open(tmp_path):
         assert b"".join(chunks) == expected, (block_size, max_output)
     truncated = tmp_path / "truncated.bz2"
     truncated.write_bytes(bz2.compress(parts[0])[:-20])
-    reader = _ThreadedBZ2Reader(str(truncated), block_size=1000)
+    reader = ThreadedBZ2Reader(str(truncated), block_size=1000)
     with pytest.raises(EOFError):
         while reader.read(4096):
             pass
@@ -268,14 +268,14 @@ def test_dump_reader_stops_its_thread_for_a_fork(tmp_path):
 def test_failed_build_closes_the_dump(tmp_path, monkeypatch):
     """A build that fails while the dump is still being read closes it: its thread must not outlive the build (at
     interpreter exit a daemon thread holding the file's lock made the clean-up abort the process)."""
+    import edmem_hf.bz2_reader as bz2_reader
     import edmem_hf.corpus as corpus
-    import edmem_hf.dump as dump_module
     from edmem_hf.toy_world import generate_toy_world, write_mediawiki_dump
 
     dump = write_mediawiki_dump(generate_toy_world(200, seed=0), tmp_path / "toy.xml.bz2")
     opened = []
 
-    class RecordedReader(dump_module._ThreadedBZ2Reader):
+    class RecordedReader(bz2_reader.ThreadedBZ2Reader):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             opened.append(self)
@@ -283,7 +283,7 @@ def test_failed_build_closes_the_dump(tmp_path, monkeypatch):
     def fail(*args, **kwargs):
         raise RuntimeError("parsing failed")
 
-    monkeypatch.setattr(dump_module, "_ThreadedBZ2Reader", RecordedReader)
+    monkeypatch.setattr(bz2_reader, "ThreadedBZ2Reader", RecordedReader)
     monkeypatch.setattr(corpus, "_parse_chunk", fail)
     with pytest.raises(RuntimeError, match="parsing failed") as failure:
         corpus.build_corpus(dump, tmp_path / "out", num_entities=10, num_proc=1)
@@ -295,11 +295,11 @@ def test_failed_build_closes_the_dump(tmp_path, monkeypatch):
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_dump_reader_inherited_by_a_forked_child_is_a_clear_error(tmp_path):
     """A forked child has no decompressing thread: reading on past the blocks it inherited raises, not hangs."""
-    from edmem_hf.dump import _ThreadedBZ2Reader
+    from edmem_hf.bz2_reader import ThreadedBZ2Reader
 
     path = tmp_path / "data.bz2"
     path.write_bytes(bz2.compress(bytes(range(256)) * 20_000))
-    reader = _ThreadedBZ2Reader(str(path), max_output=1000, max_blocks=2)  # cannot finish before the fork
+    reader = ThreadedBZ2Reader(str(path), max_output=1000, max_blocks=2)  # cannot finish before the fork
     reader.read(10)
     pid = os.fork()
     if pid == 0:

@@ -9,9 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN
-
-IGNORE_INDEX = -100
+from .configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN, IGNORE_INDEX
 
 
 def _as_list(value: Any) -> list[int]:

@@ -3,11 +3,17 @@
 This file is copied to the Hub as custom code next to `modeling_edmem.py`: it imports nothing of ours.
 """
 
+import re
+
 from huggingface_hub.dataclasses import strict
 from transformers.configuration_utils import PreTrainedConfig
 
 ENTITY_START_TOKEN = "<E_s>"
 ENTITY_END_TOKEN = "<E_e>"
+# The mention markers as they appear in text: ours, and the paper's `[E_s]`/`[E_e]` spelling.
+MENTION_MARKERS = re.compile(r"<E_[se]>|\[E_[se]\]")
+# The label of a position that is not scored (`torch.nn.functional.cross_entropy`'s default, as in Transformers).
+IGNORE_INDEX = -100
 
 EDMEM_VARIANTS = ("edmem", "encdec", "encmem")
 LOWER_DECODER_SOURCES = ("upper", "lower")

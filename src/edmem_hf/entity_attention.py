@@ -9,7 +9,8 @@ from typing import NamedTuple
 
 import torch
 
-IGNORE_INDEX = -100
+from .configuration_edmem import IGNORE_INDEX
+
 # Scores held at once by the top-k search (64 MB of float32): few queries (generation) search in larger chunks.
 TOP_K_SCORE_BUDGET = 1 << 24
 

@@ -12,11 +12,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .configuration_edmem import MENTION_MARKERS as _MARKERS
 from .tasks import exact_match, normalize_answer, read_jsonl
 
 QA_TASKS = ("nq", "wq", "tqa", "qa")  # "qa": any open-domain QA file in the released format
 GENERATION_TASKS = ("creak", "wow", "eli5", "msmarco")
-_MARKERS = re.compile(r"\s*<E_[se]>\s*")
 # CREAK references open with the verdict the model is given; the authors scored the explanation after it.
 _CREAK_VERDICT = re.compile(r"^this is (true|false) because\s*", re.IGNORECASE)
 _WORD = re.compile(r"\w+")

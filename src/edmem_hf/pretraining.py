@@ -5,6 +5,7 @@ The paper's recipe (Appendix A) with exact resume from Accelerate checkpoints; s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -315,6 +316,31 @@ def _parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]
         else:
             decay.append(param)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _shard_token_embeddings_together(model: torch.nn.Module, accelerator: Any) -> None:
+    """One FSDP2 group for every module that holds the token embeddings, before Accelerate wraps the rest.
+
+    `fully_shard` wants each parameter in exactly one group. Accelerate groups the input embeddings
+    (`model.shared`) with the tied output ones (`lm_head`), but BART's encoder and decoder hold the same weight in
+    their own `embed_tokens`, which would fall to the root group as well: `fully_shard` then refuses the model at
+    its first forward ("... is shared with a parameter already managed by another FSDP group"). The entity table
+    needs nothing: the memories read its weight directly, so all its holders stay in the root group, which is
+    gathered for the whole forward. Like Accelerate's own embedding group, this one stays gathered from its
+    first use to the backward."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    tied = {id(m.weight) for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None}
+    holders = [m for m in model.modules() if any(id(p) in tied for p in m.parameters(recurse=False))]
+    if len(holders) > 1:
+        plugin, mesh = accelerator.state.fsdp_plugin, getattr(accelerator, "torch_device_mesh", None)
+        fully_shard(  # the settings Accelerate gives its own groups
+            holders,
+            reshard_after_forward=False,
+            offload_policy=plugin.cpu_offload,
+            mp_policy=plugin.mixed_precision_policy or MixedPrecisionPolicy(),
+            mesh=mesh[tuple(accelerator.parallelism_config.fsdp_dim_names)] if mesh is not None else None,
+        )
 
 
 def _adamw(model: torch.nn.Module, args: PretrainingArguments) -> torch.optim.AdamW:
@@ -650,6 +676,8 @@ class _PretrainingRun:
         self.batches_per_epoch = len(train_dl) // accelerator.num_processes or 1
         steps_per_epoch = max(math.ceil(self.batches_per_epoch / args.gradient_accumulation_steps), 1)
         self.max_steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * steps_per_epoch)
+        if accelerator.is_fsdp2:
+            _shard_token_embeddings_together(model, accelerator)
         optimizer = _adamw(model, args)
         scheduler = get_linear_schedule_with_warmup(optimizer, int(args.warmup_ratio * self.max_steps), self.max_steps)
         self.model, self.optimizer, self.train_dl, self.scheduler = accelerator.prepare(
@@ -891,14 +919,35 @@ class _PretrainingRun:
         # Sharded engines (DeepSpeed ZeRO-3, FSDP) need the full state dict gathered; otherwise the model's own
         # save_pretrained knows its tied weights (token embeddings, entity table) best.
         sharded = accelerator.distributed_type in (DistributedType.DEEPSPEED, DistributedType.FSDP)
-        unwrapped.save_pretrained(
-            self.args.output_dir,
-            is_main_process=accelerator.is_main_process,
-            save_function=accelerator.save,
-            state_dict=accelerator.get_state_dict(self.model) if sharded else None,
-        )
+        state_dict = accelerator.get_state_dict(self.model) if sharded else None
+        with _as_unsharded_class(unwrapped):
+            unwrapped.save_pretrained(
+                self.args.output_dir,
+                is_main_process=accelerator.is_main_process,
+                save_function=accelerator.save,
+                state_dict=state_dict,
+            )
         if accelerator.is_main_process and self.tokenizer is not None:
             self.tokenizer.save_pretrained(self.args.output_dir)
+
+
+@contextlib.contextmanager
+def _as_unsharded_class(model: torch.nn.Module) -> Iterator[None]:
+    """FSDP2's `fully_shard` swaps the model's class for a generated `FSDP<Class>` subclass. `save_pretrained` names
+    the class in config.json (`architectures`, `auto_map`) and copies the file that defines it as the Hub's custom
+    code: under FSDP2 it would write torch's FSDP files instead of modeling_edmem.py. The model is seen as its own
+    class for the save (its parameters are not touched: the gathered state dict is what is written)."""
+    sharded_class = type(model)
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(model, FSDPModule):
+        yield
+        return
+    model.__class__ = next(c for c in sharded_class.__mro__ if not issubclass(c, FSDPModule))
+    try:
+        yield
+    finally:
+        model.__class__ = sharded_class
 
 
 def pretrain(

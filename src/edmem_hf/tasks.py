@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 
-from .configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN
+from .configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN, IGNORE_INDEX
+from .configuration_edmem import MENTION_MARKERS as _MARKERS
 from .entity_vocab import AUTHORS_ID_SPACE, EntityVocab
 from .generation_edmem import static_linking_decoder_input
 
-IGNORE_INDEX = -100
 logger = logging.getLogger(__name__)
 
 
@@ -369,9 +369,6 @@ class EDMemSeq2SeqCollator:
                     [[1] * len(row) + [0] * (length - len(row)) for row in rows], dtype=torch.long
                 )
         return batch
-
-
-_MARKERS = re.compile(r"<E_[se]>|\[E_[se]\]")
 
 
 def normalize_answer(text: str) -> str:
