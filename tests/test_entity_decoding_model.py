@@ -10,6 +10,7 @@ from transformers import GenerationConfig
 
 from edmem_hf import EDMemConfig, EDMemForConditionalGeneration, EntityVocab
 from edmem_hf.entity_decoding import marked_spans
+from edmem_hf.modeling_edmem import MODEL_WITH_HEADS
 from edmem_hf.tokenization import train_tokenizer
 from tiny_models import run_without_the_package
 
@@ -64,7 +65,7 @@ def make_model(tokenizer, seed: int, variant: str = "edmem", **overrides) -> EDM
         init_std=0.3,  # large enough weights that the entity-linking head's choice depends on the input
     )
     settings.update(overrides)
-    model = EDMemForConditionalGeneration(EDMemConfig(**settings))
+    model = MODEL_WITH_HEADS[variant](EDMemConfig(**settings))
     model.entity_vocab = EntityVocab(NAMES)
     model.eval()
     with torch.no_grad():  # a random model that opens many mentions
@@ -278,8 +279,21 @@ def test_free_decoding_reports_attended_entities(tokenizer):
     free = model.generate(**batch, max_new_tokens=12)
     out = model.generate(**batch, max_new_tokens=12, return_dict_in_generate=True, tokenizer=tokenizer)
     assert torch.equal(free, out.sequences)
-    mentions = [m for row in out.entity_mentions for m in row]
-    assert mentions and all(len(m.candidates) == model.config.memory_top_k for m in mentions)
+    mentions = [(row, m) for row, found in enumerate(out.entity_mentions) for m in found]
+    assert len({row for row, _ in mentions}) == 3 and len(mentions) >= 6  # mentions in every row
+    offered = {tuple(c[0] for c in m.candidates) for _, m in mentions}
+    assert len(offered) >= 3  # varied: the memory attends to other entities at other mentions
+    for row, mention in mentions:
+        # what the decoder memory attended to at this <E_s>, read again from the prefix that opened the span
+        prefix = out.sequences[row : row + 1, : mention.start + 1]
+        with torch.no_grad():
+            read = model(input_ids=batch.input_ids[row : row + 1], attention_mask=batch.attention_mask[row : row + 1],
+                         decoder_input_ids=prefix, output_attended_entities=True).decoder_attended_entities  # fmt: skip
+        at = read.positions[:, 1].tolist().index(mention.start)
+        assert [c[0] for c in mention.candidates] == read.top_entity_ids[at].tolist()
+        torch.testing.assert_close(torch.tensor([c[2] for c in mention.candidates]), read.top_entity_scores[at])
+        assert [c[1] for c in mention.candidates] == [NAMES[i] for i in read.top_entity_ids[at].tolist()]
+        assert len(mention.candidates) == model.config.memory_top_k
 
 
 def test_default_mode_comes_from_the_generation_config_and_is_saved(tokenizer, tmp_path):

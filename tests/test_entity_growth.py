@@ -6,8 +6,16 @@ import pytest
 import torch
 from transformers import AutoModelForSeq2SeqLM
 
-from edmem_hf import EDMemForConditionalGeneration, EntityVocab
-from tiny_models import tiny_model, tiny_model_with_entities
+from edmem_hf import EDMemEncDecForConditionalGeneration, EntityVocab, entity_growth
+from tiny_models import run_without_the_package, tiny_model, tiny_model_with_entities
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: one intra-op thread is much faster on a shared 2-core machine
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture
@@ -57,17 +65,38 @@ def test_a_grown_model_saves_loads_and_decodes_the_new_names(setup, tmp_path):
         assert torch.equal(
             model(**batch, labels=batch.input_ids).logits, loaded(**batch, labels=batch.input_ids).logits
         )
-    # the prefix tree spells the new names; with only a new entity visible, static linking picks it
+    # the prefix tree spells the new names
     trie = loaded.entity_trie(tokenizer)
-    assert tokenizer.decode(trie.sequence(ids[0])).replace("<E_e>", "").split() == new[0].split()
+    for entity_id, name in zip(ids, new):
+        assert tokenizer.decode(trie.sequence(entity_id)).replace("<E_e>", "").split() == name.split()
+    # the loaded model links as the grown one did, over all 22 entities
+    texts = [passages[0][0], passages[0][1], passages[1][0]]
+    batch = tokenizer(texts, return_tensors="pt", padding=True)
+    linked, scores = loaded.link_entities(batch.input_ids, batch.attention_mask, top_k=5)
+    expected, expected_scores = model.link_entities(batch.input_ids, batch.attention_mask, top_k=5)
+    assert torch.equal(linked, expected) and torch.allclose(scores, expected_scores)
+    # Decoding spells new names. Both new entities and two old ones are visible: the linker has a choice, and a
+    # bias that opens mentions (as the decoding tests use) makes the random model generate some.
     visible = torch.zeros(22, dtype=torch.bool)
-    visible[ids[1]] = True
+    visible[[3, 7, *ids]] = True
     loaded.set_entity_mask(visible)
+    with torch.no_grad():
+        loaded.final_logits_bias[0, loaded.config.entity_start_token_id] = 12.0
+        loaded.final_logits_bias[0, loaded.config.eos_token_id] = -12.0
+    names = loaded.entity_vocab.names
     linked, _ = loaded.link_entities(batch.input_ids, batch.attention_mask, top_k=1)
-    assert linked.tolist() == [[ids[1]]]
-    out = loaded.generate(**batch, entity_decoding="static", tokenizer=tokenizer, max_new_tokens=8,
-                          return_dict_in_generate=True)  # fmt: skip
-    assert all(mention.entity_id == ids[1] for mention in out.entity_mentions[0])
+    assert set(linked[:, 0].tolist()) <= {3, 7, *ids}
+    for mode, candidates in (("static", 1), ("dynamic", 4)):
+        out = loaded.generate(**batch, entity_decoding=mode, entity_candidates=candidates, tokenizer=tokenizer,
+                              max_new_tokens=12)  # fmt: skip
+        spans = [[span.split("<E_e>")[0].strip() for span in text.split("<E_s>")[1:] if "<E_e>" in span]
+                 for text in tokenizer.batch_decode(out, skip_special_tokens=False)]  # fmt: skip
+        assert all(row for row in spans), spans  # every row opened and closed a mention
+        closed = [span for row in spans for span in row]
+        assert closed and all(span in {names[3], names[7], *new} for span in closed), spans
+        if mode == "static":  # the linker's top-1 of each example: here a new entity
+            assert all(span == names[int(linked[row, 0])] for row in range(3) for span in spans[row])
+            assert set(closed) <= set(new), spans
 
 
 def test_a_mask_grows_with_the_table(setup):
@@ -125,9 +154,10 @@ def test_encdec_has_no_memory_to_grow(setup):
     _, tokenizer, new, passages = setup
     config = tiny_model(vocab_size=len(tokenizer), entity_vocab_size=20).config
     config.variant = "encdec"
-    model = EDMemForConditionalGeneration(config)
-    with pytest.raises(ValueError, match="no entity memory"):
-        model.add_entities(new, passages, tokenizer)
+    model = EDMemEncDecForConditionalGeneration(config)
+    assert not hasattr(model, "add_entities") and not hasattr(model, "memory_queries")
+    with pytest.raises(ValueError, match="EDMemEncDecForConditionalGeneration has no entity memory"):
+        entity_growth.add_entities(model, new, passages, tokenizer)
 
 
 def test_edmem_add_entities_from_a_dump(setup, tmp_path, capsys):
@@ -163,3 +193,26 @@ def test_edmem_add_entities_from_a_dump(setup, tmp_path, capsys):
     grown = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "grown")
     assert grown.entity_vocab.names == known + sorted(people)
     assert grown.config.entity_vocab_size == len(known) + 3
+    # the rows: each new person's, from that person's passages, as add_entities makes them; the trained rows kept
+    table = grown.model.entity_embeddings.weight.detach()
+    assert torch.equal(table[: len(known)], model.model.entity_embeddings.weight.detach())
+    rows = table[len(known) :]
+    assert all(not torch.allclose(rows[i], rows[j]) for i in range(3) for j in range(i))  # three distinct rows
+    model.add_entities(sorted(people), [passages[name] for name in sorted(people)], tokenizer)
+    torch.testing.assert_close(rows, model.model.entity_embeddings.weight.detach()[len(known) :])
+
+
+def test_growth_under_trust_remote_code_needs_the_package(setup, tmp_path):
+    """add_entities is not Hub custom code: a model loaded from its folder without the package says so."""
+    model, tokenizer, new, passages = setup
+    model.save_pretrained(tmp_path / "model")
+    script = f"""
+        from transformers import AutoModelForSeq2SeqLM
+        model = AutoModelForSeq2SeqLM.from_pretrained({str(tmp_path / "model")!r}, trust_remote_code=True)
+        try:
+            model.add_entities(["new"], rows=model.get_encoder().entity_embeddings.weight[:1])
+        except ImportError as error:
+            print(error)
+        """
+    message = run_without_the_package(script, tmp_path).stdout.strip().splitlines()[-1]
+    assert message.startswith("growing the entity memory needs the edmem-hf package")

@@ -1,9 +1,13 @@
 """examples/finetune_qa.py and finetune_generation.py: 2-step Seq2SeqTrainer runs on a tiny model, generating in each
-decoding mode, with the task's metrics and a predictions file that `edmem evaluate` scores."""
+decoding mode, with the task's metrics and a predictions file that `edmem evaluate` scores.
+
+The tiny model is first trained (a plain loop, a few seconds) until it answers the questions and writes the outputs
+of the files, so that every check below reads real, varied predictions: an empty or constant output fails them."""
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import subprocess
@@ -11,9 +15,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from edmem_hf import EntityVocab
 from edmem_hf.cli import main as edmem
+from edmem_hf.tasks import EDMemSeq2SeqCollator, encode_generation_record, encode_qa_record, read_generation, read_qa
 from tiny_models import make_word_tokenizer, make_words, tiny_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
@@ -42,17 +49,52 @@ def _generation_record(i: int) -> dict:
     return record | {"output_entity_name": [[subject]]}
 
 
+VOCABULARY = ENTITIES + [f"Other {i}" for i in range(20)]
+HIDDEN = set(range(0, 20, 2))  # the memory-size study's mask below hides every other name
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: one intra-op thread is faster on a shared machine
+    yield
+    torch.set_num_threads(threads)
+
+
+def _train_until_it_answers(model, tokenizer, root, steps: int = 100) -> None:
+    """Fits the QA and generation files together (40 rows, one batch) so that generation gives their outputs."""
+    qa = read_qa(root / "qa.jsonl", model.entity_vocab)
+    generation = read_generation(root / "generation.jsonl", model.entity_vocab)
+    features = [encode_qa_record(row, tokenizer) for row in qa]
+    features += [encode_generation_record(row, tokenizer) for row in generation]
+    batch = EDMemSeq2SeqCollator(tokenizer.pad_token_id)(features)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model.train()
+    for _ in range(steps):
+        model(**batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    model.eval()
+
+
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("finetune")
     tokenizer = make_word_tokenizer(bart_template=True)
     start, end = tokenizer.convert_tokens_to_ids(["<E_s>", "<E_e>"])
-    model = tiny_model(vocab_size=len(tokenizer), entity_start_token_id=start, entity_end_token_id=end)
-    model.entity_vocab = EntityVocab(ENTITIES + [f"Other {i}" for i in range(20)])
-    model.save_pretrained(root / "model")
-    tokenizer.save_pretrained(root / "model")
     for name, make, count in (("qa", _qa_record, 24), ("generation", _generation_record, 16)):
         (root / f"{name}.jsonl").write_text("".join(json.dumps(make(i)) + "\n" for i in range(count)))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    model = tiny_model(vocab_size=len(tokenizer), entity_start_token_id=start, entity_end_token_id=end, dropout=0.0)
+    model.entity_vocab = EntityVocab(VOCABULARY)
+    _train_until_it_answers(model, tokenizer, root)
+    torch.set_num_threads(threads)
+    model.save_pretrained(root / "model")
+    tokenizer.save_pretrained(root / "model")
+    hidden = torch.zeros(len(VOCABULARY), dtype=torch.long)  # the authors' format: 1 = hidden
+    hidden[sorted(HIDDEN)] = 1
+    torch.save(hidden, root / "memory_mask.pt")
     return root
 
 
@@ -67,49 +109,93 @@ def _arguments(folders, out, data, extra=()):
     ]  # fmt: skip
 
 
+def _spans(text: str) -> list[str]:
+    return [part.split("<E_e>")[0].strip() for part in text.split("<E_s>")[1:]]
+
+
+def _assert_real(predictions: dict[str, str], distinct: int) -> None:
+    """Non-empty and varied first: an empty or constant output would pass the checks that follow."""
+    assert all(text.strip() for text in predictions.values()), predictions
+    assert len(set(predictions.values())) >= distinct, predictions
+
+
 @pytest.mark.parametrize("mode", ["free", "static", "dynamic"])
 def test_qa_fine_tuning_in_each_decoding_mode(folders, tmp_path, mode, capsys):
     data = folders / "qa.jsonl"
     metrics = finetune_qa.main(_arguments(folders, tmp_path, data, ["--entity_decoding", mode]))
-    assert metrics["test_count"] == 24 and 0 <= metrics["test_exact_match"] <= 100
-    assert "test_exact_match_entity" in metrics and "test_exact_match_non_entity" in metrics
+    assert metrics["test_count"] == 24 and metrics["test_count_entity"] == 18
     assert json.loads((tmp_path / "eval_results.json").read_text())["eval_count"] == 24
     predictions = json.loads((tmp_path / f"{mode}_predictions.json").read_text())
     assert sorted(predictions) == sorted(f"q{i}" for i in range(24))
-    assert all(isinstance(text, str) for text in predictions.values())
-    if mode != "free":  # constrained spans spell names of the vocabulary
-        spans = [text.split("<E_s>")[1].split("<E_e>")[0].strip() for text in predictions.values() if "<E_s>" in text]
-        assert all(span in ENTITIES or span.startswith("Other") for span in spans if span)
+    _assert_real(predictions, distinct=10)
+    # the trained model answers: the literal "1987" and the entity answers, in each mode
+    assert metrics["test_exact_match_non_entity"] == 100.0 and metrics["test_exact_match_entity"] >= 80.0
+    spans = [span for text in predictions.values() for span in _spans(text)]
+    assert len(spans) >= 15 and all(span in ENTITIES for span in spans)
     capsys.readouterr()
-    assert (
-        edmem(
-            [
-                "evaluate",
-                "--task",
-                "nq",
-                "--data",
-                str(data),
-                "--predictions",
-                str(tmp_path / f"{mode}_predictions.json"),
-                "--json",
-            ]
-        )
-        == 0
-    )
+    command = [
+        "evaluate",
+        "--task",
+        "nq",
+        "--data",
+        str(data),
+        "--predictions",
+        str(tmp_path / f"{mode}_predictions.json"),
+    ]
+    assert edmem([*command, "--json"]) == 0
     scored = json.loads(capsys.readouterr().out)
     assert scored["exact_match"] == pytest.approx(metrics["test_exact_match"])
 
 
-def test_the_static_linker_trains_on_entity_answers_only_and_drives_static_decoding(folders, tmp_path):
+@pytest.mark.parametrize("mode", ["free", "static", "dynamic"])
+def test_the_entity_mask_file_hides_names_from_constrained_decoding(folders, tmp_path, mode):
+    """The memory-size study's mask (the authors' format: 1 = hidden): static and dynamic decoding spell only the
+    visible names; free decoding, unconstrained, still spells hidden ones (so the check can tell the two apart)."""
+    data = folders / "qa.jsonl"
+    extra = ["--entity_decoding", mode, "--entity_mask_file", str(folders / "memory_mask.pt")]
+    finetune_qa.main([a for a in _arguments(folders, tmp_path, data, extra) if a not in ("--do_train", "--do_eval")])
+    predictions = json.loads((tmp_path / f"{mode}_predictions.json").read_text())
+    _assert_real(predictions, distinct=5)
+    spans = [span for text in predictions.values() for span in _spans(text)]
+    hidden = {ENTITIES[i] for i in HIDDEN}
+    assert len(spans) >= 15 and all(span in ENTITIES for span in spans)
+    if mode == "free":
+        assert set(spans) & hidden
+    else:
+        assert not set(spans) & hidden and len(set(spans)) >= 3
+
+
+def test_the_static_linker_trains_on_entity_answers_only_and_drives_static_decoding(folders, tmp_path, caplog):
     data = folders / "qa.jsonl"
     linker = tmp_path / "linker"
-    finetune_qa.main(["--objective", "static_linking", *_arguments(folders, linker, data)])
+    with caplog.at_level(logging.INFO, logger="transformers.trainer"):
+        finetune_qa.main(["--objective", "static_linking", *_arguments(folders, linker, data)])
+    assert "Num examples = 18" in caplog.text  # the 18 questions whose answer is an entity
     assert math.isfinite(json.loads((linker / "eval_results.json").read_text())["eval_loss"])
     assert not (linker / "free_predictions.json").exists()  # the linker does not generate
+    # A linker that disagrees with the reader: its entity rows rolled by one, it links other entities.
+    model = AutoModelForSeq2SeqLM.from_pretrained(linker).eval()
+    with torch.no_grad():
+        model.model.entity_embeddings.weight.copy_(model.model.entity_embeddings.weight.roll(1, 0))
+    model.save_pretrained(linker)
+    tokenizer = AutoTokenizer.from_pretrained(folders / "model")
+    rows = read_qa(data, model.entity_vocab)
+    linked = {}
+    for row in rows:
+        input_ids = torch.tensor([encode_qa_record(row, tokenizer)["input_ids"]])
+        top, _ = model.link_entities(input_ids, top_k=1, decoder_input="question")
+        linked[row["id"]] = model.entity_vocab.name_of(int(top[0, 0]))
     reader = tmp_path / "qa"
     extra = ["--entity_decoding", "static", "--entity_candidates", "1", "--static_linker", str(linker)]
     metrics = finetune_qa.main(_arguments(folders, reader, data, extra))
-    assert metrics["test_count"] == 24 and (reader / "static_predictions.json").exists()
+    predictions = json.loads((reader / "static_predictions.json").read_text())
+    assert metrics["test_count"] == 24
+    _assert_real(predictions, distinct=5)
+    with_mention = {key: _spans(text) for key, text in predictions.items() if "<E_s>" in text}
+    assert len(with_mention) >= 12
+    assert all(spans == [linked[key]] for key, spans in with_mention.items()), (with_mention, linked)
+    gold = {row["id"]: model.entity_vocab.name_of(row["answer_entity"]) for row in rows if row["answer_entity"] >= 0}
+    assert sum(linked[key] != gold.get(key) for key in with_mention) >= len(with_mention) // 2
 
 
 def test_generation_fine_tuning(folders, tmp_path):
@@ -117,9 +203,15 @@ def test_generation_fine_tuning(folders, tmp_path):
     metrics = finetune_generation.main(
         ["--task", "wow", *_arguments(folders, tmp_path, data, ["--entity_decoding", "dynamic"])]
     )
+    predictions = json.loads((tmp_path / "dynamic_predictions.json").read_text())
+    assert sorted(predictions, key=int) == [str(i) for i in range(16)]
+    _assert_real(predictions, distinct=12)
+    # the trained model writes the outputs: high overlap, and the subject named in each
     for key in ("test_rouge1", "test_rouge2", "test_rougeL", "test_f1", "test_entity_coverage"):
-        assert 0 <= metrics[key] <= 100, key
-    assert len(json.loads((tmp_path / "dynamic_predictions.json").read_text())) == 16
+        assert 80 <= metrics[key] <= 100, (key, metrics)
+    records = [json.loads(line) for line in data.read_text().splitlines()]
+    assert sum(text.replace("<E_s>", "").replace("<E_e>", "").split() == record["output"][0].split()
+               for record, text in zip(records, (predictions[str(i)] for i in range(16)))) >= 12  # fmt: skip
 
 
 def test_qa_fine_tuning_runs_unchanged_under_torchrun(folders, tmp_path):
@@ -140,4 +232,8 @@ def test_qa_fine_tuning_runs_unchanged_under_torchrun(folders, tmp_path):
     assert json.loads((tmp_path / "trained" / "test_results.json").read_text())["test_count"] == 24
     finetune_qa.main([a for a in _arguments(folders, tmp_path / "one", data) if a not in ("--do_train", "--do_eval")])
     two = json.loads((tmp_path / "two" / "free_predictions.json").read_text())
-    assert two == json.loads((tmp_path / "one" / "free_predictions.json").read_text()) and len(two) == 24
+    one = json.loads((tmp_path / "one" / "free_predictions.json").read_text())
+    _assert_real(one, distinct=10)
+    assert list(two) == list(one) == [f"q{i}" for i in range(24)] and two == one
+    # each question's own answer (an order mixed up across processes would pair them wrongly)
+    assert json.loads((tmp_path / "one" / "test_results.json").read_text())["test_exact_match"] >= 80.0

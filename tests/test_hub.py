@@ -13,13 +13,20 @@ import pytest
 import torch
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from huggingface_hub.errors import EntryNotFoundError
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+from transformers import AutoModel, AutoModelForSeq2SeqLM, AutoTokenizer
 from transformers.dynamic_module_utils import get_imports, get_relative_import_files
 
 import edmem_hf
-from edmem_hf import EDMemForConditionalGeneration, EDMemForEntityLinking, EDMemModel
+from edmem_hf import (
+    EDMemEncDecForConditionalGeneration,
+    EDMemEncDecModel,
+    EDMemEncMemModel,
+    EDMemForConditionalGeneration,
+    EDMemForEntityLinking,
+    EDMemModel,
+)
 from edmem_hf.model_card import CARD_MARKER
-from tiny_models import make_word_tokenizer, run_quietly, tiny_config, tiny_model
+from tiny_models import make_word_tokenizer, run_quietly, run_without_the_package, tiny_batch, tiny_config, tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = Path(edmem_hf.__file__).parent
@@ -113,6 +120,56 @@ def test_with_the_package_the_folder_loads_without_trust_remote_code(tmp_path):
         _saved_entity_linking(tmp_path / "encmem"), output_loading_info=True
     )
     assert entity_linking.entity_vocab is None and not info["missing_keys"]
+
+
+def test_each_variant_loads_into_its_classes_with_and_without_the_package(tmp_path):
+    """The Auto classes load a saved EncDec into the EncDec classes, from `auto_map` without the package and through
+    the registered classes with it; so does a folder saved before the variants had classes (its auto_map and
+    architectures name the EDMem classes). An EncMem folder is no seq2seq model: the error names its class."""
+    torch.manual_seed(0)
+    encdec = EDMemEncDecForConditionalGeneration(tiny_config(variant="encdec")).eval()
+    folder = tmp_path / "encdec"
+    encdec.save_pretrained(folder)
+    auto_map = json.loads((folder / "config.json").read_text())["auto_map"]
+    assert auto_map == {
+        "AutoConfig": "configuration_edmem.EDMemConfig",
+        "AutoModel": "modeling_edmem.EDMemEncDecModel",
+        "AutoModelForSeq2SeqLM": "modeling_edmem.EDMemEncDecForConditionalGeneration",
+    }
+    batch = {k: tiny_batch()[k] for k in ("input_ids", "attention_mask", "labels")}
+    expected = encdec(**batch).logits
+    script = f"""
+        import torch
+        from transformers import AutoModel, AutoModelForSeq2SeqLM
+        model = AutoModelForSeq2SeqLM.from_pretrained({str(folder)!r}, trust_remote_code=True)
+        bare = AutoModel.from_pretrained({str(folder)!r}, trust_remote_code=True)
+        print(type(model).__name__, type(bare).__name__)
+        """
+    header = run_without_the_package(script, tmp_path).stdout.strip().splitlines()[-1]
+    assert header == "EDMemEncDecForConditionalGeneration EDMemEncDecModel"
+
+    config = json.loads((folder / "config.json").read_text())  # as an EncDec was saved before its classes existed
+    config["auto_map"] = {
+        "AutoConfig": "configuration_edmem.EDMemConfig",
+        "AutoModel": "modeling_edmem.EDMemModel",
+        "AutoModelForSeq2SeqLM": "modeling_edmem.EDMemForConditionalGeneration",
+    }
+    config["architectures"] = ["EDMemForConditionalGeneration"]
+    (folder / "config.json").write_text(json.dumps(config))
+    for load in (AutoModelForSeq2SeqLM.from_pretrained, EDMemForConditionalGeneration.from_pretrained):
+        loaded = load(folder).eval()
+        assert type(loaded) is EDMemEncDecForConditionalGeneration
+        assert torch.equal(loaded(**batch).logits, expected)
+    assert type(AutoModel.from_pretrained(folder)) is EDMemEncDecModel
+    assert (
+        type(AutoModelForSeq2SeqLM.from_config(tiny_config(variant="encdec"))) is EDMemEncDecForConditionalGeneration
+    )
+
+    encmem = _saved_entity_linking(tmp_path / "encmem")
+    assert {"modeling_edmem.py", "hub_edmem.py"} <= {p.name for p in encmem.iterdir()}
+    assert type(AutoModel.from_pretrained(encmem)) is EDMemEncMemModel
+    with pytest.raises(ValueError, match="config.variant is 'encmem': use EDMemForEntityLinking"):
+        AutoModelForSeq2SeqLM.from_pretrained(encmem)
 
 
 def _saved_entity_linking(folder: Path) -> Path:
@@ -215,9 +272,11 @@ def test_hub_files_import_only_each_other():
             "entity_trie",
             "entity_decoding",
             "entity_vocab",
+            "hub_edmem",
             "model_card",
         )
     }
+    assert "hub_edmem.py" in shipped and "entity_growth.py" not in shipped
     assert set(get_imports(SRC / "model_card.py")) - sys.stdlib_module_names == {"huggingface_hub"}
 
 

@@ -9,9 +9,15 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, BartConfig, BartForConditionalGeneration
 
-from edmem_hf import EDMemForConditionalGeneration, EDMemForEntityLinking, EDMemModel, EntityVocab
+from edmem_hf import (
+    EDMemEncDecForConditionalGeneration,
+    EDMemForConditionalGeneration,
+    EDMemForEntityLinking,
+    EDMemModel,
+    EntityVocab,
+)
 from edmem_hf.entity_attention import dense_entity_attention, entity_attention
-from tiny_models import EE, EOS, ES, N_ENTITIES, PAD, run_without_the_package, tiny_batch, tiny_config, tiny_model
+from tiny_models import BOS, EE, EOS, ES, N_ENTITIES, PAD, run_without_the_package, tiny_batch, tiny_config, tiny_model
 
 # --- shapes --------------------------------------------------------------------------------------------------------
 
@@ -585,7 +591,7 @@ def test_bart_weights_load_into_the_same_names():
         )
     )
     bart.eval()
-    edmem = EDMemForConditionalGeneration(config)
+    edmem = EDMemEncDecForConditionalGeneration(config)
     missing, unexpected = edmem.load_state_dict(bart.state_dict(), strict=False)
     assert not unexpected and not missing
     edmem.eval()
@@ -669,6 +675,18 @@ def test_bf16_autocast_and_bf16_weights_train_and_generate():
     out = model(**batch)
     out.loss.backward()
     assert torch.isfinite(out.loss) and model.model.entity_embeddings.weight.grad.dtype == torch.bfloat16
-    model.eval()
-    generated = model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=4)
-    assert generated.shape[0] == 2
+    # Generation (the memory read at each input <E_s>): bf16 weights write what the same weights write in float32.
+    # Weights large enough (init_std) that the memory's read changes the text; no repeated token, so it varies.
+    bf16 = tiny_model(seed=9, init_std=0.3).to(torch.bfloat16).eval()
+    float32 = tiny_model(seed=9, init_std=0.3).eval()
+    float32.load_state_dict({key: value.float() for key, value in bf16.state_dict().items()})
+    input_ids = torch.tensor([[BOS, 10, ES, 11, 12, EE, 13, EOS], [BOS, ES, 16, EE, 17, 18, EOS, PAD],
+                              [BOS, 30, 31, ES, 32, EE, 33, EOS], [BOS, ES, 40, 41, EE, 42, EOS, PAD]])  # fmt: skip
+    settings = dict(attention_mask=(input_ids != PAD).long(), max_new_tokens=10, min_new_tokens=10)
+    settings |= dict(no_repeat_ngram_size=1, do_sample=False)
+    generated = bf16.generate(input_ids=input_ids, **settings)
+    written = generated[:, 1:-1]  # between the start token and the forced EOS
+    assert written.shape == (4, 9) and not torch.isin(written, torch.tensor([PAD, EOS])).any()
+    assert len({tuple(row) for row in written.tolist()}) == 4  # varied: each question its own text
+    expected = float32.generate(input_ids=input_ids, **settings)
+    assert (generated == expected).float().mean() >= 0.75  # the same text, but where bf16 rounding flips a token

@@ -4,7 +4,15 @@ import pytest
 import torch
 from transformers import BartConfig, BartForConditionalGeneration
 
-from edmem_hf import EDMemConfig, EDMemForConditionalGeneration, EDMemForEntityLinking, EDMemModel
+from edmem_hf import (
+    EDMemConfig,
+    EDMemEncDecForConditionalGeneration,
+    EDMemEncDecModel,
+    EDMemEncMemModel,
+    EDMemForConditionalGeneration,
+    EDMemForEntityLinking,
+    EDMemModel,
+)
 from tiny_models import EE, ES, N_ENTITIES, tiny_batch, tiny_config, tiny_model
 
 
@@ -102,15 +110,55 @@ def test_memory_reports_are_none_unless_asked_for():
 def test_weights_are_tied_by_tied_weights_keys_alone():
     model = tiny_model()
     keys = model.model._tied_weights_keys
-    assert keys["encoder.entity_embeddings.weight"] == "entity_embeddings.weight"
-    assert keys["decoder.embed_tokens.weight"] == "shared.weight"
+    assert keys == {"encoder.embed_tokens.weight": "shared.weight", "decoder.embed_tokens.weight": "shared.weight"}
     # each stack has a module of its own; tying shares the parameter
     assert model.model.encoder.embed_tokens is not model.model.shared
     assert model.model.encoder.embed_tokens.weight is model.model.shared.weight
     assert model.lm_head.weight is model.model.shared.weight
-    with pytest.raises(Exception, match="tie_word_embeddings=False would untie the entity table"):
-        EDMemConfig(**{**tiny_config().to_dict(), "tie_word_embeddings": False})
-    assert EDMemConfig(**{**tiny_config(variant="encdec").to_dict(), "tie_word_embeddings": False})
+    # the entity table is one parameter of the model's, which both memories read: nothing ties it
+    table = [name for name, _ in model.named_parameters(remove_duplicate=False) if "entity_embeddings" in name]
+    assert table == ["model.entity_embeddings.weight"]
+    assert (
+        model.model.encoder.entity_embeddings is model.model.decoder.entity_embeddings is model.model.entity_embeddings
+    )
+
+
+def _untied_classes_and_configs():
+    edmem = tiny_config(tie_word_embeddings=False)
+    encdec = tiny_config(variant="encdec", tie_word_embeddings=False)
+    encmem = tiny_config(variant="encmem", tie_word_embeddings=False)
+    return [
+        (EDMemModel, edmem),
+        (EDMemForConditionalGeneration, edmem),
+        (EDMemEncDecModel, encdec),
+        (EDMemEncDecForConditionalGeneration, encdec),
+        (EDMemEncMemModel, encmem),
+        (EDMemForEntityLinking, encmem),
+    ]
+
+
+@pytest.mark.parametrize("model_class, config", _untied_classes_and_configs())
+def test_load_save_without_tied_weights(tmp_path, model_class, config):
+    """Transformers' common test of that name (`ModelTesterMixin`), for every class: with tie_word_embeddings=False
+    the token embeddings and LM head are parameters of their own, as in BART, saved and loaded with none missing;
+    the entity table stays one parameter."""
+    torch.manual_seed(0)
+    model = model_class(config)
+    model.save_pretrained(tmp_path)
+    reloaded, info = model_class.from_pretrained(tmp_path, output_loading_info=True)
+    reloaded_state = reloaded.state_dict()
+    for name, tensor in model.state_dict().items():
+        assert name in reloaded_state, f"{name} is missing from the reloaded model"
+        torch.testing.assert_close(tensor, reloaded_state[name], msg=f"{name} differs after reloading")
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    base = reloaded.base_model
+    assert base.encoder.embed_tokens.weight is not base.shared.weight
+    output_embeddings = reloaded.get_output_embeddings()
+    if output_embeddings is not None:
+        assert output_embeddings.weight is not base.shared.weight
+    if config.variant != "encdec":
+        assert base.encoder.entity_embeddings is base.entity_embeddings
+        assert sum("entity_embeddings" in name for name in reloaded_state) == 1
 
 
 def test_forward_does_not_depend_on_generate():

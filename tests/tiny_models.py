@@ -17,6 +17,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import PreTrainedTokenizerFast
 
 from edmem_hf import EDMemConfig, EDMemForConditionalGeneration, EntityVocab
+from edmem_hf.modeling_edmem import MODEL_WITH_HEADS
 
 PAD, BOS, EOS, ES, EE = 1, 0, 2, 5, 6
 VOCAB = 64
@@ -54,8 +55,9 @@ def tiny_config(**overrides) -> EDMemConfig:
 
 
 def tiny_model(seed: int = 0, **overrides) -> EDMemForConditionalGeneration:
+    """An EDMem with an LM head (the EncDec baseline's class for `variant="encdec"`)."""
     torch.manual_seed(seed)
-    model = EDMemForConditionalGeneration(tiny_config(**overrides))
+    model = MODEL_WITH_HEADS[tiny_config(**overrides).variant](tiny_config(**overrides))
     model.entity_vocab = EntityVocab([f"Entity {i}" for i in range(model.config.entity_vocab_size)])
     return model
 

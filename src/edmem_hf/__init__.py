@@ -8,6 +8,9 @@ from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 from .configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN, EDMemConfig
 from .entity_vocab import EntityVocab
 from .modeling_edmem import (
+    EDMemEncDecForConditionalGeneration,
+    EDMemEncDecModel,
+    EDMemEncMemModel,
     EDMemForConditionalGeneration,
     EDMemForEntityLinking,
     EDMemModel,
@@ -21,14 +24,22 @@ __version__ = "0.1.0"
 AutoConfig.register("edmem", EDMemConfig, exist_ok=True)
 AutoModel.register(EDMemConfig, EDMemModel, exist_ok=True)
 AutoModelForSeq2SeqLM.register(EDMemConfig, EDMemForConditionalGeneration, exist_ok=True)
+# A config class maps to one class per Auto class: these two load a saved EncDec or EncMem into its own class
+# (modeling_edmem.VARIANT_CLASSES). Each class is saved as Hub code for its Auto class.
 EDMemConfig.register_for_auto_class()
 EDMemModel.register_for_auto_class("AutoModel")
+EDMemEncDecModel.register_for_auto_class("AutoModel")
+EDMemEncMemModel.register_for_auto_class("AutoModel")
 EDMemForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
+EDMemEncDecForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
 
 __all__ = [
     "ENTITY_END_TOKEN",
     "ENTITY_START_TOKEN",
     "EDMemConfig",
+    "EDMemEncDecForConditionalGeneration",
+    "EDMemEncDecModel",
+    "EDMemEncMemModel",
     "EDMemForConditionalGeneration",
     "EDMemForEntityLinking",
     "EDMemModel",

@@ -49,7 +49,8 @@ class EDMemConfig(PreTrainedConfig):
             0 (the authors' code: a batch with fewer labelled accesses gets a smaller effective lambda).
         entity_start_token_id / entity_end_token_id (`int`): ids of `<E_s>` and `<E_e>`.
         variant (`str`): `"edmem"` (full model), `"encdec"` (no memory, same LM objective) or `"encmem"`
-            (encoder + memory, the EaE-style auto-encoder of the paper's ablations).
+            (encoder + memory, the EaE-style auto-encoder of the paper's ablations). Each has its own model classes
+            (`modeling_edmem.VARIANT_CLASSES`); this says which a saved model needs.
         lower_decoder_attends_to (`str`): which encoder output the lower decoder layers cross-attend to:
             `"upper"` (the final encoder output, as in the authors' runs) or `"lower"` (the lower encoder layers'
             output before the memory is merged: the authors' `lower_encoder` option). The upper decoder layers
@@ -124,11 +125,6 @@ class EDMemConfig(PreTrainedConfig):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.variant != "encdec":
-            if not self.tie_word_embeddings:
-                raise ValueError(
-                    "tie_word_embeddings=False would untie the entity table that the encoder and decoder share "
-                    f"(Transformers ties both through it): a {self.variant!r} model needs tie_word_embeddings=True"
-                )
             if self.entity_vocab_size < 1:
                 raise ValueError(f"entity_vocab_size must be >= 1, got {self.entity_vocab_size}")
             if self.entity_start_token_id is None or self.entity_end_token_id is None:

@@ -181,11 +181,7 @@ def convert_state_dict(
     if unexpected:
         raise ValueError(f"unexpected keys in the checkpoint: {', '.join(sorted(unexpected))}")
     tied = {"lm_head.weight", "lm_head.decoder.weight"}
-    tied |= {
-        f"model.{stack}.{table}.weight"
-        for stack in ("encoder", "decoder")
-        for table in ("embed_tokens", "entity_embeddings")
-    }
+    tied |= {f"model.{stack}.embed_tokens.weight" for stack in ("encoder", "decoder")}
     missing = sorted(set(expected) - set(converted) - tied)
     if missing:
         raise ValueError(f"missing from the checkpoint: {', '.join(missing)}")

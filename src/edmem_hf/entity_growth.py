@@ -1,9 +1,12 @@
-"""`edmem add-entities`: the entities of new MediaWiki pages written into a trained model's memory, no training.
+"""New entities written into a trained model's memory, without training (docs/model.md, "New entities after
+training").
 
-The dump is parsed as `edmem build-corpus` parses one (`dump.iter_parsed_pages`). An article whose title the model
-does not know is a new entity; its passages are the text around each of its mentions, marked `<E_s> ... <E_e>`:
-every link to it in the dump (through redirects) and each occurrence of its title on its own page. The rows are
-computed by `model.add_entities` (docs/model.md, "New entities after training").
+`add_entities` appends rows to the entity table, each the mean of the memory's queries at the entity's marked
+mentions (`memory_queries`); the models' `add_entities` and `memory_queries` methods call these. `edmem
+add-entities` finds the new entities of a MediaWiki dump, parsed as `edmem build-corpus` parses one
+(`dump.iter_parsed_pages`): an article whose title the model does not know is a new entity; its passages are the text
+around each of its mentions, marked `<E_s> ... <E_e>`: every link to it in the dump (through redirects) and each
+occurrence of its title on its own page.
 """
 
 from __future__ import annotations
@@ -13,8 +16,134 @@ import os
 import sys
 from collections.abc import Iterable
 
+import torch
+from torch import nn
+
 from .configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN
 from .dump import ParsedPage, iter_parsed_pages
+
+
+def _crop_around_first_mention(ids: list[int], start_id: int, max_length: int) -> list[int]:
+    """`max_length` tokens of `ids` with its first `<E_s>` in the middle (all of `ids` when short enough)."""
+    if len(ids) <= max_length:
+        return ids
+    first = ids.index(start_id) if start_id in ids else 0
+    begin = max(0, min(first - max_length // 2, len(ids) - max_length))
+    return ids[begin : begin + max_length]
+
+
+def _entity_table(model) -> nn.Embedding:
+    """The model's entity table (the one its encoder's memory reads); a ValueError for a model without memory."""
+    table = getattr(model.get_encoder(), "entity_embeddings", None)
+    if table is None:
+        raise ValueError(f"{type(model).__name__} has no entity memory to add entities to")
+    return table
+
+
+@torch.no_grad()
+def memory_queries(
+    model, passages: list[list[str]], tokenizer, batch_size: int = 32, max_length: int = 128
+) -> torch.Tensor:
+    """`(len(passages), entity_embed_dim)`: for each list of texts, the mean of the memory's queries (`W_in h` of the
+    encoder's lower layers at each `<E_s>`) over its marked mentions: what the memory is asked there.
+
+    Only the encoder's lower layers run (`EDMemEncoder.lower_hidden_states`): the table is not read. A passage longer
+    than `max_length` tokens is cut to `max_length` tokens (at most the model's positions) around its first mention.
+    A list without a single marked mention is a ValueError naming its index.
+    """
+    _entity_table(model)
+    config = model.config
+    max_length = min(max_length, config.max_position_embeddings)
+    encoder = model.get_encoder()
+    owners = [i for i, texts in enumerate(passages) for _ in texts]
+    texts = [text for texts in passages for text in texts]
+    counts = torch.zeros(len(passages), dtype=torch.long)
+    sums = torch.zeros(len(passages), config.entity_embed_dim)
+    was_training = model.training
+    model.eval()
+    try:
+        for begin in range(0, len(texts), batch_size):
+            crops = [_crop_around_first_mention(ids, config.entity_start_token_id, max_length)
+                     for ids in tokenizer(texts[begin : begin + batch_size]).input_ids]  # fmt: skip
+            batch = tokenizer.pad({"input_ids": crops}, return_tensors="pt").to(model.device)
+            hidden = encoder.lower_hidden_states(batch.input_ids, batch.attention_mask)
+            starts = batch.input_ids == config.entity_start_token_id
+            rows = torch.tensor(owners[begin : begin + batch_size])[starts.nonzero()[:, 0].cpu()]
+            sums.index_add_(0, rows, encoder.memory.query_proj(hidden[starts]).float().cpu())
+            counts += torch.bincount(rows, minlength=len(passages))
+    finally:
+        model.train(was_training)
+    if (counts == 0).any():
+        raise ValueError(f"no marked mention in passages[{int((counts == 0).nonzero()[0, 0])}]")
+    return sums / counts[:, None]
+
+
+@torch.no_grad()
+def add_entities(
+    model,
+    names: list[str],
+    passages: list[list[str]] | None = None,
+    tokenizer=None,
+    *,
+    rows: torch.Tensor | None = None,
+    batch_size: int = 32,
+    max_length: int = 128,
+) -> list[int]:
+    """Appends entities to the memory of a trained model, without gradient steps; returns their ids.
+
+    A new row is what the memory is asked at the entity's mentions: `memory_queries(model, passages)`, each scaled to
+    the mean norm of the existing rows (attention scores are dot products: a row far shorter or longer than the
+    others would never, or always, win; benchmarks/toy_world_growth.py measures the choice). The entity table (one
+    parameter, read by every memory access and the entity-linking head) grows, and so do
+    `config.entity_vocab_size`, `entity_vocab` (the prefix tree of names is rebuilt on the next constrained
+    decoding) and an entity mask set with `set_entity_mask` (the new entities visible).
+
+    Args:
+        names: the new entities' names: not in `entity_vocab`, not blank, no repeats.
+        passages: `passages[i]`, texts about `names[i]` in which its mentions (and only its) are marked
+            `<E_s> ... <E_e>`; each entity needs at least one. See `memory_queries` for `batch_size` and
+            `max_length`.
+        tokenizer: the model's tokenizer (with `<E_s>` and `<E_e>`).
+        rows: instead of `passages` and `tokenizer`, the new rows themselves, `(len(names), entity_embed_dim)`
+            (another estimator's).
+    """
+    table = _entity_table(model)
+    if model.entity_vocab is None:
+        raise ValueError("add_entities needs model.entity_vocab: the new names are appended to it")
+    seen: set[str] = set()
+    for name in names:
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError(f"add_entities: an empty or non-string entity name: {name!r}")
+        if name in model.entity_vocab or name in seen:
+            raise ValueError(f"add_entities: entity {name!r} is already in the vocabulary or named twice")
+        seen.add(name)
+    weight = table.weight
+    if (rows is None) == (passages is None) or (passages is not None and tokenizer is None):
+        raise ValueError("add_entities takes either passages with their tokenizer, or rows")
+    if rows is None:
+        if len(names) != len(passages):
+            raise ValueError(f"add_entities: {len(names)} names but {len(passages)} passage lists")
+        marker = tokenizer.convert_ids_to_tokens(model.config.entity_start_token_id)
+        for name, texts in zip(names, passages):
+            if not any(marker in text for text in texts):
+                raise ValueError(f"add_entities: no marked mention of {name!r} in its passages")
+        means = memory_queries(model, passages, tokenizer, batch_size=batch_size, max_length=max_length)
+        rows = means / means.norm(dim=-1, keepdim=True) * weight.norm(dim=-1).mean().cpu()
+    elif tuple(rows.shape) != (len(names), weight.shape[1]):
+        raise ValueError(
+            f"add_entities: rows of shape {tuple(rows.shape)}, expected ({len(names)}, {weight.shape[1]})"
+        )
+    table.weight = nn.Parameter(torch.cat([weight.detach(), rows.to(weight)]), requires_grad=weight.requires_grad)
+    table.num_embeddings = table.weight.shape[0]
+    first = model.config.entity_vocab_size
+    model.config.entity_vocab_size = first + len(names)
+    vocab = model.entity_vocab
+    model.entity_vocab = type(vocab)(vocab.names + list(names), vocab.aliases + [[] for _ in names],
+                                     vocab.counts + [0 for _ in names], vocab.id_space)  # fmt: skip
+    mask = model._get_entity_mask("cpu")
+    if mask is not None:
+        model.set_entity_mask(torch.cat([mask, torch.ones(len(names), dtype=torch.bool)]))
+    return list(range(first, first + len(names)))
 
 
 def _marked(text: str, start: int, end: int, window: int) -> str:
@@ -61,10 +190,9 @@ def cli_main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     from .configuration_edmem import EDMemConfig
-    from .modeling_edmem import EDMemForConditionalGeneration, EDMemForEntityLinking
+    from .modeling_edmem import MODEL_WITH_HEADS
 
-    encoder_only = EDMemConfig.from_pretrained(args.model).variant == "encmem"
-    model = (EDMemForEntityLinking if encoder_only else EDMemForConditionalGeneration).from_pretrained(args.model)
+    model = MODEL_WITH_HEADS[EDMemConfig.from_pretrained(args.model).variant].from_pretrained(args.model)
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
     if model.entity_vocab is None:
         print(f"edmem add-entities: {args.model} has no entity_vocab.json", file=sys.stderr)

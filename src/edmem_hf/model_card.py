@@ -1,7 +1,7 @@
 """The model card (README.md) written beside a saved EDMem: what the model is, how to load it, what to cite.
 
-Copied to the Hub as custom code next to `modeling_edmem.py` (which writes the card on `save_pretrained` and
-`push_to_hub`): it imports nothing of ours.
+Copied to the Hub as custom code next to `hub_edmem.py` (whose `save_pretrained` and `push_to_hub` write the card):
+it imports nothing of ours.
 """
 
 from __future__ import annotations
@@ -26,12 +26,21 @@ CITATION = """@inproceedings{zhang-etal-2022-unified,
   url = {https://aclanthology.org/2022.emnlp-main.43},
 }"""
 
-_PIPELINE_TAGS = {"EDMemForConditionalGeneration": "text2text-generation"}
+# The Auto class that loads each architecture (the others load with this package).
+_AUTO_CLASSES = {
+    "EDMemForConditionalGeneration": "AutoModelForSeq2SeqLM",
+    "EDMemEncDecForConditionalGeneration": "AutoModelForSeq2SeqLM",
+    "EDMemModel": "AutoModel",
+    "EDMemEncDecModel": "AutoModel",
+    "EDMemEncMemModel": "AutoModel",
+}
+_PIPELINE_TAGS = {"AutoModelForSeq2SeqLM": "text2text-generation"}
 
 
 def _usage(architecture: str, path: str) -> str:
     """The usage snippet for a folder that holds this architecture's weights (and a tokenizer, for generation)."""
-    if architecture == "EDMemForConditionalGeneration":
+    auto_class = _AUTO_CLASSES.get(architecture)
+    if auto_class == "AutoModelForSeq2SeqLM":
         return f"""```python
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
@@ -45,7 +54,7 @@ print(tokenizer.batch_decode(outputs))
 The tokenizer is the one saved beside the model (`tokenizer.save_pretrained` into this folder). Mentions are
 marked `<E_s> ... <E_e>`; `model.generate(..., entity_decoding="static" | "dynamic", tokenizer=tokenizer)` makes
 every generated mention the name of an entity in `entity_vocab.json` (saved here when the model has one)."""
-    if architecture == "EDMemModel":
+    if auto_class == "AutoModel":
         return f"""```python
 from transformers import AutoModel
 
@@ -112,7 +121,7 @@ def edmem_model_card(
         raise TypeError(f"card_data must be a huggingface_hub.ModelCardData, got {type(card_data).__name__}")
     data.license = data.license or DEFAULT_LICENSE
     data.library_name = "transformers"
-    data.pipeline_tag = data.pipeline_tag or _PIPELINE_TAGS.get(architecture)
+    data.pipeline_tag = data.pipeline_tag or _PIPELINE_TAGS.get(_AUTO_CLASSES.get(architecture))
     data.tags = ["edmem", "custom_code"] + [tag for tag in data.tags or [] if tag not in ("edmem", "custom_code")]
     title = data.model_name or os.path.basename(os.path.normpath(path)) or "EDMem"
     sections = [

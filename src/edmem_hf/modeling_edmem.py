@@ -1,17 +1,20 @@
 """PyTorch EDMem: BART split into lower and upper layers, with an entity memory read at each `<E_s>` in between.
 
-Read top-down: memory, outputs, input checks, encoder, decoder, model, heads. Copied to the Hub as custom code.
+Read top-down: the memory and the heads' modules (`EntityMemory`, `EntityLinkingHead`, `MaskedLMHead`); output
+classes; input checks; the pre-trained base; `EDMemEncoder` and `EDMemDecoder`; the bare models (`EDMemModel`, the
+EncDec baseline's `EDMemEncDecModel`, the encoder-only `EDMemEncMemModel`); the models with heads
+(`EDMemForConditionalGeneration`, `EDMemEncDecForConditionalGeneration`, `EDMemForEntityLinking`); and the table of
+each variant's classes (`VARIANT_CLASSES`). A class builds one variant: none branches on `config.variant`. Saving and
+loading are in `hub_edmem.py`, generation in `generation_edmem.py`, the memory's growth in `entity_growth.py`.
+Copied to the Hub as custom code.
 """
 
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from dataclasses import dataclass
 
 import torch
-from huggingface_hub import ModelCard, ModelCardData
 from torch import nn
 from transformers import initialization as init
 from transformers.activations import ACT2FN
@@ -38,21 +41,13 @@ from transformers.models.bart.modeling_bart import (
 from transformers.utils import can_return_tuple, logging
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
-from .configuration_edmem import EDMemConfig
-from .entity_attention import IGNORE_INDEX, entity_attention
+from .configuration_edmem import IGNORE_INDEX, EDMemConfig
+from .entity_attention import entity_attention
 from .entity_index import EntityIndexMixin
-from .entity_vocab import ENTITY_VOCAB_NAME, EntityVocab
 from .generation_edmem import EDMemGenerationMixin
-from .model_card import CARD_MARKER, README_NAME, edmem_model_card, is_edmem_card, save_model_card
+from .hub_edmem import EDMemHubMixin
 
 logger = logging.get_logger(__name__)
-
-# Written into config.json on save: every Auto class loads the Hub copy, whichever class was saved.
-HUB_AUTO_MAP = {
-    "AutoConfig": "configuration_edmem.EDMemConfig",
-    "AutoModel": "modeling_edmem.EDMemModel",
-    "AutoModelForSeq2SeqLM": "modeling_edmem.EDMemForConditionalGeneration",
-}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -357,10 +352,41 @@ class EDMemPreTrainedModel(EntityIndexMixin, PreTrainedModel):
     _supports_flex_attn = True
     # Neither torch.compile(fullgraph=True) nor torch.export: the memory reads a data-dependent number of mentions.
     _can_compile_fullgraph = False
+    # The `config.variant` a model class builds (None: the encoder and decoder stacks, built by the model).
+    edmem_variant: str | None = None
+
+    def __init__(self, config: EDMemConfig, *inputs, **kwargs):
+        super().__init__(config, *inputs, **kwargs)
+        if self.edmem_variant is not None and config.variant != self.edmem_variant:
+            raise ValueError(
+                f"{type(self).__name__} builds the {self.edmem_variant!r} variant, but config.variant is "
+                f"{config.variant!r}: use {_counterpart(type(self), config.variant).__name__}"
+            )
+
+    @classmethod
+    def _class_for_variant(cls, config: EDMemConfig) -> type[EDMemPreTrainedModel]:
+        """The class that builds `config.variant` where this one was asked for: `from_pretrained` and `from_config`
+        load a saved model of another variant into its class for the same Auto class (`VARIANT_CLASSES`), as the
+        Auto classes would. Where that Auto class has none (EncMem has no decoder), this class is returned and its
+        constructor names the class to use."""
+        if cls.edmem_variant is None or config.variant == cls.edmem_variant:
+            return cls
+        for classes in VARIANT_CLASSES.values():
+            if any(issubclass(cls, model_class) for model_class in classes.values()) and config.variant in classes:
+                return classes[config.variant]
+        return cls
+
+    def _hub_auto_map(self, config: EDMemConfig) -> dict[str, str]:
+        """`config.auto_map`: every Auto class loads the Hub copy of its class of the model's variant."""
+        auto_map = {"AutoConfig": "configuration_edmem.EDMemConfig"}
+        for auto_class, classes in VARIANT_CLASSES.items():
+            if config.variant in classes:
+                auto_map[auto_class] = f"modeling_edmem.{classes[config.variant].__name__}"
+        return auto_map
 
     def _init_weights(self, module):
         super()._init_weights(module)
-        if isinstance(module, EDMemForConditionalGeneration):
+        if isinstance(module, _EDMemSeq2SeqLM):
             init.zeros_(module.final_logits_bias)
 
     def set_entity_mask(self, entity_mask: torch.Tensor | None) -> None:
@@ -383,8 +409,24 @@ class EDMemPreTrainedModel(EntityIndexMixin, PreTrainedModel):
         mask = getattr(self, "_entity_mask", None)
         return mask.to(device) if mask is not None else None
 
+
+def _token_embeddings(config: EDMemConfig) -> BartScaledWordEmbedding:
+    embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+    return BartScaledWordEmbedding(config.vocab_size, config.d_model, config.pad_token_id, embed_scale=embed_scale)
+
+
+class _EntityMemoryStack(EDMemPreTrainedModel):
+    """What the encoder and decoder share: an entity memory between their lower and upper layers when their model
+    gives them its entity table (EDMem, EncMem), none when it does not (the EncDec baseline)."""
+
+    def _add_memory(self, entity_embeddings: nn.Embedding | None) -> None:
+        self.memory = EntityMemory(self.config) if entity_embeddings is not None else None
+        # The table is the model's: one parameter, saved once as its `entity_embeddings.weight`. The stack reads it
+        # through this reference, which is not registered as a submodule of the stack.
+        self.__dict__["entity_embeddings"] = entity_embeddings
+
     def _read_memory(self, hidden_states, input_ids, entity_labels, output_attended_entities):
-        """The memory access of an encoder or decoder (which hold `memory` and `entity_embeddings`)."""
+        """The memory access at each `<E_s>` of `input_ids`."""
         return self.memory(
             hidden_states,
             input_ids == self.config.entity_start_token_id,
@@ -395,28 +437,23 @@ class EDMemPreTrainedModel(EntityIndexMixin, PreTrainedModel):
         )
 
 
-class EDMemEncoder(EDMemPreTrainedModel):
-    """BART encoder with an entity memory between its lower and upper layers.
+class EDMemEncoder(_EntityMemoryStack):
+    """BART encoder with an entity memory between its lower and upper layers (none for the EncDec baseline).
 
     `layers[:encoder_lower_layers]` are the lower layers; the names match BART's so that BART weights load.
     """
 
     _can_record_outputs = {"hidden_states": BartEncoderLayer, "attentions": BartAttention}
 
-    def __init__(self, config: EDMemConfig):
+    def __init__(self, config: EDMemConfig, entity_embeddings: nn.Embedding | None = None):
         super().__init__(config)
         self.dropout = config.dropout
         self.layerdrop = config.encoder_layerdrop
-        embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
-        self.embed_tokens = BartScaledWordEmbedding(
-            config.vocab_size, config.d_model, config.pad_token_id, embed_scale=embed_scale
-        )
+        self.embed_tokens = _token_embeddings(config)
         self.embed_positions = BartLearnedPositionalEmbedding(config.max_position_embeddings, config.d_model)
         self.layers = nn.ModuleList([BartEncoderLayer(config, layer_idx=i) for i in range(config.encoder_layers)])
         self.layernorm_embedding = nn.LayerNorm(config.d_model)
-        if config.variant != "encdec":
-            self.entity_embeddings = nn.Embedding(config.entity_vocab_size, config.entity_embed_dim)
-            self.memory = EntityMemory(config)
+        self._add_memory(entity_embeddings)
         self.gradient_checkpointing = False
         self.post_init()
 
@@ -438,15 +475,39 @@ class EDMemEncoder(EDMemPreTrainedModel):
         """
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
-        has_memory = self.config.variant != "encdec"
-        if has_memory and input_ids is None:
-            raise ValueError("EDMem finds mentions by their <E_s> tokens: pass input_ids, not only inputs_embeds")
-        if has_memory:
+        if self.memory is not None:
+            if input_ids is None:
+                raise ValueError("EDMem finds mentions by their <E_s> tokens: pass input_ids, not only inputs_embeds")
             check_mention_markers(input_ids, self.config)
         if entity_labels is not None:
-            if not has_memory:
-                raise ValueError("entity_labels were given but this EDMem variant ('encdec') has no entity memory")
+            if self.memory is None:
+                raise ValueError("entity_labels were given but this model (the EncDec baseline) has no entity memory")
             check_entity_labels(entity_labels, input_ids, self.config)
+        hidden_states, attention_mask = self._embed(input_ids, inputs_embeds, attention_mask)
+        lower = self.config.encoder_lower_layers
+        hidden_states = self._run_layers(self.layers[:lower], hidden_states, attention_mask, **kwargs)
+        access = lower_hidden_state = None
+        if self.memory is not None:
+            lower_hidden_state = hidden_states  # before the memory is merged, as in the authors' code
+            hidden_states, access = self._read_memory(
+                hidden_states, input_ids, entity_labels, output_attended_entities
+            )
+        hidden_states = self._run_layers(self.layers[lower:], hidden_states, attention_mask, **kwargs)
+        return EDMemEncoderOutput(
+            last_hidden_state=hidden_states,
+            lower_hidden_state=lower_hidden_state if self.config.lower_decoder_attends_to == "lower" else None,
+            memory_access=access if output_attended_entities or entity_labels is not None else None,
+        )
+
+    def lower_hidden_states(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None):
+        """`(batch, seq, d_model)`, the lower layers' output: what the memory reads at each `<E_s>`. Only the lower
+        layers run (new entities' rows are the memory's queries there: `entity_growth.memory_queries`)."""
+        check_mention_markers(input_ids, self.config)
+        hidden_states, attention_mask = self._embed(input_ids, None, attention_mask)
+        return self._run_layers(self.layers[: self.config.encoder_lower_layers], hidden_states, attention_mask)
+
+    def _embed(self, input_ids, inputs_embeds, attention_mask):
+        """Token and position embeddings, and the attention mask as the layers take it."""
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
         embed_pos = self.embed_positions(inputs_embeds[:, :, -1]).to(inputs_embeds.device)
@@ -455,31 +516,18 @@ class EDMemEncoder(EDMemPreTrainedModel):
         attention_mask = create_bidirectional_mask(
             config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask
         )
+        return hidden_states, attention_mask
 
-        access = lower_hidden_state = None
-        for idx, layer in enumerate(self.layers):
-            if idx == self.config.encoder_lower_layers and has_memory:
-                lower_hidden_state = hidden_states  # before the memory is merged, as in the authors' code
-                hidden_states, access = self._read_memory(
-                    hidden_states, input_ids, entity_labels, output_attended_entities
-                )
+    def _run_layers(self, layers, hidden_states, attention_mask, **kwargs):
+        for layer in layers:
             if self.training and self.layerdrop > 0.0 and torch.rand([]) < self.layerdrop:
                 continue
             hidden_states = layer(hidden_states, attention_mask, **kwargs)
-        if has_memory and self.config.encoder_upper_layers == 0:
-            lower_hidden_state = hidden_states
-            hidden_states, access = self._read_memory(
-                hidden_states, input_ids, entity_labels, output_attended_entities
-            )
-        return EDMemEncoderOutput(
-            last_hidden_state=hidden_states,
-            lower_hidden_state=lower_hidden_state if self.config.lower_decoder_attends_to == "lower" else None,
-            memory_access=access if output_attended_entities or entity_labels is not None else None,
-        )
+        return hidden_states
 
 
-class EDMemDecoder(EDMemPreTrainedModel):
-    """BART decoder with an entity memory between its lower and upper layers.
+class EDMemDecoder(_EntityMemoryStack):
+    """BART decoder with an entity memory between its lower and upper layers (none for the EncDec baseline).
 
     Incremental decoding runs only the new tokens through lower layers, memory (at `<E_s>`) and upper layers;
     `past_key_values` is Transformers' `EncoderDecoderCache` over all decoder layers.
@@ -491,20 +539,15 @@ class EDMemDecoder(EDMemPreTrainedModel):
         "cross_attentions": OutputRecorder(BartAttention, index=1, layer_name="encoder_attn"),
     }
 
-    def __init__(self, config: EDMemConfig):
+    def __init__(self, config: EDMemConfig, entity_embeddings: nn.Embedding | None = None):
         super().__init__(config)
         self.dropout = config.dropout
         self.layerdrop = config.decoder_layerdrop
-        embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
-        self.embed_tokens = BartScaledWordEmbedding(
-            config.vocab_size, config.d_model, config.pad_token_id, embed_scale=embed_scale
-        )
+        self.embed_tokens = _token_embeddings(config)
         self.embed_positions = BartLearnedPositionalEmbedding(config.max_position_embeddings, config.d_model)
         self.layers = nn.ModuleList([BartDecoderLayer(config, layer_idx=i) for i in range(config.decoder_layers)])
         self.layernorm_embedding = nn.LayerNorm(config.d_model)
-        if config.variant == "edmem":
-            self.entity_embeddings = nn.Embedding(config.entity_vocab_size, config.entity_embed_dim)
-            self.memory = EntityMemory(config)
+        self._add_memory(entity_embeddings)
         self.gradient_checkpointing = False
         self.post_init()
 
@@ -533,8 +576,7 @@ class EDMemDecoder(EDMemPreTrainedModel):
         """
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("You must specify exactly one of decoder_input_ids or decoder_inputs_embeds")
-        has_memory = self.config.variant == "edmem"
-        if has_memory and input_ids is None:
+        if self.memory is not None and input_ids is None:
             raise ValueError("EDMem finds mentions by their <E_s> tokens: pass decoder_input_ids, not only embeddings")
         use_cache = self.config.use_cache if use_cache is None else use_cache
         if inputs_embeds is None:
@@ -578,346 +620,57 @@ class EDMemDecoder(EDMemPreTrainedModel):
         if self.config.lower_decoder_attends_to == "lower" and encoder_lower_hidden_states is not None:
             lower_source = encoder_lower_hidden_states
 
+        lower = self.config.decoder_lower_layers
+        layer_inputs = {
+            "encoder_attention_mask": cross_mask,
+            "past_key_values": past_key_values,
+            "use_cache": use_cache,
+        }
+        hidden_states = self._run_layers(
+            self.layers[:lower], hidden_states, causal_mask, lower_source, **layer_inputs, **kwargs
+        )
         access = None
-        for idx, layer in enumerate(self.layers):
-            if idx == self.config.decoder_lower_layers and has_memory:
-                hidden_states, access = self._read_memory(
-                    hidden_states, input_ids, entity_labels, output_attended_entities
-                )
-            if self.training and self.layerdrop > 0.0 and torch.rand([]) < self.layerdrop:
-                continue
-            source = lower_source if idx < self.config.decoder_lower_layers else encoder_hidden_states
-            hidden_states = layer(
-                hidden_states,
-                causal_mask,
-                source,
-                encoder_attention_mask=cross_mask,
-                past_key_values=past_key_values,
-                use_cache=use_cache,
-                **kwargs,
-            )
-        if has_memory and self.config.decoder_upper_layers == 0:
+        if self.memory is not None:
             hidden_states, access = self._read_memory(
                 hidden_states, input_ids, entity_labels, output_attended_entities
             )
+        hidden_states = self._run_layers(
+            self.layers[lower:], hidden_states, causal_mask, encoder_hidden_states, **layer_inputs, **kwargs
+        )
         return EDMemDecoderOutput(
             last_hidden_state=hidden_states,
             past_key_values=past_key_values,
             memory_access=access if output_attended_entities or entity_labels is not None else None,
         )
 
+    def _run_layers(self, layers, hidden_states, causal_mask, encoder_hidden_states, **kwargs):
+        for layer in layers:
+            if self.training and self.layerdrop > 0.0 and torch.rand([]) < self.layerdrop:
+                continue
+            hidden_states = layer(hidden_states, causal_mask, encoder_hidden_states, **kwargs)
+        return hidden_states
+
 
 # ---------------------------------------------------------------------------------------------------------------
-# Models
+# Models: EDMem and the EncDec baseline (encoder-decoders), EncMem (encoder only)
 # ---------------------------------------------------------------------------------------------------------------
 
 
-class _QueriesTaken(Exception):
-    """Raised by `memory_queries`' hook once the memory's queries are taken, to end the encoder's forward there."""
+class _EncoderDecoderModel(EDMemHubMixin, EDMemPreTrainedModel):
+    """The encoder-decoder of EDMem and of EncDec: the token embeddings (`shared`), and for EDMem the entity table
+    (`entity_embeddings`) that the memories of both stacks read."""
 
+    _tied_weights_keys = {
+        "encoder.embed_tokens.weight": "shared.weight",
+        "decoder.embed_tokens.weight": "shared.weight",
+    }
 
-def _crop_around_first_mention(ids: list[int], start_id: int, max_length: int) -> list[int]:
-    """`max_length` tokens of `ids` with its first `<E_s>` in the middle (all of `ids` when short enough)."""
-    if len(ids) <= max_length:
-        return ids
-    first = ids.index(start_id) if start_id in ids else 0
-    begin = max(0, min(first - max_length // 2, len(ids) - max_length))
-    return ids[begin : begin + max_length]
-
-
-class _EntityVocabMixin:
-    """`model.entity_vocab`: saved beside the weights and restored by `from_pretrained`."""
-
-    @property
-    def entity_vocab(self) -> EntityVocab | None:
-        return getattr(self, "_entity_vocab", None)
-
-    @entity_vocab.setter
-    def entity_vocab(self, vocab: EntityVocab | None) -> None:
-        if vocab is not None:
-            if not isinstance(vocab, EntityVocab):
-                raise TypeError(f"entity_vocab must be an EntityVocab, got {type(vocab).__name__}")
-            if len(vocab) != self.config.entity_vocab_size:
-                raise ValueError(
-                    f"entity vocabulary / memory mismatch: the vocabulary has {len(vocab)} entities but the entity "
-                    f"memory has {self.config.entity_vocab_size} rows (config.entity_vocab_size)"
-                )
-        self._entity_vocab = vocab
-        self._entity_trie = None  # spelled the old vocabulary's names
-
-    @torch.no_grad()
-    def memory_queries(
-        self, passages: list[list[str]], tokenizer, batch_size: int = 32, max_length: int = 128
-    ) -> torch.Tensor:
-        """`(len(passages), entity_embed_dim)`: for each list of texts, the mean of the memory's queries (`W_in h` of
-        the encoder's lower layers at each `<E_s>`) over its marked mentions: what the memory is asked there.
-
-        A passage longer than `max_length` tokens is cut to `max_length` tokens (at most the model's positions)
-        around its first mention. A list without a single marked mention is a ValueError naming its index.
-        """
-        max_length = min(max_length, self.config.max_position_embeddings)
-        encoder = self.get_encoder()
-        queries: list[torch.Tensor] = []
-
-        def ask(memory, args):  # the encoder stops at the memory: no read of the table, no upper layers
-            queries.append(memory.query_proj(args[0][args[1]]))
-            raise _QueriesTaken
-
-        hook = encoder.memory.register_forward_pre_hook(ask)
-        owners = [i for i, texts in enumerate(passages) for _ in texts]
-        texts = [text for texts in passages for text in texts]
-        counts = torch.zeros(len(passages), dtype=torch.long)
-        sums = torch.zeros(len(passages), self.config.entity_embed_dim)
-        was_training = self.training
-        self.eval()
-        try:
-            for begin in range(0, len(texts), batch_size):
-                crops = [_crop_around_first_mention(ids, self.config.entity_start_token_id, max_length)
-                         for ids in tokenizer(texts[begin : begin + batch_size]).input_ids]  # fmt: skip
-                batch = tokenizer.pad({"input_ids": crops}, return_tensors="pt").to(self.device)
-                queries.clear()
-                try:
-                    encoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
-                except _QueriesTaken:
-                    pass
-                starts = batch.input_ids == self.config.entity_start_token_id
-                rows = torch.tensor(owners[begin : begin + batch_size])[starts.nonzero()[:, 0].cpu()]
-                if queries:
-                    sums.index_add_(0, rows, queries[0].float().cpu())
-                counts += torch.bincount(rows, minlength=len(passages))
-        finally:
-            hook.remove()
-            self.train(was_training)
-        if (counts == 0).any():
-            raise ValueError(f"no marked mention in passages[{int((counts == 0).nonzero()[0, 0])}]")
-        return sums / counts[:, None]
-
-    @torch.no_grad()
-    def add_entities(
-        self,
-        names: list[str],
-        passages: list[list[str]] | None = None,
-        tokenizer=None,
-        *,
-        rows: torch.Tensor | None = None,
-        batch_size: int = 32,
-        max_length: int = 128,
-    ) -> list[int]:
-        """Appends entities to the memory of a trained model, without gradient steps; returns their ids.
-
-        A new row is what the memory is asked at the entity's mentions: `memory_queries(passages)`, each scaled to
-        the mean norm of the existing rows (attention scores are dot products: a row far shorter or longer than the
-        others would never, or always, win; benchmarks/toy_world_growth.py measures the choice). Every tied copy
-        of the table grows, and so do `config.entity_vocab_size`, `entity_vocab` (the prefix tree of names is
-        rebuilt on the next constrained decoding) and an entity mask set with `set_entity_mask` (the new entities
-        visible).
-
-        Args:
-            names: the new entities' names: not in `entity_vocab`, not blank, no repeats.
-            passages: `passages[i]`, texts about `names[i]` in which its mentions (and only its) are marked
-                `<E_s> ... <E_e>`; each entity needs at least one. See `memory_queries` for `batch_size` and
-                `max_length`.
-            tokenizer: the model's tokenizer (with `<E_s>` and `<E_e>`).
-            rows: instead of `passages` and `tokenizer`, the new rows themselves, `(len(names), entity_embed_dim)`
-                (another estimator's).
-        """
-        if self.config.variant == "encdec":
-            raise ValueError("an 'encdec' EDMem has no entity memory to add entities to")
-        if self.entity_vocab is None:
-            raise ValueError("add_entities needs model.entity_vocab: the new names are appended to it")
-        seen: set[str] = set()
-        for name in names:
-            if not isinstance(name, str) or not name.strip():
-                raise ValueError(f"add_entities: an empty or non-string entity name: {name!r}")
-            if name in self.entity_vocab or name in seen:
-                raise ValueError(f"add_entities: entity {name!r} is already in the vocabulary or named twice")
-            seen.add(name)
-        table = self.get_encoder().entity_embeddings.weight
-        if (rows is None) == (passages is None) or (passages is not None and tokenizer is None):
-            raise ValueError("add_entities takes either passages with their tokenizer, or rows")
-        if rows is None:
-            if len(names) != len(passages):
-                raise ValueError(f"add_entities: {len(names)} names but {len(passages)} passage lists")
-            marker = tokenizer.convert_ids_to_tokens(self.config.entity_start_token_id)
-            for name, texts in zip(names, passages):
-                if not any(marker in text for text in texts):
-                    raise ValueError(f"add_entities: no marked mention of {name!r} in its passages")
-            means = self.memory_queries(passages, tokenizer, batch_size=batch_size, max_length=max_length)
-            rows = means / means.norm(dim=-1, keepdim=True) * table.norm(dim=-1).mean().cpu()
-        elif tuple(rows.shape) != (len(names), table.shape[1]):
-            raise ValueError(
-                f"add_entities: rows of shape {tuple(rows.shape)}, expected ({len(names)}, {table.shape[1]})"
-            )
-        grown = nn.Parameter(torch.cat([table.detach(), rows.to(table)]), requires_grad=table.requires_grad)
-        for module in self.modules():
-            if isinstance(getattr(module, "entity_embeddings", None), nn.Embedding):
-                module.entity_embeddings.weight = grown
-                module.entity_embeddings.num_embeddings = grown.shape[0]
-        first = self.config.entity_vocab_size
-        self.config.entity_vocab_size = first + len(names)
-        vocab = self.entity_vocab
-        self.entity_vocab = EntityVocab(vocab.names + list(names), vocab.aliases + [[] for _ in names],
-                                        vocab.counts + [0 for _ in names], vocab.id_space)  # fmt: skip
-        mask = self._get_entity_mask("cpu")
-        if mask is not None:
-            self.set_entity_mask(torch.cat([mask, torch.ones(len(names), dtype=torch.bool)]))
-        return list(range(first, first + len(names)))
-
-    # What the model card says that only the user knows: license (default apache-2.0), datasets, eval_results
-    # (with model_name), tags, ... (a huggingface_hub.ModelCardData; see model_card.py).
-    card_data: ModelCardData | None = None
-
-    def model_card(self, path: str, notes: str = "") -> ModelCard:
-        """This model's card (README.md), with `path` (a folder or a Hub repository id) in its usage snippet."""
-        return edmem_model_card(
-            self.config,
-            path,
-            card_data=self.card_data,
-            architecture=type(self).__name__,
-            num_parameters=self.num_parameters(),
-            notes=notes,
-        )
-
-    def save_pretrained(self, save_directory, *args, overwrite_model_card: bool = False, **kwargs):
-        """`PreTrainedModel.save_pretrained`, plus `entity_vocab.json` and a model card (README.md). A README.md of
-        the user's (one we did not write) is kept unless `overwrite_model_card=True`."""
-        self.config.auto_map = HUB_AUTO_MAP.copy()
-        if kwargs.get("push_to_hub"):
-            # Transformers' upload would replace README.md with the Hub's card or a generic one: ours goes up.
-            repo_id = kwargs.pop("repo_id", os.path.basename(os.path.normpath(os.fspath(save_directory))))
-            push = {
-                key: kwargs.pop(key) for key in ("commit_message", "create_pr", "token", "private") if key in kwargs
-            }
-            kwargs.pop("push_to_hub")
-            self.save_pretrained(save_directory, *args, overwrite_model_card=overwrite_model_card, **kwargs)
-            return self._upload_with_card(save_directory, repo_id, **push)
-        super().save_pretrained(save_directory, *args, **kwargs)
-        if kwargs.get("is_main_process", True):
-            if self.entity_vocab is not None:
-                self.entity_vocab.save(os.path.join(os.fspath(save_directory), ENTITY_VOCAB_NAME))
-            save_model_card(self.model_card(os.fspath(save_directory)), save_directory, overwrite=overwrite_model_card)
-
-    def push_to_hub(
-        self,
-        repo_id: str,
-        *,
-        commit_message: str | None = None,
-        commit_description: str | None = None,
-        private: bool | None = None,
-        token: bool | str | None = None,
-        revision: str | None = None,
-        create_pr: bool = False,
-        max_shard_size: int | str | None = "50GB",
-        tags: list[str] | None = None,
-    ):
-        """`PreTrainedModel.push_to_hub`, with this model's card as README.md unless the repository already has a
-        card of the user's (Transformers' own would upload the Hub's card or a generic one)."""
-        with tempfile.TemporaryDirectory() as folder:
-            self.save_pretrained(folder, max_shard_size=max_shard_size)
-            return self._upload_with_card(
-                folder,
-                repo_id,
-                commit_message=commit_message,
-                commit_description=commit_description,
-                private=private,
-                token=token,
-                revision=revision,
-                create_pr=create_pr,
-                tags=tags,
-            )
-
-    def _upload_with_card(self, folder, repo_id: str, *, token=None, private=None, tags=None, **commit):
-        """Uploads a saved folder with a README.md: the folder's if it is the user's, else the Hub repository's if it
-        is the user's, else ours (its snippet loading `repo_id`); `tags` are added to it."""
-        from huggingface_hub import HfApi
-        from huggingface_hub.errors import EntryNotFoundError
-
-        api = HfApi(token=token)
-        repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
-        readme = os.path.join(os.fspath(folder), README_NAME)
-        users_readme = os.path.isfile(readme) and not is_edmem_card(folder)
-        if users_readme:
-            with open(readme, encoding="utf-8") as f:
-                card = ModelCard(f.read())
-        else:
-            try:
-                card = ModelCard.load(repo_id, token=token)
-            except EntryNotFoundError:
-                card = None
-            if card is None or CARD_MARKER in card.text:
-                card = self.model_card(repo_id)
-        known = card.data.tags or []
-        added = [tag for tag in dict.fromkeys([*(self.model_tags or []), *(tags or [])]) if tag not in known]
-        if added:
-            card.data.tags = known + added
-        if added or not users_readme:
-            card.save(readme)
-        commit["commit_message"] = commit.get("commit_message") or "Upload EDMem"
-        return api.upload_folder(repo_id=repo_id, folder_path=folder, **commit)
-
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
-        loaded = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
-        model = loaded[0] if kwargs.get("output_loading_info") else loaded  # (model, loading info)
-        vocab_file = _resolve_entity_vocab_file(pretrained_model_name_or_path, kwargs)
-        if vocab_file is not None:
-            vocab = EntityVocab.load(vocab_file)
-            if len(vocab) != model.config.entity_vocab_size:
-                raise ValueError(
-                    f"checkpoint mismatch in {pretrained_model_name_or_path}: {ENTITY_VOCAB_NAME} lists {len(vocab)} "
-                    f"entities but the entity table has {model.config.entity_vocab_size} rows"
-                )
-            model.entity_vocab = vocab
-        return loaded
-
-
-def _resolve_entity_vocab_file(path, kwargs) -> str | None:
-    """Finds `entity_vocab.json` in a local directory or a Hub repository; None when there is none."""
-    if path is None:  # from_pretrained(None, config=..., state_dict=...)
-        return None
-    path = os.fspath(path)
-    if os.path.isdir(path):
-        candidate = os.path.join(path, kwargs.get("subfolder", "") or "", ENTITY_VOCAB_NAME)
-        return candidate if os.path.isfile(candidate) else None
-    from transformers.utils import cached_file
-
-    return cached_file(
-        path,
-        ENTITY_VOCAB_NAME,
-        revision=kwargs.get("revision"),
-        cache_dir=kwargs.get("cache_dir"),
-        token=kwargs.get("token"),
-        local_files_only=kwargs.get("local_files_only", False),
-        subfolder=kwargs.get("subfolder", "") or "",
-        _raise_exceptions_for_missing_entries=False,
-        _raise_exceptions_for_connection_errors=False,
-    )
-
-
-def _tied_weights_keys(variant: str) -> dict[str, str]:
-    """`{target: source}`: the token embeddings and the entity table the encoder and decoder hold are the model's."""
-    stacks = ["encoder"] if variant == "encmem" else ["encoder", "decoder"]
-    tied = {f"{stack}.embed_tokens.weight": "shared.weight" for stack in stacks}
-    if variant != "encdec":
-        tied.update({f"{stack}.entity_embeddings.weight": "entity_embeddings.weight" for stack in stacks})
-    return tied
-
-
-class EDMemModel(_EntityVocabMixin, EDMemPreTrainedModel):
-    """The bare EDMem encoder-decoder: hidden states and memory accesses, no heads."""
-
-    def __init__(self, config: EDMemConfig):
+    def __init__(self, config: EDMemConfig, entity_embeddings: nn.Embedding | None):
         super().__init__(config)
-        embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
-        self.shared = BartScaledWordEmbedding(
-            config.vocab_size, config.d_model, config.pad_token_id, embed_scale=embed_scale
-        )
-        if config.variant != "encdec":
-            self.entity_embeddings = nn.Embedding(config.entity_vocab_size, config.entity_embed_dim)
-        self.encoder = EDMemEncoder(config)
-        if config.variant != "encmem":
-            self.decoder = EDMemDecoder(config)
-        self._tied_weights_keys = _tied_weights_keys(config.variant)
+        self.shared = _token_embeddings(config)
+        self.entity_embeddings = entity_embeddings
+        self.encoder = EDMemEncoder(config, entity_embeddings)
+        self.decoder = EDMemDecoder(config, entity_embeddings)
         self.post_init()
 
     def get_input_embeddings(self):
@@ -926,8 +679,7 @@ class EDMemModel(_EntityVocabMixin, EDMemPreTrainedModel):
     def set_input_embeddings(self, value):
         self.shared = value
         self.encoder.embed_tokens = self.shared
-        if self.config.variant != "encmem":
-            self.decoder.embed_tokens = self.shared
+        self.decoder.embed_tokens = self.shared
 
     @can_return_tuple
     def forward(
@@ -953,8 +705,6 @@ class EDMemModel(_EntityVocabMixin, EDMemPreTrainedModel):
         decoder_entity_labels: `(batch, tgt_len)` aligned with `decoder_input_ids` (already shifted).
         output_attended_entities: report each memory access's top entities.
         """
-        if self.config.variant == "encmem":
-            raise ValueError("an 'encmem' EDMem has no decoder: use EDMemForEntityLinking")
         if decoder_input_ids is None and decoder_inputs_embeds is None:
             if input_ids is None:
                 raise ValueError("pass decoder_input_ids, decoder_inputs_embeds or input_ids")
@@ -1007,6 +757,102 @@ class EDMemModel(_EntityVocabMixin, EDMemPreTrainedModel):
         )
 
 
+class _EntityGrowthMethods:
+    """`add_entities` and `memory_queries` where users call them, on the models that have a memory. The code is in
+    `edmem_hf.entity_growth` (this package's, not Hub custom code): a model loaded with `trust_remote_code=True`
+    grows its memory when the package is installed, and says so when it is not."""
+
+    def add_entities(self, names: list[str], passages: list[list[str]] | None = None, tokenizer=None, **kwargs):
+        """Appends entities to the memory, without training; returns their ids. See
+        `edmem_hf.entity_growth.add_entities` (docs/model.md, "New entities after training")."""
+        return _entity_growth().add_entities(self, names, passages, tokenizer, **kwargs)
+
+    def memory_queries(self, passages: list[list[str]], tokenizer, **kwargs) -> torch.Tensor:
+        """For each list of texts, the mean of the memory's queries at its marked mentions. See
+        `edmem_hf.entity_growth.memory_queries`."""
+        return _entity_growth().memory_queries(self, passages, tokenizer, **kwargs)
+
+
+def _entity_growth():
+    try:
+        from edmem_hf import entity_growth
+    except ImportError as error:
+        raise ImportError(
+            "growing the entity memory needs the edmem-hf package (its entity_growth module is not Hub custom code): "
+            "install it, then call add_entities / memory_queries again"
+        ) from error
+    return entity_growth
+
+
+class EDMemModel(_EntityGrowthMethods, _EncoderDecoderModel):
+    """The bare EDMem encoder-decoder: hidden states and memory accesses, no heads. It owns the token embeddings
+    (`shared`) and the entity table (`entity_embeddings`), one parameter read by both memories."""
+
+    edmem_variant = "edmem"
+
+    def __init__(self, config: EDMemConfig):
+        super().__init__(config, nn.Embedding(config.entity_vocab_size, config.entity_embed_dim))
+
+
+class EDMemEncDecModel(_EncoderDecoderModel):
+    """The paper's EncDec baseline, bare: EDMem's encoder-decoder without the entity memory (`variant="encdec"`)."""
+
+    edmem_variant = "encdec"
+
+    def __init__(self, config: EDMemConfig):
+        super().__init__(config, entity_embeddings=None)
+
+
+class EDMemEncMemModel(_EntityGrowthMethods, EDMemHubMixin, EDMemPreTrainedModel):
+    """The bare EncMem (`variant="encmem"`): the encoder with its memory, no decoder. It owns the token embeddings
+    (`shared`) and the entity table (`entity_embeddings`)."""
+
+    edmem_variant = "encmem"
+    _tied_weights_keys = {"encoder.embed_tokens.weight": "shared.weight"}
+
+    def __init__(self, config: EDMemConfig):
+        super().__init__(config)
+        self.shared = _token_embeddings(config)
+        self.entity_embeddings = nn.Embedding(config.entity_vocab_size, config.entity_embed_dim)
+        self.encoder = EDMemEncoder(config, self.entity_embeddings)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.shared
+
+    def set_input_embeddings(self, value):
+        self.shared = value
+        self.encoder.embed_tokens = self.shared
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        entity_labels: torch.LongTensor | None = None,
+        output_attended_entities: bool = False,
+        **kwargs,
+    ) -> EDMemEncoderOutput:
+        r"""
+        input_ids: `(batch, seq)` with `<E_s> ... <E_e>` around mentions.
+        entity_labels: `(batch, seq)` entity id at each `<E_s>`, -100 elsewhere.
+        output_attended_entities: report what the memory attended to at each `<E_s>`.
+        """
+        return self.encoder(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            entity_labels=entity_labels,
+            output_attended_entities=output_attended_entities,
+            return_dict=True,
+            **kwargs,
+        )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Heads
+# ---------------------------------------------------------------------------------------------------------------
+
+
 def _mean_entity_loss(
     accesses: list[EntityMemoryAccess | None], params: list[torch.Tensor], table: torch.Tensor, reduction: str
 ) -> torch.Tensor:
@@ -1028,6 +874,21 @@ def _mean_entity_loss(
     return torch.stack(per_access).mean() + anchor
 
 
+def _lm_output(outputs: EDMemModelOutput, logits: torch.Tensor, **losses_and_entities) -> EDMemSeq2SeqLMOutput:
+    """The LM heads' output: the logits, the encoder-decoder's outputs, and the losses and entity reports given."""
+    return EDMemSeq2SeqLMOutput(
+        logits=logits,
+        past_key_values=outputs.past_key_values,
+        decoder_hidden_states=outputs.decoder_hidden_states,
+        decoder_attentions=outputs.decoder_attentions,
+        cross_attentions=outputs.cross_attentions,
+        encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+        encoder_hidden_states=outputs.encoder_hidden_states,
+        encoder_attentions=outputs.encoder_attentions,
+        **losses_and_entities,
+    )
+
+
 def _lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy of the scored tokens; 0 when none is (a batch of static linking targets, which score only
     the entity-linking head), not the NaN of an empty mean."""
@@ -1039,26 +900,19 @@ def _lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     )
 
 
-class EDMemForConditionalGeneration(EDMemGenerationMixin, _EntityVocabMixin, EDMemPreTrainedModel):
-    """EDMem with an LM head (tied to the input embeddings) and an entity-linking head on the decoder.
-
-    `generate(entity_decoding="free" | "static" | "dynamic")` comes from `EDMemGenerationMixin`.
-    """
+class _EDMemSeq2SeqLM(EDMemGenerationMixin, EDMemHubMixin, EDMemPreTrainedModel):
+    """What EDMem's and EncDec's models with an LM head share: BART's LM head (tied to the input embeddings) and
+    final-logits bias, decoder inputs from the labels, and the entity-decoding defaults of the generation config."""
 
     base_model_prefix = "model"
     _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
     _keys_to_ignore_on_load_missing = ["final_logits_bias"]
 
-    def __init__(self, config: EDMemConfig):
+    def __init__(self, config: EDMemConfig, model_class: type[_EncoderDecoderModel]):
         super().__init__(config)
-        if config.variant == "encmem":
-            raise ValueError("an 'encmem' EDMem has no decoder: use EDMemForEntityLinking")
-        self.model = EDMemModel(config)
+        self.model = model_class(config)
         self.final_logits_bias = nn.Buffer(torch.zeros((1, config.vocab_size)))
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
-        if config.variant == "edmem":
-            self.entity_linking_head = EntityLinkingHead(config)
-        self.post_init()
         # Entity decoding defaults live in the generation config (given to the constructor, so that they are saved).
         if self.generation_config is not None and not hasattr(self.generation_config, "entity_decoding"):
             settings = self.generation_config.to_dict()
@@ -1075,6 +929,37 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EntityVocabMixin, EDM
         bias = old[:, :num] if num <= old.shape[-1] else torch.cat([old, old.new_zeros(1, num - old.shape[-1])], dim=1)
         self.final_logits_bias = nn.Buffer(bias)
         return new_embeddings
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+    def _decoder_input_ids(self, input_ids, labels, decoder_input_ids, decoder_inputs_embeds):
+        """The decoder's input: as given, else `labels` shifted right, else `input_ids` shifted right (denoising, as
+        `EDMemModel` would do it: the entity-linking head needs to see the decoder's `<E_s>`)."""
+        if decoder_input_ids is not None or decoder_inputs_embeds is not None:
+            return decoder_input_ids
+        if labels is not None:
+            return self.prepare_decoder_input_ids_from_labels(labels)
+        if input_ids is not None:
+            return self.prepare_decoder_input_ids_from_labels(input_ids)
+        return None
+
+    def _lm_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden_states) + self.final_logits_bias.to(hidden_states.device)
+
+
+class EDMemForConditionalGeneration(_EntityGrowthMethods, _EDMemSeq2SeqLM):
+    """EDMem with an LM head (tied to the input embeddings) and an entity-linking head on the decoder.
+
+    `generate(entity_decoding="free" | "static" | "dynamic")` comes from `EDMemGenerationMixin`.
+    """
+
+    edmem_variant = "edmem"
+
+    def __init__(self, config: EDMemConfig):
+        super().__init__(config, EDMemModel)
+        self.entity_linking_head = EntityLinkingHead(config)
+        self.post_init()
 
     @can_return_tuple
     def forward(
@@ -1110,8 +995,7 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EntityVocabMixin, EDM
         config = self.config
         if labels is not None:
             use_cache = False
-            if decoder_input_ids is None and decoder_inputs_embeds is None:
-                decoder_input_ids = shift_tokens_right(labels, config.pad_token_id, config.decoder_start_token_id)
+        decoder_input_ids = self._decoder_input_ids(input_ids, labels, decoder_input_ids, decoder_inputs_embeds)
         if decoder_entity_labels is not None:
             if labels is None or decoder_input_ids is None:
                 raise ValueError(
@@ -1126,9 +1010,6 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EntityVocabMixin, EDM
             check_entity_labels(
                 decoder_entity_labels, decoder_input_ids, config, "decoder_entity_labels (shifted right with labels)"
             )
-        if decoder_input_ids is None and decoder_inputs_embeds is None and input_ids is not None:
-            # as EDMemModel would (denoising): the entity-linking head needs to see the decoder's <E_s>
-            decoder_input_ids = shift_tokens_right(input_ids, config.pad_token_id, config.decoder_start_token_id)
         outputs = self.model(
             input_ids,
             attention_mask=attention_mask,
@@ -1139,48 +1020,42 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EntityVocabMixin, EDM
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
-            entity_labels=entity_labels if config.variant != "encdec" else None,
-            decoder_entity_labels=decoder_entity_labels if config.variant == "edmem" else None,
+            entity_labels=entity_labels,
+            decoder_entity_labels=decoder_entity_labels,
             output_attended_entities=output_attended_entities,
             return_dict=True,
             **kwargs,
         )
-        logits = self.lm_head(outputs.last_hidden_state) + self.final_logits_bias.to(outputs.last_hidden_state.device)
+        logits = self._lm_logits(outputs.last_hidden_state)
 
         linked = None
         if entity_linking_top_k is None and output_attended_entities:
             entity_linking_top_k = config.memory_top_k
-        if config.variant == "edmem" and (entity_linking_top_k or decoder_entity_labels is not None):
+        if entity_linking_top_k or decoder_entity_labels is not None:
             linked = self._link_mentions(
                 outputs.last_hidden_state, decoder_input_ids, decoder_entity_labels, entity_linking_top_k
             )
 
         loss = lm_loss = entity_loss = None
         if labels is not None:
-            loss = lm_loss = _lm_loss(logits, labels)
-            if config.variant != "encdec":
-                memory_modules = [self.model.encoder.memory]
-                if config.variant == "edmem":
-                    memory_modules += [self.model.decoder.memory, self.entity_linking_head]
-                entity_loss = _mean_entity_loss(
-                    [outputs.encoder_attended_entities, outputs.decoder_attended_entities, linked],
-                    [p for module in memory_modules for p in module.parameters()],
-                    self.model.entity_embeddings.weight,
-                    config.entity_loss_reduction,
-                )
-                loss = lm_loss + config.entity_loss_weight * entity_loss
-        return EDMemSeq2SeqLMOutput(
+            lm_loss = _lm_loss(logits, labels)
+            entity_loss = _mean_entity_loss(
+                [outputs.encoder_attended_entities, outputs.decoder_attended_entities, linked],
+                [
+                    p
+                    for module in (self.model.encoder.memory, self.model.decoder.memory, self.entity_linking_head)
+                    for p in module.parameters()
+                ],
+                self.model.entity_embeddings.weight,
+                config.entity_loss_reduction,
+            )
+            loss = lm_loss + config.entity_loss_weight * entity_loss
+        return _lm_output(
+            outputs,
+            logits,
             loss=loss,
             lm_loss=lm_loss,
             entity_loss=entity_loss,
-            logits=logits,
-            past_key_values=outputs.past_key_values,
-            decoder_hidden_states=outputs.decoder_hidden_states,
-            decoder_attentions=outputs.decoder_attentions,
-            cross_attentions=outputs.cross_attentions,
-            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
-            encoder_hidden_states=outputs.encoder_hidden_states,
-            encoder_attentions=outputs.encoder_attentions,
             encoder_attended_entities=outputs.encoder_attended_entities,
             decoder_attended_entities=outputs.decoder_attended_entities,
             linked_entities=linked,
@@ -1203,23 +1078,72 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EntityVocabMixin, EDM
             return_top_k=top_k,
         )
 
-    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
-        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+class EDMemEncDecForConditionalGeneration(_EDMemSeq2SeqLM):
+    """The paper's EncDec baseline (`variant="encdec"`): EDMem's encoder-decoder and LM head without the entity
+    memory, trained with the LM loss alone. It takes EDMem's batches: entity labels are accepted and not used.
+    `generate` decodes freely (static and dynamic decoding need the entity-linking head)."""
+
+    edmem_variant = "encdec"
+
+    def __init__(self, config: EDMemConfig):
+        super().__init__(config, EDMemEncDecModel)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.LongTensor | None = None,
+        encoder_outputs: EDMemEncoderOutput | tuple | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        entity_labels: torch.LongTensor | None = None,
+        decoder_entity_labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attended_entities: bool = False,
+        **kwargs,
+    ) -> EDMemSeq2SeqLMOutput:
+        r"""
+        labels: `(batch, tgt_len)` target tokens, -100 where not scored; the decoder input is `labels` shifted
+            right unless `decoder_input_ids` is given.
+        entity_labels / decoder_entity_labels / output_attended_entities: accepted (EDMem's batches and evaluation
+            pass them) and not used: there is no memory to supervise or report.
+        """
+        if labels is not None:
+            use_cache = False
+        outputs = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=self._decoder_input_ids(input_ids, labels, decoder_input_ids, decoder_inputs_embeds),
+            decoder_attention_mask=decoder_attention_mask,
+            encoder_outputs=encoder_outputs,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            return_dict=True,
+            **kwargs,
+        )
+        logits = self._lm_logits(outputs.last_hidden_state)
+        lm_loss = _lm_loss(logits, labels) if labels is not None else None
+        return _lm_output(outputs, logits, loss=lm_loss, lm_loss=lm_loss)
 
 
-class EDMemForEntityLinking(_EntityVocabMixin, EDMemPreTrainedModel):
+class EDMemForEntityLinking(_EntityGrowthMethods, EDMemHubMixin, EDMemPreTrainedModel):
     """The encoder-only EncMem variant (EaE-style auto-encoder): encoder + memory, an entity-linking head on the
     final encoder states and a BERT-style masked-LM head. Predicts the entity of every `<E_s>` in the input."""
 
+    edmem_variant = "encmem"
     _tied_weights_keys = {"lm_head.decoder.weight": "model.shared.weight"}
 
     def __init__(self, config: EDMemConfig):
         super().__init__(config)
-        if config.variant != "encmem":
-            raise ValueError(
-                f"EDMemForEntityLinking is the 'encmem' variant; got a config with variant={config.variant!r}"
-            )
-        self.model = EDMemModel(config)
+        self.model = EDMemEncMemModel(config)
         self.lm_head = MaskedLMHead(config)
         self.entity_linking_head = EntityLinkingHead(config)
         self.post_init()
@@ -1248,7 +1172,7 @@ class EDMemForEntityLinking(_EntityVocabMixin, EDMemPreTrainedModel):
         """
         if input_ids is None:
             raise ValueError("EDMemForEntityLinking needs input_ids: mentions are found by their <E_s> tokens")
-        encoder_outputs = self.model.encoder(
+        encoder_outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             entity_labels=entity_labels,
@@ -1292,8 +1216,36 @@ class EDMemForEntityLinking(_EntityVocabMixin, EDMemPreTrainedModel):
         )
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# The classes of each variant
+# ---------------------------------------------------------------------------------------------------------------
+
+# The class each Auto class builds for each variant: the `auto_map` written on save, and the class into which
+# `from_pretrained` and `from_config` load a saved model of another variant. EncMem has no decoder, so no
+# AutoModelForSeq2SeqLM class.
+VARIANT_CLASSES: dict[str, dict[str, type[EDMemPreTrainedModel]]] = {
+    "AutoModel": {"edmem": EDMemModel, "encdec": EDMemEncDecModel, "encmem": EDMemEncMemModel},
+    "AutoModelForSeq2SeqLM": {"edmem": EDMemForConditionalGeneration, "encdec": EDMemEncDecForConditionalGeneration},
+}
+# Each variant's model with the heads it is trained with (`edmem pretrain --variant`).
+MODEL_WITH_HEADS: dict[str, type[EDMemPreTrainedModel]] = {
+    "edmem": EDMemForConditionalGeneration,
+    "encdec": EDMemEncDecForConditionalGeneration,
+    "encmem": EDMemForEntityLinking,
+}
+
+
+def _counterpart(model_class: type, variant: str) -> type[EDMemPreTrainedModel]:
+    """The class of `variant` in the place of `model_class`: the bare model, or the model with its heads."""
+    bare = VARIANT_CLASSES["AutoModel"]
+    return bare[variant] if issubclass(model_class, tuple(bare.values())) else MODEL_WITH_HEADS[variant]
+
+
 __all__ = [
     "EDMemDecoder",
+    "EDMemEncDecForConditionalGeneration",
+    "EDMemEncDecModel",
+    "EDMemEncMemModel",
     "EDMemEncoder",
     "EDMemForConditionalGeneration",
     "EDMemForEntityLinking",
@@ -1303,4 +1255,6 @@ __all__ = [
     "MaskedLMHead",
     "EntityMemory",
     "EntityMemoryAccess",
+    "MODEL_WITH_HEADS",
+    "VARIANT_CLASSES",
 ]

@@ -21,7 +21,7 @@ from huggingface_hub.errors import StrictDataclassError
 from .configuration_edmem import EDMemConfig
 from .convert_original import AUTHORS_DEFAULTS, parse_set_options
 from .model_card import edmem_model_card, save_model_card
-from .modeling_edmem import HUB_AUTO_MAP, EDMemForConditionalGeneration
+from .modeling_edmem import EDMemForConditionalGeneration
 
 _AUTHORS_MODEL: dict[str, Any] = dict(
     AUTHORS_DEFAULTS,
@@ -129,7 +129,7 @@ def _save_without_weights(model: EDMemForConditionalGeneration, folder: str) -> 
     from transformers.dynamic_module_utils import custom_object_save
 
     os.makedirs(folder, exist_ok=True)
-    model.config.auto_map = HUB_AUTO_MAP.copy()
+    model.config.auto_map = model._hub_auto_map(model.config)
     model.config.architectures = [type(model).__name__]
     custom_object_save(model, folder, config=model.config)
     model.config.save_pretrained(folder)

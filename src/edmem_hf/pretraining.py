@@ -28,6 +28,7 @@ CHECKPOINT_DIR = "checkpoints"  # Accelerate's automatic naming: OUTPUT_DIR/chec
 TRAINER_STATE_NAME = "trainer_state.json"
 LOG_NAME = "log.jsonl"
 _CHECKPOINT_NAME = re.compile(r"^checkpoint_(\d+)$")
+_OLD_CHECKPOINT_NAME = re.compile(r"^step-(\d+)$")  # earlier versions of this loop: no Accelerate state to resume
 
 
 @dataclass
@@ -216,7 +217,11 @@ def load_corpus(corpus_dir: str) -> tuple[Any, Any, Any]:
     if "train" not in passages:
         raise ValueError(f"{passages_dir} has no 'train' split (splits: {list(passages)})")
     vocab = EntityVocab.load(corpus_dir)
-    tokenizer = AutoTokenizer.from_pretrained(os.path.join(corpus_dir, "tokenizer"))
+    tokenizer_dir = os.path.join(corpus_dir, "tokenizer")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    except Exception as err:  # a broken tokenizer.json raises json's or tokenizers' errors, which name no file
+        raise ValueError(f"tokenizer directory {tokenizer_dir!r} could not be loaded: {err}") from err
     return passages, vocab, tokenizer
 
 
@@ -277,16 +282,17 @@ def build_config(args: PretrainingArguments, tokenizer: Any, entity_vocab_size: 
 
 
 def build_model(args: PretrainingArguments, tokenizer: Any, entity_vocab: Any) -> Any:
-    """A new EDMem from the options, or the checkpoint at `--model_name_or_path`: an
-    `EDMemForConditionalGeneration`, or for the `encmem` variant an `EDMemForEntityLinking`."""
+    """A new EDMem from the options, or the checkpoint at `--model_name_or_path`, in its variant's class with heads
+    (`modeling_edmem.MODEL_WITH_HEADS`): `EDMemForConditionalGeneration`, `EDMemEncDecForConditionalGeneration`
+    (`encdec`) or `EDMemForEntityLinking` (`encmem`)."""
     from .configuration_edmem import EDMemConfig
-    from .modeling_edmem import EDMemForConditionalGeneration, EDMemForEntityLinking
+    from .modeling_edmem import MODEL_WITH_HEADS
 
     if args.model_name_or_path:
         config = EDMemConfig.from_pretrained(args.model_name_or_path)
     else:
         config = build_config(args, tokenizer, len(entity_vocab))
-    model_class = EDMemForEntityLinking if config.variant == "encmem" else EDMemForConditionalGeneration
+    model_class = MODEL_WITH_HEADS[config.variant]
     if not args.model_name_or_path:
         model = model_class(config)
     else:
@@ -380,7 +386,32 @@ def list_checkpoints(output_dir: str) -> list[str]:
 
 
 def _resolve_resume(args: PretrainingArguments) -> str | None:
-    """The checkpoint that `--resume auto | no | PATH` designates, or None to start afresh."""
+    """The checkpoint that `--resume auto | no | PATH` designates, or None to start afresh. Refuses the `step-N`
+    checkpoints of earlier versions of this loop (they lack its Accelerate state) unless the run deletes them."""
+    if args.resume not in ("auto", "no") and _OLD_CHECKPOINT_NAME.match(
+        os.path.basename(os.path.normpath(args.resume))
+    ):
+        raise ValueError(
+            f"--resume {args.resume}: a step-N checkpoint of an earlier version of edmem pretrain cannot be resumed "
+            "(it has no Accelerate state); start afresh with --resume no"
+        )
+    resolved = _designated_checkpoint(args)
+    root = os.path.join(args.output_dir, CHECKPOINT_DIR)
+    old = sorted(
+        (int(match.group(1)), name)
+        for name in (os.listdir(root) if os.path.isdir(root) else [])
+        if (match := _OLD_CHECKPOINT_NAME.match(name))
+    )
+    if old and not (resolved is None and args.overwrite_output_dir):  # --overwrite_output_dir deletes them
+        raise ValueError(
+            f"{root} holds step-N checkpoints of an earlier version of edmem pretrain ({', '.join(n for _, n in old)}), "
+            "which cannot be resumed (they have no Accelerate state) and would count against --save_total_limit: "
+            f"move them out of {root}, or start afresh with --resume no --overwrite_output_dir (which deletes them)"
+        )
+    return resolved
+
+
+def _designated_checkpoint(args: PretrainingArguments) -> str | None:
     checkpoints = list_checkpoints(args.output_dir)
     if args.resume == "auto":
         return checkpoints[-1] if checkpoints else None
