@@ -14,6 +14,7 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.generation import GenerationConfig, GenerationMixin, LogitsProcessorList
 
 from .entity_decoding import EntityConstrainedLogitsProcessor, EntityMention, marked_spans, marker_token_ids
+from .entity_index import with_entity_index_option
 from .entity_trie import EntityTrie
 
 ENTITY_DECODING_MODES = ("free", "static", "dynamic")
@@ -265,6 +266,7 @@ class EDMemGenerationMixin(GenerationMixin):
 
     # --- generate ----------------------------------------------------------------------------------------------
 
+    @with_entity_index_option
     def generate(
         self,
         inputs: torch.Tensor | None = None,
@@ -293,6 +295,9 @@ class EDMemGenerationMixin(GenerationMixin):
             static_linking_input (`str`, *optional*): what the decoder reads before the `<E_s>` placeholder of static
                 linking: `"start"` (ours) or `"question"` (the paper's); see `link_entities`. Defaults to
                 `generation_config.static_linking_input` (`"start"`).
+            entity_index (`bool`, *optional*): search the entity table with an index (entity_index.py): True uses
+                `model.entity_index`, building one first if none is set; False searches exactly for this call.
+                Defaults to whatever `model.set_entity_index` / `model.build_entity_index` set (none: exact).
 
         Training-only batch fields (`labels`, `entity_labels`, `decoder_entity_labels`) are dropped, so that a
         training batch can be passed as is (`Seq2SeqTrainer(predict_with_generate=True)` does). With
