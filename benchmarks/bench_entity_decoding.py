@@ -26,7 +26,13 @@ compared with (`free@L`), so that both read the memory at about the same rate. T
 the mentions per sequence, the fraction of generated tokens inside mentions and the memory / entity-linking-head queries and
 table searches. RESULT keys: `edmem_{static,dynamic}_{greedy,beam5}_{10k,1m}` = time / time of its `free@L`;
 `edmem_mentions_*` and `edmem_memory_queries_*` for the 1M runs (`free_for_static`, `free_for_dynamic` are the free
-runs). `--sections standalone,edmem` picks the sections. The script ends with one `RESULT key=value ...` line.
+runs). At 1M the EDMem runs are repeated with an `EntityIndex` (`generate(entity_index=True)`, the default
+setting), side by side with the exact ones, over a `clustered_table` (rows around 1000 random centres, as a
+trained table's; the exact search's cost does not depend on the rows): `edmem_{static,dynamic}_{greedy,beam5}_1m_index`
+= indexed time / indexed `free@L` time, `index_build_s_1m` (wall clock), `index_mb_1m` (its arrays),
+`index_recall_at_100_1m` (200 queries aimed at entities), `index_recall_random_model_1m` (the random model's own
+queries, aimed at nothing: the worst case). `--no-index` skips them. `--sections standalone,edmem` picks the
+sections. The script ends with one `RESULT key=value ...` line.
 
     python benchmarks/bench_entity_decoding.py [--quick] [--sections edmem]
 """
@@ -434,6 +440,25 @@ class MentionShaper(LogitsProcessor):
         return scores
 
 
+def clustered_table(num_entities: int, dim: int = 256, num_kinds: int = 1000, seed: int = 0) -> torch.Tensor:
+    """A random entity table with the structure of a trained one: rows scattered around `num_kinds` random centres
+    (kinds of entities), as much spread within a kind as between centres, at the scale of the model's
+    initialisation (std 0.02). An unstructured table (independent rows) is the index's worst case: no clustering of
+    it lets a query skip rows."""
+    generator = torch.Generator().manual_seed(seed)
+    centres = torch.randn(num_kinds, dim, generator=generator)
+    rows = centres[torch.randint(0, num_kinds, (num_entities,), generator=generator)]
+    return rows.add_(torch.randn(num_entities, dim, generator=generator)).mul_(0.02)
+
+
+def aimed_queries(table: torch.Tensor, num_queries: int, seed: int = 0) -> torch.Tensor:
+    """Queries aimed at random entities of `table`, as a trained model's are: the row's direction plus as much
+    noise."""
+    generator = torch.Generator().manual_seed(seed)
+    rows = table[torch.randint(0, len(table), (num_queries,), generator=generator)] / 0.02
+    return rows + torch.randn(num_queries, table.shape[1], generator=generator)
+
+
 EDMEM_WIDTHS = {
     # d_model, lower layers, upper layers, heads (FFN is 4 x d_model)
     "small": (256, 2, 2, 4),
@@ -504,10 +529,14 @@ def bench_edmem(
     cache_dir: str | None = None,
     width: str = "small",
     sizes: tuple[str, ...] = ("10k", "1m"),
+    index: bool = True,
 ) -> dict[str, float]:
     """Free vs static vs dynamic entity decoding through `EDMemForConditionalGeneration.generate`.
 
-    Result keys are `edmem_*` for the small width and `edmem_large_*` for the paper's width.
+    With `index`, the 1M runs are made twice, side by side: exact search and `generate(entity_index=True)` (an
+    `EntityIndex` built on the table first, its build time, memory and recall@100 reported); the table is then a
+    `clustered_table` (the exact search's cost does not depend on the rows). Result keys are `edmem_*` for the
+    small width and `edmem_large_*` for the paper's width; the indexed runs' ratios end in `_index`.
     """
     results: dict[str, float] = {}
     prefix = "edmem" if width == "small" else f"edmem_{width}"
@@ -542,6 +571,10 @@ def bench_edmem(
             f"\n[{size_key}] {n} entities; model built in {t1 - t0:.1f}s, trie ({trie}) ready in "
             f"{time.perf_counter() - t1:.1f}s"
         )
+        searches = [False]
+        if index and size_key == "1m":
+            searches.append(True)
+            results.update(build_index_measured(model, f"{prefix}_" if width != "small" else "", size_key))
         for dec, beams in (("greedy", 1), ("beam5", 5)):
             common = dict(
                 max_new_tokens=new_tokens,
@@ -562,19 +595,25 @@ def bench_edmem(
                         **common,
                     )
                 lengths[mode] = max(1, round(mention_stats(out, start_id, end_id, trie)[2]))
-            runs = {  # run name -> (entity_decoding, free-mode mention length)
-                f"free@{lengths['static']}": ("free", lengths["static"]),
-                "static": ("static", None),
-                f"free@{lengths['dynamic']}": ("free", lengths["dynamic"]),
-                "dynamic": ("dynamic", None),
-            }
-            baseline = {"static": f"free@{lengths['static']}", "dynamic": f"free@{lengths['dynamic']}"}
+            runs = {}  # run name -> (entity_decoding, free-mode mention length, indexed search)
+            baseline = {}  # constrained run -> its free run
+            for indexed in searches:
+                tag = "+index" if indexed else ""
+                for mode in ("static", "dynamic"):
+                    runs[f"free@{lengths[mode]}{tag}"] = ("free", lengths[mode], indexed)
+                    runs[mode + tag] = (mode, None, indexed)
+                    baseline[mode + tag] = f"free@{lengths[mode]}{tag}"
             shapers = {
-                run: MentionShaper(start_id, end_id, 1, gap, length, beams) for run, (_, length) in runs.items()
+                run: MentionShaper(start_id, end_id, 1, gap, length, beams) for run, (_, length, _) in runs.items()
             }
             kwargs = {
-                run: dict(entity_decoding=mode, logits_processor=LogitsProcessorList([shapers[run]]), **common)
-                for run, (mode, _) in runs.items()
+                run: dict(
+                    entity_decoding=mode,
+                    logits_processor=LogitsProcessorList([shapers[run]]),
+                    entity_index=indexed,
+                    **common,
+                )
+                for run, (mode, _, indexed) in runs.items()
             }
             stats = {}
             hooks = [
@@ -599,24 +638,27 @@ def bench_edmem(
                         total = CLOCK() - t0
                         if total - shapers[run].seconds < best[run]:
                             best[run], shaper_s[run] = total - shapers[run].seconds, shapers[run].seconds
-            print(f"  {dec} (free@L: free decoding with mentions closed after L tokens)")
+            print(f"  {dec} (free@L: free decoding with mentions closed after L tokens; +index: an EntityIndex)")
             key = f"{dec}_{size_key}"
-            for run, (mode, _) in runs.items():
+            for run, (mode, _, indexed) in runs.items():
                 per_seq, frac, mean_len, ok, c = stats[run]
-                ratio = best[run] / best[baseline[mode]] if mode != "free" else 1.0
+                ratio = best[run] / best[baseline[run]] if mode != "free" else 1.0
                 print(
-                    f"    {run:8s} {best[run] * 1000:8.1f} ms"
-                    + (f" ({ratio:.3f}x {baseline[mode]})" if mode != "free" else "")
+                    f"    {run:14s} {best[run] * 1000:8.1f} ms"
+                    + (f" ({ratio:.3f}x {baseline[run]})" if mode != "free" else "")
                     + f"; shaper {shaper_s[run] * 1000:.1f} ms subtracted | mentions/seq {per_seq:.2f}, inside "
                     f"mentions {frac:.0%}, {mean_len:.1f} tokens/mention"
                     + (f", valid names {ok:.0%}" if mode != "free" else "")
                     + f" | memory: {c.get('memory_queries', 0)} queries in {c.get('memory_searches', 0)} table searches"
                     + f"; EL head: {c.get('head_queries', 0)} queries in {c.get('head_searches', 0)} searches"
                 )
+                tag = "_index" if indexed else ""
                 if mode != "free":
-                    results[f"{prefix}_{mode}_{key}"] = ratio
+                    results[f"{prefix}_{mode}_{key}{tag}"] = ratio
                     if ok < 1.0:
                         print(f"  ERROR: {mode} decoding produced a mention that is not a name", file=sys.stderr)
+                if indexed:
+                    continue
                 names = [mode] if mode != "free" else [f"free_for_{m}" for m in baseline if baseline[m] == run]
                 for name in names:
                     results[f"{prefix}_mentions_{name}_{key}"] = per_seq
@@ -626,6 +668,38 @@ def bench_edmem(
         del model, trie
         gc.collect()
     return results
+
+
+def build_index_measured(model, prefix: str, size_key: str) -> dict[str, float]:
+    """Puts a `clustered_table` in `model`, builds its `EntityIndex` (not cached) and measures the build (wall
+    clock), the index's memory (its arrays, and the growth of the process's RSS), its recall@100 on aimed
+    queries and on the model's own queries (a random model's: not aimed at any entity, the index's worst case)."""
+    import faiss
+
+    faiss.omp_set_num_threads(torch.get_num_threads())
+    table = model.model.entity_embeddings.weight
+    with torch.no_grad():
+        table.copy_(clustered_table(*table.shape, seed=0))
+    rss_before = rss_mb()
+    t0 = time.perf_counter()
+    index = model.build_entity_index(use_cache=False)
+    build_s = time.perf_counter() - t0
+    rss_growth = rss_mb() - rss_before
+    recall = index.recall(aimed_queries(table.detach(), 200, seed=1), table.detach(), k=100)
+    own = model.model.decoder.memory.query_proj(torch.randn(200, model.config.d_model)).detach()
+    own_recall = index.recall(own, table.detach(), k=100)
+    model.set_entity_index(None)
+    print(
+        f"  index: {index} built in {build_s:.1f}s (fingerprint included), {index.nbytes / 2**20:.0f} MB of arrays "
+        f"(RSS +{rss_growth:.0f} MB); recall@100 {recall:.3f} on aimed queries, {own_recall:.3f} on the "
+        "random model's queries"
+    )
+    return {
+        f"{prefix}index_recall_at_100_{size_key}": recall,
+        f"{prefix}index_build_s_{size_key}": build_s,
+        f"{prefix}index_mb_{size_key}": index.nbytes / 2**20,
+        f"{prefix}index_recall_random_model_{size_key}": own_recall,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -647,6 +721,9 @@ def main(argv: list[str] | None = None) -> int:
         "--edmem-width", choices=sorted(EDMEM_WIDTHS), default="small", help="EDMem section: model width"
     )
     parser.add_argument("--edmem-sizes", default="10k,1m", help="EDMem section: entity counts (10k, 1m)")
+    parser.add_argument(
+        "--no-index", action="store_true", help="EDMem section: exact search only (no EntityIndex runs at 1M)"
+    )
     args = parser.parse_args(argv)
     global CLOCK
     CLOCK = time.thread_time if args.clock == "cpu" else time.perf_counter
@@ -666,6 +743,7 @@ def main(argv: list[str] | None = None) -> int:
                 gap=args.gap,
                 width=args.edmem_width,
                 sizes=tuple(args.edmem_sizes.split(",")),
+                index=not args.no_index,
             )
         )
     keys = [
@@ -689,8 +767,11 @@ def main(argv: list[str] | None = None) -> int:
     runs = ("free_for_static", "static", "free_for_dynamic", "dynamic")
     for p in ("edmem", "edmem_large"):
         keys += [f"{p}_{m}_{d}_{s}" for s in ("10k", "1m") for d in ("greedy", "beam5") for m in ("static", "dynamic")]
+        keys += [f"{p}_{m}_{d}_1m_index" for d in ("greedy", "beam5") for m in ("static", "dynamic")]
         keys += [f"{p}_mentions_{m}_{d}_1m" for d in ("greedy", "beam5") for m in runs]
         keys += [f"{p}_memory_queries_{m}_{d}_1m" for d in ("greedy", "beam5") for m in runs]
+    keys += [f"{p}index_{f}_1m" for p in ("", "edmem_large_") for f in ("recall_at_100", "build_s", "mb")]
+    keys += [f"{p}index_recall_random_model_1m" for p in ("", "edmem_large_")]
     print("RESULT " + " ".join(f"{k}={results[k]:.3f}" for k in keys if k in results))
     return 0
 

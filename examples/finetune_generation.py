@@ -13,6 +13,7 @@ Works as is under `accelerate launch` and `torchrun`. Evaluation reports ROUGE-1
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass, field
 
 from finetune_common import Task, run
 
@@ -37,17 +38,27 @@ def scorer(task: str):
     return score
 
 
+@dataclass
+class GenerationArguments:
+    task: str = field(
+        metadata={
+            "help": "the task of the files: its scores (CREAK: without its verdict)",
+            "choices": GENERATION_TASKS,
+        }
+    )
+
+
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--task", choices=GENERATION_TASKS, required=True)
-    known, rest = parser.parse_known_args(argv)
+    parser = argparse.ArgumentParser(add_help=False)  # picks the task; every option is parsed (and shown) by run
+    parser.add_argument("--task", choices=GENERATION_TASKS)
+    known, _ = parser.parse_known_args(argv)
     task = Task(
         read=read_generation,
         encode=encode_generation_record,
         score=scorer(known.task),
         defaults=dict(metric_for_best_model="rougeL", max_source_length=256, max_target_length=128),
     )
-    return run(task, rest)
+    return run(task, argv, extra_arguments=(GenerationArguments,))
 
 
 if __name__ == "__main__":

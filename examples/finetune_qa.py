@@ -16,6 +16,7 @@ entity. Pass it to a QA model's predictions with `--entity_decoding static --sta
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass, field
 
 from finetune_common import Task, run
 
@@ -31,21 +32,43 @@ def score_qa(rows: list[dict], predictions: dict[str, str]) -> dict[str, float]:
     return qa_scores(records, predictions, answer_links=links)
 
 
-QA = Task(read=read_qa, encode=encode_qa_record, score=score_qa, defaults=dict(metric_for_best_model="exact_match"))
+# Training reads each question with one of its answers picked at random each time (TriviaQA: its `entity` answer),
+# its linked spans marked, as the authors' reader does; evaluation and prediction score against every answer.
+QA = Task(
+    read=read_qa,
+    encode=encode_qa_record,
+    score=score_qa,
+    defaults=dict(metric_for_best_model="exact_match"),
+    resample=True,
+)
 STATIC_LINKING = Task(
     read=read_qa,
     encode=encode_static_linking_record,
     score=None,
     defaults=dict(metric_for_best_model="loss", greater_is_better=False, predict_with_generate=False),
     filter_rows=lambda row: row["answer_entity"] != IGNORE_INDEX,  # the others are left out of this objective
+    resample=True,
 )
+OBJECTIVES = {"qa": QA, "static_linking": STATIC_LINKING}
+
+
+@dataclass
+class QAArguments:
+    objective: str = field(
+        default="qa",
+        metadata={
+            "help": "qa: generate the answer; static_linking: train the static setting's linker (the decoder reads "
+            "the question then <E_s>, the entity-linking head learns the answer entity)",
+            "choices": tuple(OBJECTIVES),
+        },
+    )
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--objective", choices=("qa", "static_linking"), default="qa")
-    known, rest = parser.parse_known_args(argv)
-    return run(STATIC_LINKING if known.objective == "static_linking" else QA, rest)
+    parser = argparse.ArgumentParser(add_help=False)  # picks the task; every option is parsed (and shown) by run
+    parser.add_argument("--objective", choices=tuple(OBJECTIVES), default="qa")
+    known, _ = parser.parse_known_args(argv)
+    return run(OBJECTIVES[known.objective], argv, extra_arguments=(QAArguments,))
 
 
 if __name__ == "__main__":

@@ -186,7 +186,8 @@ def test_all_entities_mode_in_marker_mode(tokenizer, names, inputs):
 
 
 def test_dynamic_candidates_follow_their_beam(tokenizer, names, inputs):
-    """Candidates set when a row generates <E_s> (as the EDMem model will) hold until the mention is closed."""
+    """Candidates offered when a row generates <E_s> (as the EDMem model does) hold until the mention is closed,
+    wherever beam search moves the row."""
     start_id, end_id = marker_token_ids(tokenizer)
     trie = EntityTrie.build(names, tokenizer, end_token_id=end_id)
     model = make_bart(len(tokenizer), 3)
@@ -194,18 +195,16 @@ def test_dynamic_candidates_follow_their_beam(tokenizer, names, inputs):
     gen = torch.Generator().manual_seed(0)
 
     def candidates_fn(input_ids):
-        opened = input_ids[:, -1] == start_id
-        if not opened.any():
+        if not (input_ids[:, -1] == start_id).any():
             return None
-        # "Entity linking head": candidates depend on the prefix, so that the check below can recompute them.
+        # "Entity linking head": candidates depend on the prefix, so that the check below can recompute them. Those
+        # of the rows that open no mention are ignored.
         ids = torch.stack(
             [
                 torch.randperm(len(names), generator=torch.Generator().manual_seed(hash(tuple(r)) % 2**31))[:3]
                 for r in input_ids.tolist()
             ]
         )
-        current = processor.candidates
-        ids = torch.where(opened[:, None], ids, current[:, :3] if current is not None else -1)
         return ids, torch.rand(ids.shape, generator=gen)
 
     processor.candidates_fn = candidates_fn
@@ -287,6 +286,63 @@ def test_processor_matches_on_hand_computed_masks(tokenizer, names, dense_thresh
             assert torch.equal(out[r][allowed], scores[r][allowed])  # allowed scores pass unchanged
 
 
+def test_each_row_is_placed_by_its_own_tokens(tokenizer, names):
+    """Beam search moves, drops and copies rows between calls: within one generation, each row's allowed tokens
+    are those its own tokens call for (GENRE's rule, computed here by hand), whatever the rows did before."""
+    start_id, end_id = marker_token_ids(tokenizer)
+    trie = EntityTrie.build(names, tokenizer, end_token_id=end_id)
+    vocab = len(tokenizer)
+    processor = EntityConstrainedLogitsProcessor(trie, start_token_id=start_id)
+
+    def state(row: list[int]) -> tuple[str, set[int]]:
+        if start_id not in row:
+            return "outside", set(range(vocab)) - {end_id}
+        prefix = row[len(row) - row[::-1].index(start_id) :]
+        if end_id in prefix:
+            return "outside", set(range(vocab)) - {end_id}
+        following = set(trie.allowed_next_tokens(prefix))
+        return ("in a name", following) if following else ("dead", {end_id})  # left the trie: only the end token
+
+    def allowed(row: list[int]) -> set[int]:
+        return state(row)[1]
+
+    rng = random.Random(3)
+    rows = [[2, 0]] * 6
+    states = set()
+    for step in range(14):
+        out = processor(torch.tensor(rows), torch.randn(len(rows), vocab))
+        for row, scores in zip(rows, out):
+            name, expected = state(row)
+            assert set(torch.isfinite(scores).nonzero().flatten().tolist()) == expected, (step, row)
+            states.add(name)
+
+        # The next rows: any rows of this call (beam search's choice), each with a start marker, an allowed token
+        # or (another processor forced it) any token.
+        def next_token(row: list[int]) -> int:
+            draw = rng.random()
+            return start_id if draw < 0.2 else rng.choice(sorted(allowed(row)) if draw < 0.9 else range(vocab))
+
+        rows = [row + [next_token(row)] for row in (rows[rng.randrange(len(rows))] for _ in rows)]
+    assert states == {"outside", "dead", "in a name"}
+
+
+def test_a_processor_reused_for_another_generation_starts_afresh(tokenizer, names):
+    """Position mode: the span starts where each generation's prompt ends, also when the next generation's prompt
+    is exactly one token longer than the previous generation's last call (its rows do not begin with that
+    generation's prompt)."""
+    processor = EntityConstrainedLogitsProcessor.from_strings(names, tokenizer, add_prefix_space=True)
+    trie, vocab = processor.trie, len(tokenizer)
+    root = set(trie.allowed_next_tokens([]))
+    first = trie.sequence(0)
+    processor(torch.tensor([[2, 7, 8]]), torch.zeros(1, vocab))
+    out = processor(torch.tensor([[2, 7, 8, first[0]]]), torch.zeros(1, vocab))
+    assert set(torch.isfinite(out[0]).nonzero().flatten().tolist()) == set(trie.allowed_next_tokens(first[:1]))
+    out = processor(torch.tensor([[2, 9, 9, 9, 9]]), torch.zeros(1, vocab))  # another generation's prompt
+    assert set(torch.isfinite(out[0]).nonzero().flatten().tolist()) == root
+    out = processor(torch.tensor([[2, 9, 9, 9, 9, first[0]]]), torch.zeros(1, vocab))
+    assert set(torch.isfinite(out[0]).nonzero().flatten().tolist()) == set(trie.allowed_next_tokens(first[:1]))
+
+
 def test_same_as_prefix_allowed_tokens_fn_with_dict_trie(tokenizer, names, inputs):
     """GENRE's recipe (nested-dict trie + prefix_allowed_tokens_fn) and ours agree on greedy and beam search."""
     sequences = [[0] + tokenizer(" " + n, add_special_tokens=False).input_ids + [2] for n in names]
@@ -332,6 +388,8 @@ def test_bad_input(tokenizer, names):
         EntityConstrainedLogitsProcessor.for_edmem(names, make_tokenizer(markers=False))
     with pytest.raises(ValueError, match="must differ"):
         EntityConstrainedLogitsProcessor(trie, start_token_id=end_id)
+    with pytest.raises(ValueError, match=r"must end with the end token 2; entity \d+ ends with \d+"):
+        EntityConstrainedLogitsProcessor(trie, start_token_id=start_id, end_token_id=2)
     bad_rows = EntityConstrainedLogitsProcessor(trie, start_token_id=start_id, candidates=torch.tensor([[0], [1]]))
     with pytest.raises(ValueError, match="do not divide"):
         bad_rows(torch.tensor([[2, start_id]] * 3), torch.zeros(3, len(tokenizer)))
@@ -349,27 +407,30 @@ def test_tokenizer_padding_state_does_not_leak_into_names(names):
 
 
 def test_set_candidates_for_some_rows(tokenizer, names):
-    """Dynamic entity linking: the model sets candidates for the rows that just generated <E_s>."""
+    """Dynamic entity linking: the model offers candidates to the mentions that rows just opened with <E_s>; a
+    row's mention keeps them wherever beam search moves the row, and mentions() reports them."""
     start_id, end_id = marker_token_ids(tokenizer)
     trie = EntityTrie.build(names, tokenizer, end_token_id=end_id)
     processor = EntityConstrainedLogitsProcessor(trie, start_token_id=start_id)
     vocab = len(tokenizer)
-    first = processor(torch.tensor([[2, 0, 7], [2, 0, 8]]), torch.zeros(2, vocab))
+    first = processor(torch.tensor([[2, 0, 7], [2, 0, 7]]), torch.zeros(2, vocab))  # one example, two beams
     assert torch.isfinite(first).sum(-1).tolist() == [vocab - 1] * 2  # outside: all but <E_e>
-    # Step 2: row 1 generated <E_s>; "the model" links it to entities 3 and 4.
-    processor.set_candidates(torch.tensor([[3, 4]]), torch.tensor([[0.9, 0.1]]), rows=torch.tensor([False, True]))
-    out = processor(torch.tensor([[2, 0, 7, 9], [2, 0, 8, start_id]]), torch.zeros(2, vocab))
+    # Step 2: row 1 generated <E_s>; "the model" links it to entities 3 and 4 (row 0's offer is ignored: it opens
+    # no mention).
+    processor.set_candidates(torch.tensor([[3, 4], [5, 6]]), torch.tensor([[0.9, 0.1], [0.5, 0.5]]), rows=[1, 0])
+    out = processor(torch.tensor([[2, 0, 7, 9], [2, 0, 7, start_id]]), torch.zeros(2, vocab))
     assert torch.isfinite(out[0]).sum() == vocab - 1
     expected = {trie.sequence(3)[0], trie.sequence(4)[0]}
     assert set(torch.isfinite(out[1]).nonzero().flatten().tolist()) == expected
-    # Step 3: the rows swap places (beam reordering): the candidates follow their row.
+    # Step 3: the rows swap places (beam reordering): the candidates follow their row's mention.
     tok = trie.sequence(3)[0]
-    out = processor(torch.tensor([[2, 0, 8, start_id, tok], [2, 0, 7, 9, 9]]), torch.zeros(2, vocab))
-    prefix = [tok]
-    expected = {s[1] for s in (trie.sequence(3), trie.sequence(4)) if s[:1] == prefix}
+    sequences = torch.tensor([[2, 0, 7, start_id, tok], [2, 0, 7, 9, 9]])
+    out = processor(sequences, torch.zeros(2, vocab))
+    expected = {s[1] for s in (trie.sequence(3), trie.sequence(4)) if s[:1] == [tok]}
     assert set(torch.isfinite(out[0]).nonzero().flatten().tolist()) == expected
     assert torch.isfinite(out[1]).sum() == vocab - 1
-    assert processor.candidates[0].tolist() == [3, 4] and processor.candidates[1].tolist() == [-1, -1]
+    (mention,), () = processor.mentions(sequences)
+    assert (mention.candidate_ids, mention.candidate_scores) == ([3, 4], pytest.approx([0.9, 0.1]))
 
 
 S, E = 90, 91  # a start and an end marker

@@ -215,6 +215,18 @@ def test_generate_sets_nothing_that_forward_reads(tokenizer):
     assert model_attributes() == attributes
 
 
+def test_dynamic_decoding_returns_the_encoder_outputs_asked_for(tokenizer):
+    """Dynamic decoding runs the encoder before generate() (so that its hand-over kwarg meets no encoder call): the
+    encoder's hidden states come back as generate() returns them in free decoding."""
+    model = make_model(tokenizer, seed=0)
+    batch = questions(tokenizer)
+    kwargs = dict(max_new_tokens=4, return_dict_in_generate=True, output_hidden_states=True)
+    expected = model.generate(**batch, **kwargs).encoder_hidden_states
+    returned = model.generate(**batch, entity_decoding="dynamic", tokenizer=tokenizer, **kwargs).encoder_hidden_states
+    assert expected and len(returned) == len(expected)
+    assert all(torch.equal(a, b) for a, b in zip(expected, returned))
+
+
 CACHE_SETTINGS = {
     "static_greedy": dict(entity_decoding="static"),
     "static_beams": dict(entity_decoding="static", num_beams=3),

@@ -66,6 +66,26 @@ def test_node_ranges_hold_exactly_the_names_below(tokenizer, names):
         assert below == list(range(lo, hi))
 
 
+def test_descend_finds_the_node_of_each_rows_prefix(tokenizer, names):
+    """`TrieTensors.descend`, vectorised over rows, agrees with the one-prefix walk on prefixes in and out of the
+    trie, of every length, right-aligned after other tokens, with tokens out of the vocabulary."""
+    _, end_id = marker_token_ids(tokenizer)
+    trie = EntityTrie.build(names, tokenizer, end_token_id=end_id)
+    rng = random.Random(4)
+    prefixes = []
+    for i in range(200):
+        sequence = trie.sequence(rng.randrange(len(names)))
+        prefix = sequence[: rng.randint(0, len(sequence))]
+        if i % 4 == 0 and prefix:  # off the trie
+            prefix[rng.randrange(len(prefix))] = rng.choice([rng.randrange(len(tokenizer)), len(tokenizer) + 3])
+        prefixes.append(prefix)
+    width = max(map(len, prefixes)) + 2
+    tokens = torch.tensor([[rng.randrange(len(tokenizer)) for _ in range(width - len(p))] + p for p in prefixes])
+    nodes = trie.tensors().descend(tokens, torch.tensor([len(p) for p in prefixes])).tolist()
+    assert nodes == [trie._node_of(p) for p in prefixes]
+    assert -1 in nodes and 0 in nodes and len(set(nodes)) > 50
+
+
 def test_no_prefix_space_option(tokenizer):
     trie = EntityTrie.build(["Barokita", "lun"], tokenizer, end_token_id=2, add_prefix_space=False)
     assert trie.sequence(0) == tokenizer("Barokita", add_special_tokens=False).input_ids + [2]

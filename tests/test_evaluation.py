@@ -137,6 +137,19 @@ def test_mismatched_ids_name_the_problem(tmp_path, capsys):
     data.write_text('{"id": "0", "answer": ["x"]}\n')
     assert edmem([*argv[:5], "--predictions", str(tmp_path / "absent.json")]) == 1
     assert "absent.json" in capsys.readouterr().err
+    # a QA file scored as a generation task, and the other way round: the task and the missing field named
+    predictions.write_text(json.dumps({"0": "x"}))
+    assert edmem(["evaluate", "--task", "creak", *argv[3:]]) == 1
+    assert (
+        "edmem evaluate: task 'creak' scores the 'output' field (the references of a generation file), which "
+        "record '0' does not have" in capsys.readouterr().err
+    )
+    data.write_text('{"id": "0", "input": "q", "output": ["x"]}\n')
+    assert edmem(argv) == 1
+    assert (
+        "task 'nq' scores the 'answer' field (the list of answers of a QA file), which record '0' does not have; "
+        "the records look like those of a generation task: creak, wow, eli5, msmarco" in capsys.readouterr().err
+    )
 
 
 # Entity coverage on hand-made records. "a": the second reference's entities are all in the prediction (Mercury through

@@ -8,13 +8,14 @@ import os
 import pytest
 import torch
 from huggingface_hub import ModelCard
-from transformers import AutoConfig, AutoModelForSeq2SeqLM
+from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 
-from edmem_hf import EDMemForConditionalGeneration
+from edmem_hf import EDMemForConditionalGeneration, EntityVocab
 from edmem_hf.cli import main as edmem
 from edmem_hf.convert_original import AUTHORS_DEFAULTS
 from edmem_hf.presets import AUTHORS_TRAINING, preset_config
 from edmem_hf.pretraining import PretrainingArguments, build_config
+from edmem_hf.tasks import read_qa
 from tiny_models import make_word_tokenizer, run_quietly
 
 # Tiny widths for a preset that gets weights (the full ones are ~2-3 GB).
@@ -107,3 +108,58 @@ print(json.dumps({{key: sorted(value) for key, value in info.items()}}))
 
     assert edmem(["write-preset", "edmem-base", str(tmp_path / "bad"), "--set", "memory_top_k=0"]) == 1
     assert "memory_top_k must be >= 1" in capsys.readouterr().err
+
+
+def test_write_preset_makes_a_complete_folder_from_a_tokenizer_and_task_files(tmp_path, capsys):
+    """Sizes and marker ids from the tokenizer, the entity vocabulary from the task files' links (inputs' and training
+    answers'), both saved beside a model that loads and maps the files' entities by name."""
+    tokenizer = make_word_tokenizer()
+    tokenizer.save_pretrained(tmp_path / "tokenizer")
+    record = {"id": "1", "question": "where is paris?", "answer": ["France", "French Republic"]}
+    record |= {"link_offset": [9], "link_length": [5], "link_target": ["20"], "entity_name": ["Paris"]}
+    record |= {"answer_link_offset": [[0], [0]], "answer_link_length": [[6], [15]]}
+    record |= {"answer_link_target": [["11"], ["11"]], "answer_entity_name": [["France"], ["France"]]}
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "edmem_x-train.jsonl").write_text(json.dumps(record) + "\n")
+    small = [arg for key, value in SMALL.items() if "token_id" not in key and key not in ("vocab_size", "entity_vocab_size") for arg in ("--set", f"{key}={value}")]  # fmt: skip
+    folder = tmp_path / "model"
+    argv = ["write-preset", "edmem-base", str(folder), "--random-weights", "--tokenizer", str(tmp_path / "tokenizer")]
+    assert edmem([*argv, "--task-data", str(tmp_path / "data"), *small]) == 0
+    printed = capsys.readouterr().out
+    start, end = tokenizer.convert_tokens_to_ids(["<E_s>", "<E_e>"])
+    assert f"tokenizer: {len(tokenizer)} tokens, <E_s> = {start}, <E_e> = {end}" in printed
+    assert "entity vocabulary: 2 entities" in printed
+    model = AutoModelForSeq2SeqLM.from_pretrained(folder)
+    config = model.config
+    assert (config.vocab_size, config.entity_start_token_id, config.entity_end_token_id) == (
+        len(tokenizer),
+        start,
+        end,
+    )
+    assert (config.pad_token_id, config.eos_token_id) == (tokenizer.pad_token_id, tokenizer.eos_token_id)
+    assert (
+        model.entity_vocab.names == ["France", "Paris"] and config.entity_vocab_size == 2
+    )  # in the authors' id order
+    assert AutoTokenizer.from_pretrained(folder).convert_tokens_to_ids("<E_s>") == start
+    card = ModelCard.load(folder / "README.md").text
+    assert f"The tokenizer is shipped ({len(tokenizer)} tokens, `<E_s>` = {start}" in card
+    rows = read_qa(tmp_path / "data" / "edmem_x-train.jsonl", model.entity_vocab)
+    assert rows[0]["mention_entities"] == [1] and rows[0]["target_mentions"] == [[[0, 6, 0]], [[0, 15, 0]]]
+    # an entity_vocab.json instead; a tokenizer without markers, a missing folder: errors naming them
+    EntityVocab(["A", "B", "C"]).save(tmp_path / "vocab.json")
+    assert (
+        edmem(
+            [
+                "write-preset",
+                "edmem-base",
+                str(tmp_path / "config-only"),
+                "--entity-vocab",
+                str(tmp_path / "vocab.json"),
+            ]
+        )
+        == 0
+    )
+    assert EntityVocab.load(tmp_path / "config-only").names == ["A", "B", "C"]
+    assert AutoConfig.from_pretrained(tmp_path / "config-only").entity_vocab_size == 3
+    assert edmem(["write-preset", "edmem-base", str(tmp_path / "x"), "--tokenizer", str(tmp_path / "absent")]) == 1
+    assert f"--tokenizer {tmp_path / 'absent'}: no such folder" in capsys.readouterr().err

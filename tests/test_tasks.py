@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import collections
 import json
+import random
 
 import pytest
 import torch
@@ -13,6 +15,7 @@ from edmem_hf.convert_original import authors_entity_vocab, entity_names_from_ta
 from edmem_hf.tasks import (
     EDMemSeq2SeqCollator,
     QAExample,
+    ResampledRows,
     encode_generation_record,
     encode_qa_example,
     encode_qa_record,
@@ -21,6 +24,7 @@ from edmem_hf.tasks import (
     mark_mentions,
     read_answer_links,
     read_generation,
+    read_jsonl,
     read_qa,
 )
 from edmem_hf.tokenization import train_tokenizer
@@ -88,27 +92,29 @@ def test_bad_mentions_raise():
 
 # --- readers of the released files ------------------------------------------------------------------------------
 
-# (file, records read, records skipped as bad, answers that are entities): every released QA file
+# (file, records read, bad links left out, answers that are entities, where the answer links come from): every
+# released QA file; the dev files have no answer links of their own and read the sling_invocab file released beside
 QA_FILES = [
-    ("openqa/nq/edmem_nq-dev.jsonl", 8757, 0, 0),
-    ("openqa/nq/edmem_nq-test.jsonl", 3610, 0, 2544),
-    ("openqa/nq/entity_linking/el_nq-dev.jsonl", 8757, 0, 5669),
-    ("openqa/nq/entity_linking/el_nq-test.jsonl", 3610, 0, 2544),
-    ("openqa/wq/edmem_wq-train.jsonl", 3400, 0, 0),
-    ("openqa/wq/edmem_wq-dev.jsonl", 378, 0, 0),
-    ("openqa/wq/edmem_wq-test.jsonl", 2031, 1, 1802),
-    ("openqa/wq/entity_linking/el_wq-train.jsonl", 3054, 0, 3054),
-    ("openqa/wq/entity_linking/el_wq-dev.jsonl", 378, 0, 343),
-    ("openqa/wq/entity_linking/el_wq-test.jsonl", 2031, 1, 1802),
+    ("openqa/nq/edmem_nq-dev.jsonl", 8757, 0, 5669, "entity_linking/sling_invocab-dev.json"),
+    ("openqa/nq/edmem_nq-test.jsonl", 3610, 0, 2544, "the records"),
+    ("openqa/nq/entity_linking/el_nq-dev.jsonl", 8757, 0, 5669, "the records"),
+    ("openqa/nq/entity_linking/el_nq-test.jsonl", 3610, 0, 2544, "the records"),
+    ("openqa/wq/edmem_wq-train.jsonl", 3400, 0, 3020, "the records"),
+    ("openqa/wq/edmem_wq-dev.jsonl", 378, 0, 343, "entity_linking/sling_invocab-dev.json"),
+    ("openqa/wq/edmem_wq-test.jsonl", 2032, 1, 1803, "the records"),
+    ("openqa/wq/entity_linking/el_wq-train.jsonl", 3054, 0, 3054, "the records"),
+    ("openqa/wq/entity_linking/el_wq-dev.jsonl", 378, 0, 343, "the records"),
+    ("openqa/wq/entity_linking/el_wq-test.jsonl", 2032, 1, 1803, "the records"),
 ]
 GENERATION_FILES = [
     ("generation/creak/edmem_creak-dev.jsonl", 1018, 0),
     ("generation/creak/edmem_creak-test.jsonl", 1371, 0),
-    ("generation/WoW/edmem_wow-dev.jsonl", 3048, 6),
-    ("generation/WoW/edmem_wow-test.jsonl", 2943, 1),
+    ("generation/WoW/edmem_wow-dev.jsonl", 3054, 6),
+    ("generation/WoW/edmem_wow-test.jsonl", 2944, 1),
     ("generation/eli5/edmem_eli5-test.jsonl", 1384, 0),
 ]
-# (file, questions, of which the answer is not an entity)
+# (file, records, bad links left out, their records kept), then (file, questions, of which the answer is not an
+# entity)
 ANSWER_LINK_FILES = [
     ("openqa/nq/entity_linking/sling_invocab-dev.json", 8757, 3088),
     ("openqa/nq/entity_linking/sling_invocab-test.json", 3610, 1066),
@@ -127,18 +133,109 @@ def authors_vocab():
     return authors_entity_vocab(1_000_010, entity_names_from_task_files([shared_data_path("edmem_release/data")]))
 
 
-@pytest.mark.parametrize(("name", "count", "bad", "entity_answers"), QA_FILES)
-def test_every_released_qa_file_reads(authors_vocab, name, count, bad, entity_answers, caplog):
+@pytest.mark.parametrize(("name", "count", "bad", "entity_answers", "source"), QA_FILES)
+def test_every_released_qa_file_reads(authors_vocab, name, count, bad, entity_answers, source, caplog):
     path = shared_data_path(f"edmem_release/data/{name}")
     if bad:
-        with pytest.raises(ValueError, match="overlaps the link before it"):
+        with pytest.raises(
+            ValueError, match=rf"{path}: record .* overlaps the link before it \(pass .*--bad_records skip"
+        ):
             read_qa(path, authors_vocab)
-    with caplog.at_level("INFO", logger="edmem_hf.tasks"):
+    with caplog.at_level("INFO", logger="edmem_hf.task_files"):
         dataset = read_qa(path, authors_vocab, bad_records="skip")
     assert len(dataset) == count and sum(a != -100 for a in dataset["answer_entity"]) == entity_answers
-    assert f"{count} records read, skipped: {f'{bad} bad' if bad else 'none'}" in caplog.text
+    assert f"{count} records read, skipped: none" in caplog.text and f"{bad} bad links left out" in caplog.text
     assert "0 of them with an entity not in the vocabulary" in caplog.text
+    assert f"answer links from {source if source == 'the records' else path.parent / source}" in caplog.text
+    assert f"{entity_answers} entity answers" in caplog.text
     assert all(e != -100 for entities in dataset["mention_entities"] for e in entities)
+
+
+@pytest.fixture(scope="module")
+def wq_tokenizer():
+    records = read_jsonl(shared_data_path("edmem_release/data/openqa/wq/edmem_wq-train.jsonl"))
+    texts = [record["question"] for record in records] + [a for record in records for a in record["answer"]]
+    return train_tokenizer(texts, vocab_size=2000, min_frequency=1)
+
+
+class _Pick:
+    """An `rng` that picks the given target."""
+
+    def __init__(self, index: int):
+        self.index = index
+
+    def randrange(self, n: int) -> int:
+        return self.index
+
+
+def test_released_wq_training_answers_are_marked_at_their_offsets(authors_vocab, wq_tokenizer):
+    """Every answer of the released WQ training file, as the training target it becomes: its linked spans marked
+    `<E_s> ... <E_e>` at the released offsets, the released entity id as the decoder label at each `<E_s>`."""
+    path = shared_data_path("edmem_release/data/openqa/wq/edmem_wq-train.jsonl")
+    rows, records = read_qa(path, authors_vocab), read_jsonl(path)
+    with_entity = [row for row in rows if row["answer_entity"] != -100]
+    assert len(with_entity) == 3020 >= 2800  # 2,868 records' first answer is one whole linked entity
+    start, end = wq_tokenizer.convert_tokens_to_ids(["<E_s>", "<E_e>"])
+    checked = 0
+    for row, record in zip(rows, records):
+        assert row["id"] == record["id"] and row["targets"] == record["answer"]
+        for i, answer in enumerate(record["answer"]):
+            links = sorted(
+                zip(record["answer_link_offset"][i], record["answer_link_length"][i], record["answer_link_target"][i])
+            )
+            features = encode_qa_record(row, wq_tokenizer, max_length=128, rng=_Pick(i))
+            labels = features["labels"]
+            starts = [p for p, t in enumerate(labels) if t == start]
+            ends = [p for p, t in enumerate(labels) if t == end]
+            assert [features["decoder_entity_labels"][p] for p in starts] == [int(t) for _, _, t in links]
+            assert sum(label != -100 for label in features["decoder_entity_labels"]) == len(links)
+            spans = [wq_tokenizer.decode(labels[s + 1 : e]).strip() for s, e in zip(starts, ends)]
+            assert spans == [answer[offset : offset + length].strip() for offset, length, _ in links]
+            checked += bool(links)
+    assert checked == 6891  # every answer with a linked span
+    first = rows[0]
+    assert first["targets"] == ["Tunisia"] and first["target_mentions"] == [[[0, 7, 643]]]
+    marked = wq_tokenizer.decode(encode_qa_record(first, wq_tokenizer)["labels"], skip_special_tokens=False)
+    assert marked == "<E_s> Tunisia<E_e></s>"  # the marker takes the space before it
+
+
+def test_the_training_answer_is_picked_at_random_each_time_a_record_is_read(authors_vocab, wq_tokenizer, tmp_path):
+    """The authors' `QADataset` picks one answer of the list at random each time a training record is read (TQA:
+    its `entity` field); evaluation and prediction targets are the first answer."""
+    rows = read_qa(shared_data_path("edmem_release/data/openqa/wq/edmem_wq-train.jsonl"), authors_vocab)
+    row = next(row for row in rows if len(row["targets"]) == 3)
+    encoded = {tuple(encode_qa_record(row, wq_tokenizer, rng=_Pick(i))["labels"]): i for i in range(3)}
+    assert len(encoded) == 3  # three different targets
+    assert encoded[tuple(encode_qa_record(row, wq_tokenizer)["labels"])] == 0  # without rng: the first
+    random.seed(0)
+    reads = ResampledRows([row], lambda r, rng: encode_qa_record(r, wq_tokenizer, rng=rng))
+    picks = collections.Counter(encoded[tuple(reads[0]["labels"])] for _ in range(300))
+    assert set(picks) == {0, 1, 2} and min(picks.values()) > 70  # uniform: 100 each expected
+    random.seed(1)
+    first_run = [encoded[tuple(reads[0]["labels"])] for _ in range(50)]
+    random.seed(1)
+    assert [encoded[tuple(reads[0]["labels"])] for _ in range(50)] == first_run  # seeded, a run repeats
+    # TQA training records train on their `entity` field, with its links
+    vocab = EntityVocab(["Paris", "France"])
+    tqa = {"id": "t1", "question": "capital of france?", "answer": ["paris", "Paris, France"], "entity": "Paris"}
+    tqa |= {"answer_link_offset": [[0]], "answer_link_length": [[5]], "answer_link_target": [["9"]]}
+    tqa |= {"answer_entity_name": [["Paris"]]}
+    row = read_qa(_write(tmp_path, tqa), vocab)[0]
+    assert row["answers"] == ["paris", "Paris, France"] and row["targets"] == ["Paris"]
+    assert row["target_mentions"] == [[[0, 5, 0]]] and row["answer_entity"] == 0
+    # the static setting's linker picks among the answer entities
+    el = {
+        "id": "e",
+        "question": "where?",
+        "answer": ["France", "Paris"],
+        "answer_entity": [[1, "France"], [0, "Paris"]],
+    }
+    row = read_qa(_write(tmp_path, el), vocab)[0]
+    assert row["answer_entities"] == [1, 0] and row["answer_entity"] == 1
+    linked = {
+        encode_static_linking_record(row, wq_tokenizer, rng=_Pick(i))["decoder_entity_labels"][-3] for i in (0, 1)
+    }
+    assert linked == {0, 1} and encode_static_linking_record(row, wq_tokenizer)["decoder_entity_labels"][-3] == 1
 
 
 def test_a_qa_record_checked_by_hand(authors_vocab, caplog):
@@ -150,20 +247,23 @@ def test_a_qa_record_checked_by_hand(authors_vocab, caplog):
     assert first["answers"] == ["Wilhelm Conrad Röntgen", "Wilhelm Röntgen"]
     assert first["mention_entities"] == [3601] and first["answer_entity"] == 56607
     ours = EntityVocab(["Wilhelm Röntgen", "Deadpool (film)"])  # by name; Nobel Prize in Physics is not in it
-    with caplog.at_level("WARNING", logger="edmem_hf.tasks"):
+    with caplog.at_level("WARNING", logger="edmem_hf.task_files"):
         dataset = read_qa(path, ours)
     assert dataset[0]["mention_entities"] == [-100] and dataset[0]["answer_entity"] == 0
+    assert dataset[0]["target_mentions"] == [[], [[0, 15, 0]]]  # the answer spelled as the entity's name
     assert dataset[1]["question"] == "when is the next <E_s> deadpool <E_e> movie being released"
     assert dataset[1]["mention_entities"] == [1] and dataset[1]["answer_entity"] == -100
     assert "4736 linked mentions, 4734 of them with an entity not in the vocabulary" in caplog.text
-    assert "entity answers: 1" in caplog.text
+    assert ", 1 entity answers" in caplog.text
 
 
 @pytest.mark.parametrize(("name", "count", "bad"), GENERATION_FILES)
-def test_every_released_generation_file_reads(authors_vocab, name, count, bad):
+def test_every_released_generation_file_reads(authors_vocab, name, count, bad, caplog):
     path = shared_data_path(f"edmem_release/data/{name}")
-    dataset = read_generation(path, authors_vocab, bad_records="skip")
-    assert len(dataset) == count
+    with caplog.at_level("INFO", logger="edmem_hf.task_files"):
+        dataset = read_generation(path, authors_vocab, bad_records="skip")
+    assert len(dataset) == count and f"{count} records read, skipped: none" in caplog.text
+    assert f"{bad} bad links left out" in caplog.text
     assert all(
         len(names) == len(outputs) for names, outputs in zip(dataset["output_entity_names"], dataset["outputs"])
     )
@@ -191,7 +291,7 @@ def test_every_released_answer_link_file_reads(name, count, not_entities):
 
 
 def _write(tmp_path, record):
-    path = tmp_path / "bad.jsonl"
+    path = tmp_path / "records.jsonl"
     path.write_text(json.dumps(record) + "\n")
     return path
 
@@ -206,12 +306,29 @@ def test_bad_records_name_the_record_and_the_problem(tmp_path, caplog):
         read_qa(_write(tmp_path, outside), vocab)
     overlapping = {**good, "link_offset": [6, 9], "link_length": [8, 5], "link_target": ["1", "2"]}
     overlapping["entity_name"] = ["Paris", "France"]
-    with pytest.raises(ValueError, match="record 'q1': link 'France' at 9 overlaps the link before it"):
+    suggestion = r"\(pass bad_records='skip', or --bad_records skip, to leave such links out and keep the record\)"
+    with pytest.raises(
+        ValueError,
+        match=f"{tmp_path / 'records.jsonl'}: record 'q1': link 'France' at 9 overlaps the link before it {suggestion}",
+    ):
         read_qa(_write(tmp_path, overlapping), vocab)
     uneven = {**good, "entity_name": ["Paris", "France"]}
     with pytest.raises(ValueError, match="record 'q1': link lists of different lengths .*2 entity_name"):
         read_qa(_write(tmp_path, uneven), vocab)
-    with caplog.at_level("WARNING", logger="edmem_hf.tasks"):
+    # skipped, a bad link is left out and counted; its record is kept with the other links
+    with caplog.at_level("INFO", logger="edmem_hf.task_files"):
+        rows = read_qa(_write(tmp_path, overlapping), vocab, bad_records="skip")
+    assert rows[0]["question"] == "where <E_s> is paris <E_e>" and rows[0]["mention_entities"] == [0]
+    assert "left out: record 'q1': link 'France' at 9 overlaps the link before it" in caplog.text
+    assert "1 records read, skipped: none; 1 linked mentions" in caplog.text and "1 bad links left out" in caplog.text
+    bad_answer = {**good, "answer_link_offset": [[0]], "answer_link_length": [[9]], "answer_link_target": [["2"]]}
+    bad_answer["answer_entity_name"] = [["France"]]
+    with pytest.raises(ValueError, match=r"record 'q1', answer 'France': link 'France' at 0..9 is outside the text"):
+        read_qa(_write(tmp_path, bad_answer), vocab)
+    kept = read_qa(_write(tmp_path, bad_answer), vocab, bad_records="skip")[0]
+    assert kept["target_mentions"] == [[]] and kept["answer_entity"] == -100
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="edmem_hf.task_files"):
         assert len(read_qa(_write(tmp_path, {**good, "answer": []}), vocab)) == 0
     assert "0 records read, skipped: 1 without an answer" in caplog.text
     with pytest.raises(ValueError, match="bad_records must be 'raise' or 'skip'"):
@@ -229,7 +346,7 @@ def test_records_encode_for_qa_generation_and_the_static_setting():
     )
     start = model.config.entity_start_token_id
     record = {"id": "q", "question": "ba <E_s> roki <E_e> ta", "answers": ["lun"], "mention_entities": [3]}
-    qa = encode_qa_record({**record, "answer_entity": 7}, tokenizer)
+    qa = encode_qa_record({**record, "targets": ["lun"], "target_mentions": [[[0, 3, 7]]]}, tokenizer)
     assert qa["labels"][0] == start and qa["decoder_entity_labels"][0] == 7
     assert [qa["entity_labels"][i] for i, t in enumerate(qa["input_ids"]) if t == start] == [3]
     static = encode_static_linking_record({**record, "answer_entity": 7}, tokenizer)

@@ -800,11 +800,8 @@ def format_stats(stats: dict) -> str:
 class BuildCorpusArguments:
     """`edmem build-corpus`'s input and output; its other options are `CorpusSettings`."""
 
-    dump: list[str] = field(
-        default_factory=list,
-        metadata={"help": "MediaWiki pages-articles dump file(s), .xml or .xml.bz2 (required)."},
-    )
-    out: str = field(default="", metadata={"help": "Output directory (required)."})
+    dump: list[str] = field(metadata={"help": "MediaWiki pages-articles dump file(s), .xml or .xml.bz2."})
+    out: str = field(metadata={"help": "Output directory."})
     tokenizer: str | None = field(
         default=None,
         metadata={"help": "Local tokenizer directory (markers are added if missing). Default: train one."},
@@ -813,13 +810,15 @@ class BuildCorpusArguments:
 
 def cli_main(argv: list[str] | None = None) -> int:
     """`edmem build-corpus`."""
-    parser = HfArgumentParser([BuildCorpusArguments, CorpusSettings], prog="edmem build-corpus")
+    parser = HfArgumentParser(
+        [BuildCorpusArguments, CorpusSettings],
+        prog="edmem build-corpus",
+        description="Build EDMem pre-training passages, the entity vocabulary and the alias table from a MediaWiki dump.",
+    )
     try:
         args, settings = parser.parse_args_into_dataclasses(args=sys.argv[1:] if argv is None else argv)
     except ValueError as err:  # CorpusSettings' checks
         parser.error(str(err))
-    if not args.dump or not args.out:
-        parser.error("--dump and --out are required")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         stats = build_corpus(args.dump, args.out, tokenizer=args.tokenizer, **dataclasses.asdict(settings))

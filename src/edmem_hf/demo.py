@@ -4,6 +4,7 @@ fine-tuning, reload, and answers in the free, static and dynamic decoding settin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -33,16 +34,22 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class DemoArguments:
+    """`edmem demo`: generate a toy world, build its corpus, pre-train and fine-tune a tiny EDMem on it, reload it
+    and answer the world's questions in the free, static and dynamic decoding settings (offline, CPU)."""
+
     out: str = field(metadata={"help": "Directory for the dump, corpus, checkpoints and the final model."})
     num_entities: int = field(default=80, metadata={"help": "Entities in the toy world."})
-    seed: int = 0
-    d_model: int = 128
+    seed: int = field(default=0, metadata={"help": "Seed of the world, the initialisation and the data order."})
+    d_model: int = field(default=128, metadata={"help": "Hidden width of the tiny model."})
     layers: int = field(default=1, metadata={"help": "Lower and upper layers on each side (each)."})
-    pretrain_steps: int = 600
-    finetune_epochs: float = 60.0
-    num_proc: int = 2
-    show_questions: int = field(default=4, metadata={"help": "Questions printed in each decoding mode."})
-    entity_candidates: int = 3
+    pretrain_steps: int = field(default=600, metadata={"help": "Pre-training optimizer steps (batch 16)."})
+    finetune_epochs: float = field(default=60.0, metadata={"help": "Fine-tuning epochs over the training questions."})
+    held_out_every: int = field(
+        default=5, metadata={"help": "Every N-th question is held out of fine-tuning and scored apart."}
+    )
+    num_proc: int = field(default=2, metadata={"help": "Processes building the corpus."})
+    show_questions: int = field(default=4, metadata={"help": "Questions of each set printed in each decoding mode."})
+    entity_candidates: int = field(default=3, metadata={"help": "Entities a mention may spell in dynamic decoding."})
 
 
 def _section(title: str) -> None:
@@ -122,9 +129,21 @@ def run_demo(args: DemoArguments) -> dict:
         seed=args.seed,
         report_to="none",
         resume="auto",
+        disable_tqdm=not sys.stderr.isatty(),
     )
     summary = pretrain(pretrain_args)
-    print(f"pre-training: {json.dumps({k: v for k, v in summary.items() if k != 'output_dir'}, default=str)}")
+    train, evaluation = summary["train"] or {}, summary["eval"] or {}
+    print(
+        f"pre-training: {summary['global_step']} steps; training loss {train.get('loss', float('nan')):.3f} over the "
+        f"last {pretrain_args.logging_steps} steps"
+    )
+    print(
+        f"pre-training validation ({stats.get('validation_passages')} passages held out of pre-training; "
+        f"{evaluation.get('eval_masked_tokens')} masked tokens, {evaluation.get('eval_masked_mentions')} masked "
+        f"mentions): perplexity of the masked tokens {evaluation.get('eval_ppl', float('nan')):.1f}, entity "
+        f"linking accuracy at the masked mentions {evaluation.get('eval_acc', float('nan')):.2f} (a figure over this "
+        "few is noise)"
+    )
     timings["pretrain"] = time.perf_counter() - t0
 
     _section("4. fine-tune on the world's questions (closed-book QA)")
@@ -134,7 +153,11 @@ def run_demo(args: DemoArguments) -> dict:
     vocab = model.entity_vocab
     examples = _qa_examples(world, vocab)
     random.Random(args.seed).shuffle(examples)
-    features = [encode_qa_example(e, tokenizer) for e in examples]
+    question_sets = {
+        "training": [e for i, e in enumerate(examples) if (i + 1) % args.held_out_every],
+        "held-out": [e for i, e in enumerate(examples) if (i + 1) % args.held_out_every == 0],
+    }
+    features = [encode_qa_example(e, tokenizer) for e in question_sets["training"]]
     training_args = Seq2SeqTrainingArguments(
         output_dir=str(out / "finetune"),
         per_device_train_batch_size=16,
@@ -157,7 +180,10 @@ def run_demo(args: DemoArguments) -> dict:
         processing_class=tokenizer,
     )
     result = trainer.train()
-    print(f"fine-tuning: {len(features)} questions, final training loss {result.training_loss:.3f}")
+    print(
+        f"fine-tuning: {len(features)} training questions ({len(question_sets['held-out'])} held out), training loss "
+        f"{result.training_loss:.3f}"
+    )
     final_dir = out / "model"
     model.save_pretrained(final_dir)
     tokenizer.save_pretrained(final_dir)
@@ -168,37 +194,53 @@ def run_demo(args: DemoArguments) -> dict:
     model = AutoModelForSeq2SeqLM.from_pretrained(final_dir).eval()
     tokenizer = AutoTokenizer.from_pretrained(final_dir)
     print(f"{type(model).__name__} from {final_dir}: {len(model.entity_vocab)} entities in memory")
-    features = [encode_qa_example(e, tokenizer) for e in examples]
-    batch = EDMemSeq2SeqCollator(tokenizer.pad_token_id)([{"input_ids": f["input_ids"]} for f in features])
-    exact = {}
+    collate = EDMemSeq2SeqCollator(tokenizer.pad_token_id)
+    exact: dict[str, dict[str, float]] = {name: {} for name in question_sets}
     for mode in ("free", "static", "dynamic"):
-        output = model.generate(
-            **batch,
-            entity_decoding=mode,
-            entity_candidates=args.entity_candidates,
-            tokenizer=tokenizer,
-            max_new_tokens=12,
-            num_beams=3,
-            return_dict_in_generate=True,
-        )
-        texts = [strip_generation(t, tokenizer) for t in tokenizer.batch_decode(output.sequences)]
-        exact[mode] = sum(exact_match(t, e.answers) for t, e in zip(texts, examples)) / len(examples)
-        print(f"\n--- {mode} (exact match on the {len(examples)} training questions: {100 * exact[mode]:.1f}%)")
-        for example, text, mentions in list(zip(examples, texts, output.entity_mentions))[: args.show_questions]:
-            print(
-                f"Q: {tokenizer.decode(encode_qa_example(example, tokenizer)['input_ids'], skip_special_tokens=False)}"
+        shown = []
+        for name, questions in question_sets.items():
+            if not questions:
+                continue
+            batch = collate([{"input_ids": encode_qa_example(e, tokenizer)["input_ids"]} for e in questions])
+            output = model.generate(
+                **batch,
+                entity_decoding=mode,
+                entity_candidates=args.entity_candidates,
+                tokenizer=tokenizer,
+                max_new_tokens=12,
+                num_beams=3,
+                return_dict_in_generate=True,
             )
+            texts = [strip_generation(t, tokenizer) for t in tokenizer.batch_decode(output.sequences)]
+            exact[name][mode] = sum(exact_match(t, e.answers) for t, e in zip(texts, questions)) / len(questions)
+            shown += [
+                (name, *item) for item in list(zip(questions, texts, output.entity_mentions))[: args.show_questions]
+            ]
+        scores = ", ".join(
+            f"{100 * exact[name][mode]:.1f}% on the {len(question_sets[name])} {name} questions"
+            for name in question_sets
+            if mode in exact[name]
+        )
+        print(f"\n--- {mode}: exact match {scores}")
+        for name, example, text, mentions in shown:
+            question = tokenizer.decode(encode_qa_example(example, tokenizer)["input_ids"], skip_special_tokens=False)
+            print(f"[{name}] Q: {question}")
             print(f"   gold: {example.answers[0]}   generated: {text}")
             for mention in mentions:
-                shown = ", ".join(f"{name} ({score:.2f})" for _, name, score in mention.candidates[:5])
-                print(f"   mention -> {mention.entity_name or '(no entity)'}; candidates: {shown or '-'}")
+                candidates = ", ".join(f"{entity} ({score:.2f})" for _, entity, score in mention.candidates[:5])
+                print(f"   mention -> {mention.entity_name or '(no entity)'}; candidates: {candidates or '-'}")
+    print(
+        "\nThe held-out questions were not fine-tuned on: their answers come from what pre-training put in the model "
+        "and its memory; the training questions' figure says how well fine-tuning fitted them."
+    )
     timings["generate"] = time.perf_counter() - t0
     timings["total"] = time.perf_counter() - started
     summary = {
         "model_dir": str(final_dir),
         "entities": len(model.entity_vocab),
         "passages": stats.get("passages"),
-        "exact_match": exact,
+        "exact_match": exact,  # {"training": {mode: share}, "held-out": {mode: share}}
+        "questions": {name: len(questions) for name, questions in question_sets.items()},
         "seconds": {k: round(v, 1) for k, v in timings.items()},
     }
     (out / "demo_summary.json").write_text(json.dumps(summary, indent=2))
@@ -208,13 +250,40 @@ def run_demo(args: DemoArguments) -> dict:
 
 
 def cli_main(argv: list[str] | None = None) -> int:
-    parser = HfArgumentParser(DemoArguments)
-    parser.prog = "edmem demo"
+    parser = HfArgumentParser(DemoArguments, prog="edmem demo", description=DemoArguments.__doc__)
     (args,) = parser.parse_args_into_dataclasses(args=argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    run_demo(args)
+    if not sys.stderr.isatty():  # a log file gets no progress bars
+        import datasets
+        import transformers
+
+        datasets.disable_progress_bars()
+        transformers.utils.logging.disable_progress_bar()
+    with quiet_tied_weight_saving():
+        run_demo(args)
     return 0
+
+
+class _TiedWeightNotice(logging.Filter):
+    """Drops Accelerate's "Removed shared tensor ... while saving" notice: the model's tied copies (token
+    embeddings and LM head, the entity table's) are saved once and tied again on loading, as it says they should."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()  # "[RANK 0] Removed shared tensor {...} while saving. ..."
+        return not ("Removed shared tensor" in message and "while saving" in message)
+
+
+@contextlib.contextmanager
+def quiet_tied_weight_saving():
+    """While inside, Accelerate's notice about tied weights is not printed; every other message is."""
+    logger_ = logging.getLogger("accelerate.utils.other")
+    notice = _TiedWeightNotice()
+    logger_.addFilter(notice)
+    try:
+        yield
+    finally:
+        logger_.removeFilter(notice)
 
 
 if __name__ == "__main__":

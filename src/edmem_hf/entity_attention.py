@@ -49,6 +49,7 @@ def entity_attention(
     chunk_size: int = 16384,
     compute_read: bool = True,
     return_top_k: int | None = None,
+    index=None,
 ) -> EntityAttentionResult:
     """Softmax attention of queries over the entity table (equations 1-2 of the paper, before `W_out`).
 
@@ -62,6 +63,7 @@ def entity_attention(
         chunk_size: entities scored at a time over the whole table.
         compute_read: whether to compute the read (the entity-linking head only needs scores).
         return_top_k: also return the ids and raw scores of the best `return_top_k` entities.
+        index: an `EntityIndex` (entity_index.py) to find the top-k with when gradients are disabled.
 
     Returns:
         `EntityAttentionResult(read (M, d), log_partition (M,), nll (M_labelled,), top_ids, top_scores (M, k))`.
@@ -71,8 +73,13 @@ def entity_attention(
     top_ids = top_scores = None
     k_needed = max(top_k or 0, return_top_k or 0)
     if k_needed:
+        use_index = index is not None and not torch.is_grad_enabled()  # never in training
+        k = min(k_needed, num_entities)
         with torch.no_grad():
-            top_scores, top_ids = chunked_top_k(queries, table, min(k_needed, num_entities), entity_mask, chunk_size)
+            if use_index:
+                top_scores, top_ids = index.search(queries, table, k, entity_mask)
+            else:
+                top_scores, top_ids = chunked_top_k(queries, table, k, entity_mask, chunk_size)
 
     gold = torch.full((queries.shape[0],), -1, dtype=torch.long, device=queries.device)
     if labels is not None:

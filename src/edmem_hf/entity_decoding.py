@@ -27,10 +27,6 @@ __all__ = [
     "marker_token_ids",
 ]
 
-# The state of a row is a trie node id (>= 0) inside a span, or one of these.
-OUTSIDE = -1  # not inside a constrained span
-DEAD = -2  # inside a span whose prefix is not in the trie: only the end token is allowed
-
 
 def marker_token_ids(tokenizer: Any) -> tuple[int, int]:
     """Ids of `<E_s>` and `<E_e>` in `tokenizer`; a ValueError if it does not have them as single tokens."""
@@ -99,162 +95,66 @@ class EntityMention:
     candidate_scores: list[float] = field(default_factory=list)
 
 
-class _RowNodes:
-    """The trie node of every generation row, advanced by one token per call. Beam search reorders rows between
-    calls: each row is matched to the row of the previous call whose prefix it continues."""
+# The state of a row: a trie node id (>= 0) inside a span, or one of these.
+OUTSIDE = -1  # not inside a constrained span
+DEAD = -2  # inside a span whose prefix is not in the trie: only the end token is allowed
 
-    def __init__(self, start_token_id: int | None, end_token_id: int, start_position: int | None):
-        self.start_token_id = start_token_id
-        self.end_token_id = end_token_id
-        self.start_position = start_position
-        self.reset()
+OfferKey = tuple[int | None, tuple[int, ...]]
 
-    def reset(self) -> None:
-        self.node: torch.Tensor | None = None  # (rows,)
-        self.prev_ids: torch.Tensor | None = None  # input_ids of the previous call
-        self.span_start: int | None = None  # position mode: index of the span's first token
-        self._hash_weights: torch.Tensor | None = None
 
-    def continues(self, input_ids: torch.LongTensor) -> bool:
-        """Whether `input_ids` is the previous call's rows plus one token (else a new generation starts)."""
-        prev = self.prev_ids
-        return prev is not None and prev.shape[0] == input_ids.shape[0] and prev.shape[1] == input_ids.shape[1] - 1
+@dataclass
+class _Generation:
+    """What the processor keeps of one generation: only what the rows' own tokens cannot tell.
 
-    def start(self, input_ids: torch.LongTensor, trie: TrieTensors) -> None:
-        """State of every row from scratch: a walk over the positions of `input_ids` `(rows, T)`."""
+    A row's place in the trie is not kept: each call derives it from the row's tokens (a walk from the root over the
+    tokens of its current span, as GENRE's `trie.get(prefix)` does), so that beam search may reorder, drop and copy
+    rows as it likes. What the tokens cannot tell:
+
+    - `prompt` `(rows, P)`: the rows at the generation's first call. A later call belongs to the same generation if
+      it has as many rows, one token more than the previous call (`length`), and its rows begin with these (beam
+      search moves rows only among the beams of one example, which share their prompt).
+    - `span_start`: position mode only: where the span starts (`start_position`, or the prompt's length).
+    - `offers`: the candidates offered to a mention when it opened (dynamic linking), keyed by the row's example
+      (`None` if unknown) and the row's tokens up to and including the token that opened the span. A row keeps
+      that prefix wherever beam search moves it, so each call finds the candidates of a row's mention by it, and
+      `mentions()` finds those of each returned sequence's mentions the same way. `offers` maps a key to a row of
+      `offer_ids` / `offer_scores` `(offers, k)` (-1 padding).
+    """
+
+    prompt: torch.Tensor
+    length: int
+    span_start: int
+    offers: dict[OfferKey, int] = field(default_factory=dict)
+    offer_ids: torch.Tensor | None = None
+    offer_scores: torch.Tensor | None = None
+
+    def continued_by(self, input_ids: torch.LongTensor) -> bool:
         rows, length = input_ids.shape
-        if self.start_token_id is not None:
-            self.node = torch.full((rows,), OUTSIDE, dtype=torch.long, device=input_ids.device)
-            is_start = input_ids == self.start_token_id
-            first = int(is_start.any(0).long().argmax()) if bool(is_start.any()) else length
-        else:
-            if self.span_start is None:
-                self.span_start = length if self.start_position is None else int(self.start_position)
-            self.node = torch.zeros(rows, dtype=torch.long, device=input_ids.device)
-            first = self.span_start
-        for i in range(first, length):
-            self.node = self._advance(self.node, input_ids[:, i], trie)
-        self.prev_ids = input_ids
+        prompt_rows, prompt_length = self.prompt.shape
+        return (
+            rows == prompt_rows
+            and length == self.length + 1
+            and torch.equal(input_ids[:, :prompt_length], self.prompt)
+        )
 
-    def step(self, input_ids: torch.LongTensor, trie: TrieTensors, group_size: int) -> torch.Tensor | None:
-        """Advances every row by its newest token. Returns the row of the previous call that each row `(rows,)`
-        continues, or None if some row continues none (then every state is recomputed from `input_ids`)."""
-        parents = self._parents(input_ids, group_size)
-        if parents is None:
-            self.start(input_ids, trie)
-            return None
-        self.node = self._advance(self.node.index_select(0, parents), input_ids[:, -1], trie)
-        self.prev_ids = input_ids  # generate() builds a new tensor every step; nobody writes into it
-        return parents
-
-    def _advance(self, node: torch.Tensor, token: torch.Tensor, trie: TrieTensors) -> torch.Tensor:
-        """One transition for every row: state `(rows,)` x token `(rows,)` -> state `(rows,)`."""
-        child = trie.child(node, token)
-        complete = trie.is_leaf.take(child.clamp(min=0))  # the name and its end token are spelled: span closed
-        left = (token == self.end_token_id) | (node == OUTSIDE)
-        new = torch.where(child >= 0, torch.where(complete, OUTSIDE, child), torch.where(left, OUTSIDE, DEAD))
-        if self.start_token_id is not None:
-            new = new.masked_fill_(token == self.start_token_id, 0)
-        return new
-
-    def _parents(self, input_ids: torch.LongTensor, group_size: int) -> torch.Tensor | None:
-        """Matches each row's prefix `input_ids[:, :-1]` to a row of the previous call by a hash of the prefix and
-        of the row's example (`group_size` rows per example, 0 if unknown), verified exactly."""
-        prev, cur = self.prev_ids, input_ids[:, :-1]
-        rows, width = cur.shape
-        same_order = torch.arange(rows, device=input_ids.device)
-        if torch.equal(cur, prev):  # greedy search, sampling, or beams that kept their order
-            return same_order
-        weights = self._weights(width, input_ids.device)
-        example = same_order // group_size if group_size and rows % group_size == 0 else torch.zeros_like(same_order)
-        salt = example * 0x9E3779B97F4A7C1
-        sorted_hash, perm = ((prev * weights).sum(-1) + salt).sort()
-        pos = torch.searchsorted(sorted_hash, (cur * weights).sum(-1) + salt).clamp_(max=rows - 1)
-        parents = perm[pos]
-        return parents if bool((prev[parents] == cur).all()) else None
-
-    def _weights(self, width: int, device: torch.device) -> torch.Tensor:
-        """Random odd 64-bit weights of the prefix hash (a sum over positions of token x weight, wrapping)."""
-        if self._hash_weights is None or self._hash_weights.numel() < width:
-            gen = torch.Generator().manual_seed(0x5EED)
-            weights = torch.randint(-(2**62), 2**62, (max(64, 2 * width),), generator=gen, dtype=torch.long) | 1
-            self._hash_weights = weights.to(device)
-        return self._hash_weights[:width]
+    def add_offers(self, keys: list[OfferKey], ids: torch.Tensor, scores: torch.Tensor) -> None:
+        """Records `ids`/`scores` `(n, k)` as the offers of the `n` keys (a later offer for a key replaces it)."""
+        if not keys:
+            return
+        if self.offer_ids is None:
+            self.offer_ids, self.offer_scores = ids[:0], scores[:0]
+        width = max(ids.shape[1], self.offer_ids.shape[1])
+        self.offer_ids = torch.cat([_pad(self.offer_ids, width, -1), _pad(ids, width, -1)])
+        self.offer_scores = torch.cat([_pad(self.offer_scores, width, 0.0), _pad(scores, width, 0.0)])
+        first = self.offer_ids.shape[0] - len(keys)
+        self.offers.update((key, first + i) for i, key in enumerate(keys))
 
 
-class _Candidates:
-    """The candidate entities `(rows, k)` (-1 padding) and their scores of every row: static ones given before the
-    generation (per example or per row), and updates set during it, which follow their row through reordering."""
-
-    def __init__(self, trie: EntityTrie):
-        self.trie = trie
-        self.static_ids: torch.Tensor | None = None
-        self.static_scores: torch.Tensor | None = None
-        self.reset()
-
-    def reset(self) -> None:
-        self.ids: torch.Tensor | None = None
-        self.scores: torch.Tensor | None = None
-        self.pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
-
-    def check(self, ids: torch.Tensor, scores: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """`(n, k)` (or `(k,)`) ids and scores -> `(n, k)` LongTensor and FloatTensor (zeros without scores)."""
-        ids = torch.as_tensor(ids).long()
-        if ids.dim() == 1:
-            ids = ids[None, :]
-        if ids.dim() != 2:
-            raise ValueError(f"candidates must have shape (rows, k); got {tuple(ids.shape)}")
-        self.trie.check_ids(ids)
-        if scores is None:
-            return ids, torch.zeros(ids.shape, dtype=torch.float32, device=ids.device)
-        scores = torch.as_tensor(scores, dtype=torch.float32)
-        if scores.dim() == 1:
-            scores = scores[None, :]
-        if scores.shape != ids.shape:
-            raise ValueError(f"candidate_scores {tuple(scores.shape)} must match candidates {tuple(ids.shape)}")
-        return ids, scores
-
-    def start(self, rows: int, device: torch.device) -> None:
-        """A new generation: the static candidates, expanded to `rows` by `repeat_interleave` (as `generate`
-        expands its inputs); updates for rows of an earlier generation are dropped."""
-        self.pending = [update for update in self.pending if update[2] is None]
-        self.ids = self.scores = None
-        if self.static_ids is not None:
-            if rows % self.static_ids.shape[0]:
-                raise ValueError(f"{self.static_ids.shape[0]} rows of candidates do not divide {rows} generation rows")
-            repeat = rows // self.static_ids.shape[0]
-            self.ids = self.static_ids.to(device).repeat_interleave(repeat, dim=0)
-            self.scores = self.static_scores.to(device).repeat_interleave(repeat, dim=0)
-
-    def reorder(self, parents: torch.Tensor) -> None:
-        if self.ids is not None:
-            self.ids = self.ids.index_select(0, parents)
-            self.scores = self.scores.index_select(0, parents)
-
-    def apply_updates(self, rows: int, device: torch.device) -> None:
-        """Applies the `set_candidates` calls made since the last processor call."""
-        for ids, scores, which in self.pending:
-            ids, scores = ids.to(device), scores.to(device)
-            if which is None:
-                if ids.shape[0] != rows:
-                    raise ValueError(f"set_candidates: {ids.shape[0]} rows of candidates for {rows} rows")
-                self.ids, self.scores = ids, scores
-                continue
-            which = which.to(device)
-            if which.dtype == torch.bool:
-                which = torch.nonzero(which).flatten()
-            k = max(ids.shape[1], self.ids.shape[1] if self.ids is not None else 0)
-            new_ids = torch.full((rows, k), -1, dtype=torch.long, device=device)
-            new_scores = torch.zeros((rows, k), dtype=torch.float32, device=device)
-            if self.ids is not None:
-                new_ids[:, : self.ids.shape[1]] = self.ids
-                new_scores[:, : self.scores.shape[1]] = self.scores
-            new_ids[which] = -1
-            new_ids[which, : ids.shape[1]] = ids
-            new_scores[which] = 0.0
-            new_scores[which, : ids.shape[1]] = scores
-            self.ids, self.scores = new_ids, new_scores
-        self.pending = []
+def _pad(table: torch.Tensor, width: int, value: float) -> torch.Tensor:
+    """`table` `(n, k)` widened to `(n, width)` with `value`."""
+    if table.shape[1] == width:
+        return table
+    return torch.nn.functional.pad(table, (0, width - table.shape[1]), value=value)
 
 
 # Rows of `_DeviceState.penalty`: one for the rows outside a span, one for the rows in a span (whose allowed tokens
@@ -308,7 +208,12 @@ class _DeviceState:
 class EntityConstrainedLogitsProcessor(LogitsProcessor):
     r"""
     [`LogitsProcessor`] that forces generated spans to be entity names from an [`EntityTrie`], optionally
-    restricted to per-row candidate entities. Vectorised over rows (batch x beams).
+    restricted to candidate entities. Vectorised over rows (batch x beams).
+
+    Each call derives every row's place in the trie from the row's own tokens, so greedy search, sampling and beam
+    search (which reorders rows between calls) need nothing more. What the tokens cannot tell is kept per
+    generation in one place (`_Generation`): where the span starts in position mode, and the candidates offered to
+    each mention when it opened.
 
     Args:
         trie (`EntityTrie`): the names (with their end token).
@@ -316,14 +221,15 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
         end_token_id (`int`, *optional*): token closing a span; defaults to `trie.end_token_id`.
         start_position (`int`, *optional*): position mode only: index in `input_ids` where the span starts;
             defaults to the length of `input_ids` at the first call of a generation (the decoder prompt).
-        candidates (`torch.LongTensor` of shape `(rows, k)` or `(examples, k)`, *optional*): per-row entity ids
-            (`-1` padding); `None` allows every entity of the trie.
+        candidates (`torch.LongTensor` of shape `(examples, k)` or `(rows, k)`, *optional*): entity ids (`-1`
+            padding) that every span of an example (of a row) may spell; `None` allows every entity of the trie.
         candidate_scores (`torch.FloatTensor` of the same shape, *optional*): only reported by `mentions()`.
-        candidates_fn (`Callable`, *optional*): called as `candidates_fn(input_ids)` at every step; may return
-            `None` (no change), an id tensor of shape `(rows, k)` or a tuple `(ids, scores)`.
+        candidates_fn (`Callable`, *optional*): called as `candidates_fn(input_ids)` at every call; may return
+            `None` or the candidates `(rows, k)` (or a tuple `(ids, scores)`) offered to the spans that the rows'
+            newest tokens open (the entries of the other rows are ignored), as `set_candidates(..., rows=...)`.
         group_size (`int`, *optional*): rows per example (`num_beams` for beam search, `num_return_sequences`
-            for sampling): reordered beams are matched within their example, and `mentions()` keys its log by
-            example. Defaults to `rows // examples` when `candidates` has one row per example, else unknown.
+            for sampling): offered candidates are keyed by example. Defaults to `rows // examples` when
+            `candidates` has one row per example, else unknown (a mention is then known by its prefix alone).
         dense_threshold (`int`, *optional*): nodes with at least this many children (e.g. the root of a 1M-name
             trie) get a precomputed row of allowed tokens; default `max(512, vocab_size // 16)`.
     """
@@ -350,35 +256,42 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
         self.end_token_id = int(end_token_id)
         if self.start_token_id is not None and self.start_token_id == self.end_token_id:
             raise ValueError("start_token_id and end_token_id must differ")
+        last_tokens = trie.seq_tokens[trie.seq_offsets[1:] - 1]
+        if (last_tokens != self.end_token_id).any():
+            raise ValueError(
+                f"every sequence of the trie must end with the end token {self.end_token_id}; entity "
+                f"{int(trie.order[(last_tokens != self.end_token_id).argmax()])} ends with "
+                f"{int(last_tokens[(last_tokens != self.end_token_id).argmax()])} (build the trie with this end_token_id)"
+            )
         self.start_position = start_position
         self.candidates_fn = candidates_fn
         self.group_size = group_size
         # A dense row costs a gather of V scores; the children of a sparse node cost about a dozen passes over them.
         self.dense_threshold = int(dense_threshold) if dense_threshold is not None else max(512, trie.vocab_size // 16)
-        self._rows = _RowNodes(self.start_token_id, self.end_token_id, start_position)
-        self._candidates = _Candidates(trie)
+        self._static_ids: torch.Tensor | None = None  # (examples or rows, k): the `candidates`
+        self._static_scores: torch.Tensor | None = None
         if candidates is not None:
-            self._set_static(candidates, candidate_scores)
+            self.set_candidates(candidates, candidate_scores)
+        self._pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []  # offers for the next call
+        self._generation: _Generation | None = None
         self._state: _DeviceState | None = None
-        self._log: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
     # --- candidates ---------------------------------------------------------------------------------------
 
     def reset(self) -> None:
-        """Forgets the state of the previous generation (done automatically when a new generation starts)."""
-        self._rows.reset()
-        self._candidates.reset()
-        self._log = []
+        """Forgets the previous generation (done automatically when a new generation starts)."""
+        self._generation = None
+        self._pending = []
 
     @property
     def candidates(self) -> torch.Tensor | None:
-        """Current per-row candidate ids, shape `(rows, k)` (`None`: all entities)."""
-        return self._candidates.ids if self._candidates.ids is not None else self._candidates.static_ids
+        """The candidate ids of every example (or row), `(examples | rows, k)`; `None`: all entities."""
+        return self._static_ids
 
     @candidates.setter
     def candidates(self, value: torch.Tensor | None) -> None:
         if value is None:
-            self._candidates.static_ids = self._candidates.static_scores = self._candidates.ids = None
+            self._static_ids = self._static_scores = None
             return
         self.set_candidates(value)
 
@@ -389,25 +302,40 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
         rows: torch.Tensor | None = None,
     ) -> None:
         """
-        Sets candidates for the current rows (the row order of the latest model forward), effective from the next
-        processor call. `entity_ids`/`scores`: `(rows, k)`, or `(n, k)` with `rows` a boolean mask `(rows,)` or
-        index tensor `(n,)` selecting the rows to update (dynamic entity linking: the rows whose last token is
-        `<E_s>`). Before a generation starts (no state yet), sets the static candidates, `(rows|examples, k)`.
+        Without `rows`: the candidates of every example (or row), `(examples | rows, k)`, as the `candidates`
+        argument. With `rows`, a boolean mask `(rows,)` or an index tensor `(n,)`: offers `entity_ids`/`scores`
+        `(n, k)` to the spans that the newest tokens of those rows open (dynamic entity linking: the rows whose
+        last token is `<E_s>`), in the row order of the latest model forward, i.e. of the next processor call;
+        rows whose newest token opens no span are ignored. An offered span may spell only its offer.
         """
-        if self._rows.node is None and rows is None:
-            self._set_static(entity_ids, scores)
-            return
-        ids, scores = self._candidates.check(entity_ids, scores)
-        self._candidates.pending.append((ids, scores, None if rows is None else torch.as_tensor(rows)))
+        ids, scores = self._check(entity_ids, scores)
+        if rows is None:
+            self._static_ids, self._static_scores = ids, scores
+        else:
+            self._pending.append((ids, scores, torch.as_tensor(rows)))
 
-    def _set_static(self, entity_ids: torch.Tensor, scores: torch.Tensor | None) -> None:
-        self._candidates.static_ids, self._candidates.static_scores = self._candidates.check(entity_ids, scores)
+    def _check(self, ids: torch.Tensor, scores: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(n, k)` (or `(k,)`) ids and scores -> `(n, k)` LongTensor and FloatTensor (zeros without scores)."""
+        ids = torch.as_tensor(ids).long()
+        if ids.dim() == 1:
+            ids = ids[None, :]
+        if ids.dim() != 2:
+            raise ValueError(f"candidates must have shape (rows, k); got {tuple(ids.shape)}")
+        self.trie.check_ids(ids)
+        if scores is None:
+            return ids, torch.zeros(ids.shape, dtype=torch.float32, device=ids.device)
+        scores = torch.as_tensor(scores, dtype=torch.float32)
+        if scores.dim() == 1:
+            scores = scores[None, :]
+        if scores.shape != ids.shape:
+            raise ValueError(f"candidate_scores {tuple(scores.shape)} must match candidates {tuple(ids.shape)}")
+        return ids, scores
 
     def _group_size(self, rows: int) -> int:
-        """Rows per example; 0 when unknown (rows may then be matched across examples)."""
+        """Rows per example; 0 when unknown."""
         if self.group_size is not None:
             return int(self.group_size)
-        static = self._candidates.static_ids
+        static = self._static_ids
         if static is not None and rows % static.shape[0] == 0:
             return rows // static.shape[0]
         return 0
@@ -419,44 +347,130 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
         if self._state is None or not self._state.fits(scores):
             outside_excluded = None if self.start_token_id is None else self.end_token_id
             self._state = _DeviceState.build(self.trie, scores, self.dense_threshold, outside_excluded)
-        trie = self._state.trie
-        rows, device = input_ids.shape[0], scores.device
-        candidates = self._candidates
-        if not self._rows.continues(input_ids):  # a new generation
-            self._rows.reset()
-            self._rows.start(input_ids, trie)
-            candidates.start(rows, device)
-            self._log = []
-        else:
-            parents = self._rows.step(input_ids, trie, self._group_size(rows))
-            if parents is not None:
-                candidates.reorder(parents)
+        generation = self._generation
+        if generation is None or not generation.continued_by(input_ids):
+            span_start = input_ids.shape[1] if self.start_position is None else int(self.start_position)
+            generation = self._generation = _Generation(input_ids, input_ids.shape[1], span_start)
+        generation.length = input_ids.shape[1]
+        begin = self._span_begins(input_ids, generation)
+        node = self._nodes(input_ids, begin)
         if self.candidates_fn is not None:
             result = self.candidates_fn(input_ids)
             if result is not None:
                 ids, cscores = result if isinstance(result, tuple) else (result, None)
-                candidates.pending.append((*candidates.check(ids, cscores), None))
-        if candidates.pending:
-            candidates.apply_updates(rows, device)
+                self._pending.append((*self._check(ids, cscores), None))
+        if self._pending:
+            self._take_offers(input_ids, begin, generation)
+        candidate_ids, unrestricted = self._row_candidates(input_ids, node, begin, generation)
+        return self._mask(scores, node, candidate_ids, unrestricted)
 
-        if self.start_token_id is not None and candidates.ids is not None:
-            opened = input_ids[:, -1] == self.start_token_id
-            if bool(opened.any()):  # for mentions(): (example, prefix, candidate ids, scores)
-                idx = torch.nonzero(opened).flatten()
-                group = self._group_size(rows)
-                example = idx // group if group else torch.full_like(idx, -1)  # -1: example unknown
-                self._log.append((example, input_ids[idx].clone(), candidates.ids[idx], candidates.scores[idx]))
-        return self._mask(scores, self._rows.node, candidates.ids)
+    def _span_begins(self, input_ids: torch.LongTensor, generation: _Generation) -> torch.Tensor:
+        """Position of the first token of each row's current span `(rows,)` (the length of `input_ids` if the span
+        has no token yet), 0 for a row that never opened one: after its newest start token in marker mode, at
+        `span_start` in position mode."""
+        rows, length = input_ids.shape
+        if self.start_token_id is None:
+            return torch.full((rows,), generation.span_start, dtype=torch.long, device=input_ids.device)
+        after = torch.arange(1, length + 1, device=input_ids.device)
+        return torch.where(input_ids == self.start_token_id, after, 0).amax(1)
+
+    def _nodes(self, input_ids: torch.LongTensor, begin: torch.Tensor) -> torch.Tensor:
+        """The state of every row `(rows,)`, from its tokens: OUTSIDE if it has no span or its span holds the end
+        token (which ends every sequence of the trie), else the node of the span's tokens, or DEAD if they left
+        the trie. One vectorised trie step per token of the longest open span."""
+        trie = self._state.trie
+        length = input_ids.shape[1]
+        after = torch.arange(1, length + 1, device=input_ids.device)
+        last_end = torch.where(input_ids == self.end_token_id, after, 0).amax(1)  # position + 1, 0 if none
+        opened = begin > 0 if self.start_token_id is not None else torch.ones_like(begin, dtype=torch.bool)
+        walking = opened & (last_end <= begin)  # a span without an end token
+        count = torch.where(walking, length - begin, 0)  # tokens of the open spans
+        steps = min(int(count.max()), trie.max_depth)
+        if steps == 0:
+            return torch.where(walking, 0, OUTSIDE)
+        node = trie.descend(input_ids[:, length - steps :], count.clamp(max=steps))
+        in_trie = (node >= 0) & (count <= trie.max_depth)  # a longer open span has left the trie
+        return torch.where(walking, torch.where(in_trie, node, DEAD), OUTSIDE)
+
+    def _take_offers(self, input_ids: torch.LongTensor, begin: torch.Tensor, generation: _Generation) -> None:
+        """Records the pending offers (`set_candidates(..., rows=...)`, `candidates_fn`) under the key of the span
+        that each selected row's newest token opens (see `_Generation`)."""
+        rows, length = input_ids.shape
+        pending, self._pending = self._pending, []
+        opening = begin == length
+        group = self._group_size(rows)
+        for ids, scores, which in pending:
+            if which is None:
+                if ids.shape[0] != rows:
+                    raise ValueError(f"set_candidates: {ids.shape[0]} rows of candidates for {rows} rows")
+                which = torch.arange(rows)
+            elif which.dtype == torch.bool:
+                which = torch.nonzero(which).flatten()
+            if len(which) != ids.shape[0]:
+                raise ValueError(f"set_candidates: {ids.shape[0]} rows of candidates for {len(which)} selected rows")
+            which = which.to(input_ids.device)
+            keep = opening.index_select(0, which)
+            selected = which[keep].tolist()
+            keys = [
+                (row // group if group else None, tuple(prefix))
+                for row, prefix in zip(selected, input_ids[selected].tolist())
+            ]
+            keep = keep.to(ids.device)
+            generation.add_offers(keys, ids[keep].to(input_ids.device), scores[keep].to(input_ids.device))
+
+    def _row_candidates(
+        self, input_ids: torch.LongTensor, node: torch.Tensor, begin: torch.Tensor, generation: _Generation
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The candidates of every row's span `(rows, k)` (-1 padding), or None if no row has any; and which rows
+        have none (they may spell any entity) `(rows,)`, or None if every row has some. A span's candidates are
+        those offered when it opened, else those of its example (`candidates`)."""
+        rows = input_ids.shape[0]
+        device = input_ids.device
+        ids = None
+        if self._static_ids is not None:
+            examples = self._static_ids.shape[0]
+            if rows % examples:
+                raise ValueError(f"{examples} rows of candidates do not divide {rows} generation rows")
+            ids = self._static_ids.to(device).repeat_interleave(rows // examples, dim=0)
+        if not generation.offers:
+            return ids, None
+        in_trie = torch.nonzero(node >= 0).flatten().tolist()
+        group = self._group_size(rows)
+        found, offer = [], []
+        for row, prefix, start in zip(in_trie, input_ids[in_trie].tolist(), begin[in_trie].tolist()):
+            key = tuple(prefix[:start])
+            index = generation.offers.get((row // group if group else None, key))
+            if index is None:
+                index = generation.offers.get((None, key))
+            if index is not None:
+                found.append(row)
+                offer.append(index)
+        if not found:
+            return ids, None
+        offered = generation.offer_ids.index_select(0, torch.tensor(offer, device=device))
+        width = max(offered.shape[1], 0 if ids is None else ids.shape[1])
+        ids = torch.full((rows, width), -1, dtype=torch.long, device=device) if ids is None else _pad(ids, width, -1)
+        found = torch.tensor(found, device=device)
+        ids = ids.index_copy(0, found, _pad(offered, width, -1))
+        if self._static_ids is not None:
+            return ids, None
+        unrestricted = torch.ones(rows, dtype=torch.bool, device=device).index_fill_(0, found, False)
+        return ids, unrestricted
 
     def _mask(
-        self, scores: torch.FloatTensor, node: torch.Tensor, candidate_ids: torch.Tensor | None
+        self,
+        scores: torch.FloatTensor,
+        node: torch.Tensor,
+        candidate_ids: torch.Tensor | None,
+        unrestricted: torch.Tensor | None,
     ) -> torch.FloatTensor:
         """
         Scores `(rows, V)` with the tokens each row may not generate at -inf. A row in a span may generate the
-        children of its node (or the next tokens of its candidates), the end token when none is left (closing the
-        span), or, at a dense node, the tokens of the node's precomputed penalty row. Outside a span every token is
-        allowed (but the end token in marker mode). No `(rows, V)` boolean `where` (several times slower on CPU
-        when the mask is irregular); see `_write_sparse` and `_write_dense` for the two ways of writing.
+        next tokens of its candidates below its node (any child of the node if it has no candidates; at a dense
+        node, the tokens of the node's precomputed penalty row), or the end token when nothing is left (closing the
+        span). Outside a span every token is allowed (but the end token in marker mode). `unrestricted` `(rows,)`:
+        the rows without candidates when others have some. No `(rows, V)` boolean `where` (several times slower on
+        CPU when the mask is irregular); see `_write_sparse` and `_write_dense` for the two ways of writing.
         """
         state = self._state
         rows, vocab = scores.shape
@@ -465,8 +479,13 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
         dense_slot = None
         if candidate_ids is not None:  # the next token of every candidate below the row's node
             token = state.trie.next_tokens(node, candidate_ids)
-            pair_row = arange[:, None].expand_as(token)
+            pair_row = arange[:, None].expand_as(token).reshape(-1)
             has_allowed = (token >= 0).any(-1)
+            token = token.reshape(-1)
+            if unrestricted is not None:  # and every child for the rows without candidates
+                free_row, free_token = state.trie.children(node.masked_fill(~unrestricted, -1))
+                pair_row, token = torch.cat([pair_row, free_row]), torch.cat([token, free_token])
+                has_allowed |= unrestricted & (node >= 0)
         else:  # the children of the row's node, unless it is a dense node
             dense_slot = state.dense_slot(node)
             is_dense = dense_slot >= 0
@@ -475,8 +494,8 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
             if not bool(is_dense.any()):
                 dense_slot = None
         close = in_span & ~has_allowed
-        pair_row = torch.cat([pair_row.reshape(-1), arange])
-        token = torch.cat([token.reshape(-1), torch.where(close, self.end_token_id, -1)])
+        pair_row = torch.cat([pair_row, arange])
+        token = torch.cat([token, torch.where(close, self.end_token_id, -1)])
         valid = (token >= 0) & (token < vocab)
         flat = torch.where(valid, pair_row * vocab + token, rows * vocab)  # rows * vocab: a spare element
         buffer = torch.empty(rows * vocab + 1, dtype=scores.dtype, device=scores.device)
@@ -610,30 +629,45 @@ class EntityConstrainedLogitsProcessor(LogitsProcessor):
         sequence (e.g. `arange(batch).repeat_interleave(num_return_sequences)`); needed to report candidates.
         `stop_token_ids` (e.g. EOS and padding) end an unclosed span (see `marked_spans`).
         """
-        log_index: dict[tuple[int, tuple[int, ...]], tuple[list[int], list[float]]] = {}
-        for example, prefixes, cands, cscores in self._log:
-            for e, p, c, s in zip(example.tolist(), prefixes.tolist(), cands.tolist(), cscores.tolist()):
-                log_index[(e, tuple(p))] = (c, s)
-        span_start = self._rows.span_start
+        generation = self._generation
+        span_start = generation.span_start if generation is not None else None
         starts = None  # marker mode: a span at every start token
         if self.start_token_id is None:  # position mode: the one span opens after the decoder prompt
             starts = [span_start - 1] if span_start is not None else []
+        examples = int(max(example_index)) + 1 if example_index is not None and len(example_index) else 0
         out = []
         for i, seq in enumerate(sequences.tolist()):
+            example = int(example_index[i]) if example_index is not None else None
             found = []
             for s, end, closed in marked_spans(seq, self.start_token_id, self.end_token_id, starts, stop_token_ids):
                 span = seq[s + 1 : end]
-                cand_ids: list[int] = []
-                cand_scores: list[float] = []
-                if self.start_token_id is not None:
-                    e = int(example_index[i]) if example_index is not None else -1
-                    hit = log_index.get((e, tuple(seq[: s + 1]))) or log_index.get((-1, tuple(seq[: s + 1])))
-                    if hit is not None:
-                        cand_ids = [c for c in hit[0] if c >= 0]
-                        cand_scores = [sc for c, sc in zip(*hit) if c >= 0]
+                cand_ids, cand_scores = self._reported_candidates(generation, example, examples, seq[: s + 1])
                 # A spelling several entities share names the candidate among them (the first one otherwise).
                 spelled = self.trie.lookup_all(span + [self.end_token_id]) if closed else []
                 entity = next((e for e in spelled if e in cand_ids), spelled[0] if spelled else -1)
                 found.append(EntityMention(s, end, span, entity, cand_ids, cand_scores))
             out.append(found)
         return out
+
+    def _reported_candidates(
+        self, generation: _Generation | None, example: int | None, examples: int, prefix: list[int]
+    ) -> tuple[list[int], list[float]]:
+        """The candidates of the span opened by the last token of `prefix`, in a sequence of `example` (of
+        `examples`): those offered when it opened, else the example's `candidates`; empty if neither is known."""
+        ids = scores = None
+        if generation is not None and generation.offers:
+            key = tuple(prefix)
+            index = generation.offers.get((example, key), generation.offers.get((None, key)))
+            if index is not None:
+                ids, scores = generation.offer_ids[index], generation.offer_scores[index]
+        static = self._static_ids
+        if ids is None and static is not None:
+            if len(static) == 1:
+                ids, scores = static[0], self._static_scores[0]
+            elif example is not None and len(static) % examples == 0:
+                row = example * (len(static) // examples)  # the example's (first) row
+                ids, scores = static[row], self._static_scores[row]
+        if ids is None:
+            return [], []
+        keep = ids >= 0
+        return ids[keep].tolist(), scores[keep].tolist()

@@ -458,6 +458,7 @@ class TrieTensors:
     seq_offsets: torch.Tensor
     rank: torch.Tensor
     vocab_size: int
+    max_depth: int  # tokens in the longest sequence
 
     _NUMPY = ("first_child", "edge_key", "node_depth", "node_lo", "node_hi", "seq_tokens", "seq_offsets", "rank")
 
@@ -465,16 +466,24 @@ class TrieTensors:
     def from_trie(cls, trie: EntityTrie, device: torch.device) -> TrieTensors:
         arrays = {k: torch.from_numpy(np.ascontiguousarray(getattr(trie, k))).to(device) for k in cls._NUMPY}
         is_leaf = arrays["first_child"][1:] == arrays["first_child"][:-1]
-        return cls(**arrays, is_leaf=is_leaf, vocab_size=trie.vocab_size)
+        max_depth = int(trie.node_depth.max())
+        return cls(**arrays, is_leaf=is_leaf, vocab_size=trie.vocab_size, max_depth=max_depth)
 
-    def child(self, node: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
-        """Child of each node `(rows,)` through its token `(rows,)`: node ids `(rows,)`, -1 where there is none
-        (or where `node` is negative)."""
-        vocab = self.vocab_size
-        key = node.clamp(min=0) * vocab + token.clamp(0, vocab - 1)
-        pos = torch.searchsorted(self.edge_key, key).clamp_(max=self.edge_key.numel() - 1)
-        found = (self.edge_key.take(pos) == key) & (node >= 0) & (token >= 0) & (token < vocab)
-        return torch.where(found, pos + 1, -1)
+    def descend(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """The node of each row's prefix, its last `lengths[r]` tokens (`tokens` `(rows, L)`, right-aligned as the
+        open spans of generation rows are: they all end at the newest token), -1 where the prefix is not in the
+        trie: `EntityTrie._node_of` vectorised over rows, one `searchsorted` a column."""
+        vocab, columns = self.vocab_size, tokens.shape[1]
+        node = torch.zeros(tokens.shape[0], dtype=torch.long, device=tokens.device)
+        valid = tokens < vocab
+        before = torch.arange(columns, device=tokens.device) < (columns - lengths)[:, None]  # not the prefix yet
+        last = self.edge_key.numel() - 1
+        for j in range(columns):
+            # below a missing node (-1) the key is negative: no edge matches it
+            key = torch.where(valid[:, j], torch.add(tokens[:, j], node, alpha=vocab), -1)
+            pos = torch.searchsorted(self.edge_key, key).clamp_(max=last)
+            node = torch.where(self.edge_key.take(pos) == key, pos + 1, -1).masked_fill_(before[:, j], 0)
+        return node
 
     def children(self, node: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The children of each node `(rows,)` (none where `node` is negative) as pairs: the row of each pair and

@@ -6,14 +6,16 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import string
 import sys
+import unicodedata
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from .configuration_edmem import MENTION_MARKERS as _MARKERS
-from .tasks import exact_match, normalize_answer, read_jsonl
+from .task_files import read_jsonl
 
 QA_TASKS = ("nq", "wq", "tqa", "qa")  # "qa": any open-domain QA file in the released format
 GENERATION_TASKS = ("creak", "wow", "eli5", "msmarco")
@@ -22,6 +24,28 @@ _CREAK_VERDICT = re.compile(r"^this is (true|false) because\s*", re.IGNORECASE)
 _WORD = re.compile(r"\w+")
 # "Mercury (planet)" is written "Mercury": a surface form loses its trailing parenthetical before matching.
 _TRAILING_PARENTHETICAL = re.compile(r"\s*\([^()]*\)$")
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD answer normalisation (NFD, lower case, no punctuation or articles), with mention markers removed."""
+    text = unicodedata.normalize("NFD", _MARKERS.sub(" ", text)).lower()
+    text = "".join(ch for ch in text if ch not in set(string.punctuation))
+    text = re.sub(r"\b(a|an|the)\b", " ", text)
+    return " ".join(text.split())
+
+
+def exact_match(prediction: str, answers: Sequence[str]) -> bool:
+    """Whether the normalised prediction equals one of the normalised answers."""
+    normalized = normalize_answer(prediction)
+    return any(normalized == normalize_answer(answer) for answer in answers)
+
+
+def strip_generation(text: str, tokenizer: Any) -> str:
+    """Decoded text without padding, `<s>` and `</s>` (mention markers kept)."""
+    for token in (tokenizer.pad_token, tokenizer.bos_token, tokenizer.eos_token):
+        if token:
+            text = text.replace(token, "")
+    return " ".join(text.split())
 
 
 def read_predictions(path: str | Path) -> dict[str, str]:
@@ -273,17 +297,41 @@ def score_task(
     answer_links: Mapping[str, Any] | None = None,
     aliases: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, float]:
-    """The metrics of `task` (`qa_scores` or `generation_scores`, CREAK without its verdict)."""
+    """The metrics of `task` (`qa_scores` or `generation_scores`, CREAK without its verdict). Records without the
+    task's gold field are an error naming the task and the field."""
     task = task.lower()
     if task in QA_TASKS:
         if aliases is not None:
             raise ValueError("--aliases applies to the generation tasks only")
+        _check_gold_field(task, records)
         return qa_scores(records, predictions, answer_links)
     if task in GENERATION_TASKS:
         if answer_links is not None:
             raise ValueError("--answer-links applies to the QA tasks only")
+        _check_gold_field(task, records)
         return generation_scores(records, predictions, strip_creak_verdict=task == "creak", aliases=aliases)
     raise ValueError(f"unknown task {task!r}: one of {', '.join(QA_TASKS + GENERATION_TASKS)}")
+
+
+def _check_gold_field(task: str, records: Sequence[Mapping[str, Any]]) -> None:
+    """A ValueError naming the task, the field its gold data is read from, and the first record without it."""
+    if task in QA_TASKS:
+        field, what, other = (
+            "answer",
+            "the list of answers of a QA file",
+            "a generation task: " + ", ".join(GENERATION_TASKS),
+        )
+    elif task in GENERATION_TASKS:
+        field, what, other = "output", "the references of a generation file", "a QA task: " + ", ".join(QA_TASKS)
+    else:
+        return
+    missing = next((record for record in records if field not in record), None)
+    if missing is not None:
+        has_other = "output" in missing if field == "answer" else "answer" in missing
+        hint = f"; the records look like those of {other}" if has_other else ""
+        raise ValueError(
+            f"task {task!r} scores the {field!r} field ({what}), which record {missing.get('id')!r} does not have{hint}"
+        )
 
 
 def _read_json(path: str | Path | None) -> Any:
@@ -322,7 +370,13 @@ def load_metric(name: str, **kwargs: Any) -> Any:
 
 def cli_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="edmem evaluate", description=__doc__)
-    parser.add_argument("--task", required=True, choices=QA_TASKS + GENERATION_TASKS, type=str.lower)
+    parser.add_argument(
+        "--task",
+        required=True,
+        choices=QA_TASKS + GENERATION_TASKS,
+        type=str.lower,
+        help="the task of the gold file: QA (exact match) or generation (ROUGE, F1, entity coverage)",
+    )
     parser.add_argument("--data", required=True, help="the released gold file (.jsonl)")
     parser.add_argument("--predictions", required=True, help="{id: text} JSON, markers may be left in")
     parser.add_argument("--answer-links", help="QA: sling_invocab-*.json, to split entity and non-entity answers")
@@ -363,12 +417,15 @@ __all__ = [
     "coverage_tokens",
     "entity_coverage",
     "evaluate_files",
+    "exact_match",
     "generation_scores",
     "load_metric",
+    "normalize_answer",
     "qa_scores",
     "read_aliases",
     "read_jsonl",
     "read_predictions",
     "score_task",
+    "strip_generation",
     "unigram_f1",
 ]

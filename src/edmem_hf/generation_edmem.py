@@ -14,6 +14,7 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.generation import GenerationConfig, GenerationMixin, LogitsProcessorList
 
 from .entity_decoding import EntityConstrainedLogitsProcessor, EntityMention, marked_spans, marker_token_ids
+from .entity_index import with_entity_index_option
 from .entity_trie import EntityTrie
 
 ENTITY_DECODING_MODES = ("free", "static", "dynamic")
@@ -47,25 +48,30 @@ class GeneratedMention:
 
 @dataclass
 class DynamicEntityLinking:
-    """Dynamic decoding's link from the model's outputs to the logits processor.
+    """Dynamic decoding's hand-over from each step's forward to the logits processor, for one `generate` call.
 
-    `generate` passes it as the model kwarg `decoder_dynamic_linking`. Each step's forward is then asked for the
-    entity-linking head's `top_k` at the `<E_s>` tokens it reads (`entity_linking_top_k`), and
-    `_update_model_kwargs_for_generation` gives each row whose newest token is `<E_s>` those entities as the
-    names its mention may spell.
+    `generate(entity_decoding="dynamic")` passes it as the model kwarg `entity_linking`, the per-call channel of
+    the generation loop (as the key/value cache is): `prepare_inputs_for_generation` declares it, so `generate`
+    accepts it, and takes it out of what the forward receives; the encoder has run before `generate` starts, so no
+    encoder call is offered it. At every step:
+
+    1. `prepare_inputs_for_generation` asks the forward for the entity-linking head's `top_k` at the `<E_s>` tokens
+       it reads (the forward argument `entity_linking_top_k`);
+    2. `_update_model_kwargs_for_generation`, which the loop calls between the forward and the logits processors,
+       offers the head's top-k at each row whose newest token is `<E_s>` to `processor`
+       (`set_candidates(..., rows=...)`): the names that row's mention may spell.
     """
 
     processor: EntityConstrainedLogitsProcessor
     top_k: int
 
-    def receive(self, linked, num_rows: int, length: int) -> None:
-        """Hands the head's top-k at the `<E_s>` tokens a step read last (position `length - 1`) to the processor."""
+    def receive(self, linked, length: int) -> None:
+        """Offers the head's top-k at the `<E_s>` tokens a step read last (position `length - 1`) to the processor."""
         if linked is None or linked.positions.shape[0] == 0:
             return
         newest = linked.positions[:, 1] == length - 1
-        rows = torch.zeros(num_rows, dtype=torch.bool, device=linked.positions.device)
-        rows[linked.positions[newest, 0]] = True
         # `positions` are in row order, so the selected rows' candidates are too
+        rows = linked.positions[newest, 0]
         self.processor.set_candidates(linked.top_entity_ids[newest], linked.top_entity_scores[newest], rows=rows)
 
 
@@ -220,10 +226,7 @@ class EDMemGenerationMixin(GenerationMixin):
                     f"{self.config.entity_vocab_size}: they must share one entity table's ids"
                 )
             return linker.link_entities(input_ids, attention_mask, top_k, decoder_input=linking_input)
-        if kwargs.get("encoder_outputs") is None:
-            kwargs["encoder_outputs"] = self.get_encoder()(
-                input_ids=input_ids, attention_mask=attention_mask, return_dict=True
-            )
+        self._encode_first(input_ids, kwargs, config)
         reuse = (
             linking_input == "start"
             and kwargs.get("past_key_values") is None
@@ -246,8 +249,24 @@ class EDMemGenerationMixin(GenerationMixin):
             kwargs["past_key_values"] = EncoderDecoderCache(DynamicCache(config=self.config), cross)
         return ids, scores
 
+    def _encode_first(self, input_ids, kwargs: dict, config) -> None:
+        """Puts the encoder's output in `kwargs["encoder_outputs"]` (unless given), as `generate` would: the static
+        linking pass reads it, and `generate` then offers its model kwargs to no encoder call."""
+        if kwargs.get("encoder_outputs") is not None:
+            return
+        if input_ids is None:
+            raise ValueError("static and dynamic entity decoding need input_ids")
+        kwargs["encoder_outputs"] = self.get_encoder()(
+            input_ids=input_ids,
+            attention_mask=kwargs.get("attention_mask"),
+            output_attentions=kwargs.get("output_attentions", getattr(config, "output_attentions", False)),
+            output_hidden_states=kwargs.get("output_hidden_states", getattr(config, "output_hidden_states", False)),
+            return_dict=True,
+        )
+
     # --- generate ----------------------------------------------------------------------------------------------
 
+    @with_entity_index_option
     def generate(
         self,
         inputs: torch.Tensor | None = None,
@@ -276,6 +295,9 @@ class EDMemGenerationMixin(GenerationMixin):
             static_linking_input (`str`, *optional*): what the decoder reads before the `<E_s>` placeholder of static
                 linking: `"start"` (ours) or `"question"` (the paper's); see `link_entities`. Defaults to
                 `generation_config.static_linking_input` (`"start"`).
+            entity_index (`bool`, *optional*): search the entity table with an index (entity_index.py): True uses
+                `model.entity_index`, building one first if none is set; False searches exactly for this call.
+                Defaults to whatever `model.set_entity_index` / `model.build_entity_index` set (none: exact).
 
         Training-only batch fields (`labels`, `entity_labels`, `decoder_entity_labels`) are dropped, so that a
         training batch can be passed as is (`Seq2SeqTrainer(predict_with_generate=True)` does). With
@@ -318,8 +340,9 @@ class EDMemGenerationMixin(GenerationMixin):
                 candidate_scores=scores,
                 group_size=rows_per_example,
             )
-            if mode == "dynamic":  # the `decoder_` prefix keeps it out of generate()'s encoder call
-                kwargs["decoder_dynamic_linking"] = DynamicEntityLinking(processor, top_k)
+            if mode == "dynamic":
+                self._encode_first(input_ids, kwargs, config)
+                kwargs["entity_linking"] = DynamicEntityLinking(processor, top_k)
             processors.append(processor)
         output = super().generate(inputs, generation_config, processors, **kwargs)
         if not isinstance(output, torch.Tensor):
@@ -336,20 +359,19 @@ class EDMemGenerationMixin(GenerationMixin):
             output["entity_mentions"] = self._name_mentions(parsed)
         return output
 
-    def prepare_inputs_for_generation(
-        self, *args, decoder_dynamic_linking: DynamicEntityLinking | None = None, **kwargs
-    ):
-        """BART's inputs, plus a request for the entity-linking head's top-k in dynamic decoding."""
+    def prepare_inputs_for_generation(self, *args, entity_linking: DynamicEntityLinking | None = None, **kwargs):
+        """BART's inputs, plus, in dynamic decoding, a request for the entity-linking head's top-k (see
+        `DynamicEntityLinking`)."""
         model_inputs = super().prepare_inputs_for_generation(*args, **kwargs)
-        if decoder_dynamic_linking is not None:
-            model_inputs["entity_linking_top_k"] = min(decoder_dynamic_linking.top_k, self.config.entity_vocab_size)
+        if entity_linking is not None:
+            model_inputs["entity_linking_top_k"] = min(entity_linking.top_k, self.config.entity_vocab_size)
         return model_inputs
 
     def _update_model_kwargs_for_generation(self, outputs, model_kwargs, is_encoder_decoder=False, num_new_tokens=1):
-        linking = model_kwargs.get("decoder_dynamic_linking")
+        linking = model_kwargs.get("entity_linking")
         if linking is not None:
             # the step read one new token per row (the whole prompt at the first step): its last one may be <E_s>
-            linking.receive(outputs.linked_entities, *outputs.logits.shape[:2])
+            linking.receive(outputs.linked_entities, outputs.logits.shape[1])
         return super()._update_model_kwargs_for_generation(
             outputs, model_kwargs, is_encoder_decoder=is_encoder_decoder, num_new_tokens=num_new_tokens
         )

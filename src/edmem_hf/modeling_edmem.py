@@ -43,6 +43,7 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_edmem import IGNORE_INDEX, EDMemConfig
 from .entity_attention import entity_attention
+from .entity_index import EntityIndexMixin
 from .generation_edmem import EDMemGenerationMixin
 from .hub_edmem import EDMemHubMixin
 
@@ -80,6 +81,8 @@ class EntityMemory(nn.Module):
     receive `LayerNorm(h + m)` at every position, as in the authors' released code. Dropout where theirs has it:
     `config.memory_dropout` after `W_in` and `W_out`, `config.upper_input_dropout` on what the upper layers receive.
     """
+
+    entity_index = None  # an EntityIndex for the top-k at inference, set by model.set_entity_index
 
     def __init__(self, config: EDMemConfig):
         super().__init__()
@@ -127,6 +130,7 @@ class EntityMemory(nn.Module):
             chunk_size=self.chunk_size,
             compute_read=True,
             return_top_k=return_top_k,
+            index=None if self.training else self.entity_index,
         )
         update = torch.zeros_like(hidden_states)
         read = self.projection_dropout(self.output_proj(result.read.to(hidden_states.dtype)))
@@ -144,6 +148,8 @@ class EntityMemory(nn.Module):
 class EntityLinkingHead(nn.Module):
     """Scores the entities for the hidden state of each `<E_s>`: `W_in h` against the entity table (eq. 2), with
     `config.memory_dropout` after `W_in` as in the authors' code."""
+
+    entity_index = None  # an EntityIndex for the top-k at inference, set by model.set_entity_index
 
     def __init__(self, config: EDMemConfig):
         super().__init__()
@@ -181,6 +187,7 @@ class EntityLinkingHead(nn.Module):
             chunk_size=self.chunk_size,
             compute_read=False,
             return_top_k=return_top_k,
+            index=None if self.training else self.entity_index,
         )
         return EntityMemoryAccess(
             positions=positions,
@@ -333,7 +340,7 @@ def check_entity_labels(
 # ---------------------------------------------------------------------------------------------------------------
 
 
-class EDMemPreTrainedModel(PreTrainedModel):
+class EDMemPreTrainedModel(EntityIndexMixin, PreTrainedModel):
     config_class = EDMemConfig
     config: EDMemConfig
     base_model_prefix = "model"

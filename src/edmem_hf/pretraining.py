@@ -56,16 +56,26 @@ class PretrainingArguments:
     )
     # --- architecture of a new model (None: the preset's value or the EDMemConfig default) ---
     d_model: int | None = field(default=None, metadata={"help": "Hidden width (BART-large: 1024)."})
-    encoder_lower_layers: int | None = None
-    encoder_upper_layers: int | None = None
-    decoder_lower_layers: int | None = None
-    decoder_upper_layers: int | None = None
-    encoder_ffn_dim: int | None = None
-    decoder_ffn_dim: int | None = None
-    encoder_attention_heads: int | None = None
-    decoder_attention_heads: int | None = None
+    encoder_lower_layers: int | None = field(
+        default=None, metadata={"help": "Encoder layers below the memory read (paper: 4)."}
+    )
+    encoder_upper_layers: int | None = field(
+        default=None, metadata={"help": "Encoder layers above the memory read (paper: 8)."}
+    )
+    decoder_lower_layers: int | None = field(
+        default=None, metadata={"help": "Decoder layers below the memory read (paper: 4)."}
+    )
+    decoder_upper_layers: int | None = field(
+        default=None, metadata={"help": "Decoder layers above the memory read (paper: 8)."}
+    )
+    encoder_ffn_dim: int | None = field(default=None, metadata={"help": "Encoder feed-forward width."})
+    decoder_ffn_dim: int | None = field(default=None, metadata={"help": "Decoder feed-forward width."})
+    encoder_attention_heads: int | None = field(default=None, metadata={"help": "Encoder attention heads."})
+    decoder_attention_heads: int | None = field(default=None, metadata={"help": "Decoder attention heads."})
     entity_embed_dim: int | None = field(default=None, metadata={"help": "Entity embedding width (paper: 256)."})
-    max_position_embeddings: int | None = None
+    max_position_embeddings: int | None = field(
+        default=None, metadata={"help": "Longest sequence the position embeddings cover."}
+    )
     dropout: float | None = field(default=None, metadata={"help": "Dropout (paper: 0.1)."})
     entity_loss_weight: float | None = field(default=None, metadata={"help": "lambda_EL (paper: 1.0)."})
     variant: str | None = field(default=None, metadata={"help": "edmem | encdec | encmem."})
@@ -73,14 +83,16 @@ class PretrainingArguments:
     random_mask_prob: float = field(default=0.3, metadata={"help": "P_rtm: per-token mask rate."})
     mention_mask_prob: float = field(default=0.5, metadata={"help": "P_ssm: per-mention whole-span mask rate."})
     # --- optimisation ---
-    per_device_train_batch_size: int = 8
-    per_device_eval_batch_size: int = 8
-    gradient_accumulation_steps: int = 1
-    learning_rate: float = 1e-4
-    weight_decay: float = 0.01
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_epsilon: float = 1e-8
+    per_device_train_batch_size: int = field(default=8, metadata={"help": "Training passages per process per step."})
+    per_device_eval_batch_size: int = field(default=8, metadata={"help": "Validation passages per process per batch."})
+    gradient_accumulation_steps: int = field(
+        default=1, metadata={"help": "Micro-batches summed into one optimizer step."}
+    )
+    learning_rate: float = field(default=1e-4, metadata={"help": "Peak learning rate (the authors' runs: 1e-4)."})
+    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay (the authors' runs: 0.01)."})
+    adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1."})
+    adam_beta2: float = field(default=0.999, metadata={"help": "AdamW beta2."})
+    adam_epsilon: float = field(default=1e-8, metadata={"help": "AdamW epsilon."})
     adam_fused: bool = field(
         default=True,
         metadata={
@@ -92,7 +104,7 @@ class PretrainingArguments:
     )
     warmup_ratio: float = field(default=0.1, metadata={"help": "Share of max_steps spent warming up."})
     max_steps: int = field(default=-1, metadata={"help": "Optimizer steps; <= 0: num_train_epochs epochs."})
-    num_train_epochs: float = 1.0
+    num_train_epochs: float = field(default=1.0, metadata={"help": "Epochs over the passages when max_steps <= 0."})
     mixed_precision: str = field(default="no", metadata={"help": "no | fp16 | bf16."})
     seed: int = field(default=42, metadata={"help": "Seed of the initialisation, data order and masking."})
     # --- evaluation, logging, checkpoints ---
@@ -101,7 +113,7 @@ class PretrainingArguments:
     )
     eval_seed: int = field(default=1234, metadata={"help": "Fixed masking seed of the validation split."})
     max_eval_samples: int | None = field(default=None, metadata={"help": "Evaluate on the first N passages."})
-    logging_steps: int = 10
+    logging_steps: int = field(default=10, metadata={"help": "Log the training losses every N optimizer steps."})
     save_steps: int = field(default=1000, metadata={"help": "Save a checkpoint every N optimizer steps."})
     save_total_limit: int | None = field(default=3, metadata={"help": "Keep the last K checkpoints."})
     resume: str = field(
@@ -111,17 +123,21 @@ class PretrainingArguments:
             "no: start afresh (refused if checkpoints exist, unless --overwrite_output_dir); or a checkpoint path."
         },
     )
-    overwrite_output_dir: bool = False
+    overwrite_output_dir: bool = field(
+        default=False, metadata={"help": "With --resume no: delete the checkpoints and log of OUTPUT_DIR first."}
+    )
     report_to: str = field(
         default="auto",
         metadata={"help": "auto (tensorboard if installed) | none | tensorboard | wandb | comma list."},
     )
-    dataloader_num_workers: int = 0
+    dataloader_num_workers: int = field(
+        default=0, metadata={"help": "Worker processes loading batches (0: in the training process)."}
+    )
     max_steps_this_run: int | None = field(
         default=None,
         metadata={"help": "Stop (without saving) after this many optimizer steps in this run: simulates a kill."},
     )
-    disable_tqdm: bool = False
+    disable_tqdm: bool = field(default=False, metadata={"help": "No progress bar (for a log file)."})
 
     def __post_init__(self) -> None:
         if self.mixed_precision not in ("no", "fp16", "bf16"):
@@ -1005,8 +1021,12 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
     from accelerate.state import PartialState
     from transformers import HfArgumentParser
 
-    parser = HfArgumentParser(PretrainingArguments)
-    parser.prog = "edmem pretrain"
+    parser = HfArgumentParser(
+        PretrainingArguments,
+        prog="edmem pretrain",
+        description="Pre-train EDMem on a corpus of `edmem build-corpus` with Accelerate (one CPU, N GPUs, several "
+        "nodes; `accelerate launch -m edmem_hf.cli pretrain ...`), resuming from the last checkpoint after a crash.",
+    )
     try:
         (args,) = parser.parse_args_into_dataclasses(args=list(argv) if argv is not None else None)
         pretrain(args)

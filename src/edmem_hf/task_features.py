@@ -1,0 +1,207 @@
+"""Fine-tuning features: the rows of `task_files.py` (or `QAExample`s) as the model's training fields (QA,
+generation, the static setting's linking target), the dataset that picks a training answer each time a row is read,
+and the collator that pads them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .configuration_edmem import ENTITY_START_TOKEN, IGNORE_INDEX
+from .generation_edmem import static_linking_decoder_input
+from .task_files import mark_mentions
+
+
+@dataclass
+class QAExample:
+    """A question with its linked mentions and its answers.
+
+    Args:
+        question: plain text.
+        answers: acceptable answers (the first is the training target).
+        mentions: `(char_start, char_end, entity_id)` of each linked mention in `question`.
+        answer_entity: the answer's entity id, or None when the answer is not an entity.
+    """
+
+    question: str
+    answers: list[str]
+    mentions: list[tuple[int, int, int]] = field(default_factory=list)
+    answer_entity: int | None = None
+
+
+def _labels_at_markers(token_ids: list[int], start_id: int, entities: list[int], truncated: bool, what: str):
+    """Entity labels aligned with `token_ids`: each mention's entity at its `<E_s>`, -100 elsewhere. A mention cut
+    off by truncation has no `<E_s>` and no label."""
+    positions = [i for i, t in enumerate(token_ids) if t == start_id]
+    if len(positions) > len(entities) or (len(positions) < len(entities) and not truncated):
+        raise ValueError(f"{what}: {len(entities)} mentions but {len(positions)} <E_s> tokens after tokenisation")
+    labels = [IGNORE_INDEX] * len(token_ids)
+    for position, entity in zip(positions, entities):
+        labels[position] = entity
+    return labels
+
+
+def _encode_input(text: str, entities: list[int], tokenizer: Any, max_length: int, what: str) -> dict[str, list]:
+    start_id = tokenizer.convert_tokens_to_ids(ENTITY_START_TOKEN)
+    input_ids = tokenizer(text, truncation=True, max_length=max_length).input_ids
+    truncated = len(input_ids) >= max_length
+    return {
+        "input_ids": input_ids,
+        "entity_labels": _labels_at_markers(input_ids, start_id, entities, truncated, what),
+    }
+
+
+def _encode_target(text: str, entities: list[int], tokenizer: Any, max_length: int, what: str) -> dict[str, list]:
+    start_id = tokenizer.convert_tokens_to_ids(ENTITY_START_TOKEN)
+    labels = tokenizer(text, add_special_tokens=False).input_ids
+    truncated = len(labels) > max_length - 1
+    labels = labels[: max_length - 1] + [tokenizer.eos_token_id]
+    return {
+        "labels": labels,
+        "decoder_entity_labels": _labels_at_markers(labels, start_id, entities, truncated, what),
+    }
+
+
+def encode_qa_example(example: QAExample, tokenizer: Any, max_length: int = 64) -> dict[str, list[int]]:
+    """Tokenises an example into the model's training fields (see docs/model.md, "Mention supervision").
+
+    The answer is generated as `<E_s> name <E_e>` when it is an entity, so that the same example also trains the
+    static setting's entity linking: the decoder reads the start token and `<E_s>`, and the entity-linking head is
+    supervised with the answer entity there. Examples without an entity answer skip that objective, as in the paper.
+    """
+    question, question_entities = mark_mentions(example.question, example.mentions)
+    answer = example.answers[0]
+    mentions = [] if example.answer_entity is None else [(0, len(answer), example.answer_entity)]
+    target, target_entities = mark_mentions(answer, mentions)
+    return {
+        **_encode_input(question, question_entities, tokenizer, max_length, f"question {question!r}"),
+        **_encode_target(target, target_entities, tokenizer, max_length, f"answer {target!r}"),
+    }
+
+
+def encode_qa_record(
+    record: Mapping[str, Any], tokenizer: Any, max_length: int = 64, rng: Any = None
+) -> dict[str, list[int]]:
+    """A row of `read_qa` as training fields: the marked question with its entity labels, and one of the row's
+    `targets` with its linked spans marked `<E_s> ... <E_e>` and their entities as decoder entity labels.
+
+    The target is the first one, or with `rng` (anything with `randrange`, e.g. the `random` module) one picked at
+    random, as the authors' reader does each time a training record is read (`ResampledRows`)."""
+    question = _encode_input(
+        record["question"], record["mention_entities"], tokenizer, max_length, f"record {record['id']}"
+    )
+    targets = record["targets"]
+    choice = 0 if rng is None or len(targets) == 1 else rng.randrange(len(targets))
+    target, entities = mark_mentions(targets[choice], [tuple(span) for span in record["target_mentions"][choice]])
+    return {**question, **_encode_target(target, entities, tokenizer, max_length, f"record {record['id']} answer")}
+
+
+def encode_generation_record(record: Mapping[str, Any], tokenizer: Any, max_length: int = 256) -> dict[str, list[int]]:
+    """A row of `read_generation` as training fields: the marked input with its entity labels, the first reference
+    as the target (no mentions are linked in the references)."""
+    features = _encode_input(
+        record["input"], record["mention_entities"], tokenizer, max_length, f"record {record['id']}"
+    )
+    labels = tokenizer(record["outputs"][0], add_special_tokens=False).input_ids[: max_length - 1]
+    labels.append(tokenizer.eos_token_id)
+    return {**features, "labels": labels, "decoder_entity_labels": [IGNORE_INDEX] * len(labels)}
+
+
+def encode_static_linking_record(
+    record: Mapping[str, Any], tokenizer: Any, max_length: int = 64, rng: Any = None
+) -> dict[str, list[int]]:
+    """A row of `read_qa` whose answer is an entity as the static setting's training target (the paper, Section
+    3.3): the decoder reads the question (its final token dropped) then `<E_s>` and EOS, the decoder memory and the
+    entity-linking head are supervised with the answer entity at that `<E_s>`, and no token is scored by the LM
+    loss. These are the inputs `model.link_entities(decoder_input="question")` reads at inference.
+
+    The entity is `answer_entity` (the first answer entity), or with `rng` one of `answer_entities` picked at random
+    (the authors' reader, for a question with several)."""
+    if record["answer_entity"] == IGNORE_INDEX:
+        raise ValueError(f"record {record['id']}: the answer is not an entity: no static linking target")
+    entities = record.get("answer_entities") or [record["answer_entity"]]
+    entity = entities[0] if rng is None or len(entities) == 1 else entities[rng.randrange(len(entities))]
+    features = _encode_input(
+        record["question"], record["mention_entities"], tokenizer, max_length, f"record {record['id']}"
+    )
+    start_id = tokenizer.convert_tokens_to_ids(ENTITY_START_TOKEN)
+    decoder_input_ids = static_linking_decoder_input(features["input_ids"], start_id, tokenizer.eos_token_id)
+    # aligned with `labels`, which the model shifts right: the label of the decoder's <E_s> sits one before it
+    decoder_entity_labels = [IGNORE_INDEX] * len(decoder_input_ids)
+    decoder_entity_labels[len(decoder_input_ids) - 3] = entity
+    return {
+        **features,
+        "decoder_input_ids": decoder_input_ids,
+        "labels": [IGNORE_INDEX] * len(decoder_input_ids),
+        "decoder_entity_labels": decoder_entity_labels,
+    }
+
+
+class ResampledRows(torch.utils.data.Dataset):
+    """Rows encoded each time they are read, with `encode(row, rng=random)`: a QA row's training answer (and a
+    static-linking row's answer entity) is picked afresh at every read, as in the authors' `QADataset`. The pick
+    draws from Python's `random`, which `transformers.set_seed` seeds and the Trainer's checkpoints save, so a run
+    repeats and resumes exactly."""
+
+    def __init__(self, rows: Sequence[Mapping[str, Any]], encode: Callable[..., dict[str, list[int]]]):
+        self.rows, self.encode = rows, encode
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> dict[str, list[int]]:
+        import random
+
+        return self.encode(self.rows[index], rng=random)
+
+
+@dataclass
+class EDMemSeq2SeqCollator:
+    """Pads EDMem fine-tuning features: token ids with the pad id, labels and entity labels with -100.
+
+    (`DataCollatorForSeq2Seq` would pad entity labels with the pad id, which is a valid entity id.)
+    """
+
+    pad_token_id: int
+    pad_to_multiple_of: int | None = None
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        batch = {}
+        for name, pad in (
+            ("input_ids", self.pad_token_id),
+            ("entity_labels", IGNORE_INDEX),
+            ("decoder_input_ids", self.pad_token_id),
+            ("labels", IGNORE_INDEX),
+            ("decoder_entity_labels", IGNORE_INDEX),
+        ):
+            present = [name in f for f in features]
+            if not any(present):
+                continue
+            if not all(present):
+                raise ValueError(
+                    f"{name} is in {sum(present)} of the {len(features)} features of a batch: all or none"
+                )
+            rows = [list(f[name]) for f in features]
+            length = max(map(len, rows))
+            if self.pad_to_multiple_of:
+                length = -(-length // self.pad_to_multiple_of) * self.pad_to_multiple_of
+            batch[name] = torch.tensor([row + [pad] * (length - len(row)) for row in rows], dtype=torch.long)
+            if name == "input_ids":
+                batch["attention_mask"] = torch.tensor(
+                    [[1] * len(row) + [0] * (length - len(row)) for row in rows], dtype=torch.long
+                )
+        return batch
+
+
+__all__ = [
+    "EDMemSeq2SeqCollator",
+    "QAExample",
+    "ResampledRows",
+    "encode_generation_record",
+    "encode_qa_example",
+    "encode_qa_record",
+    "encode_static_linking_record",
+]
