@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import AutoModelForSeq2SeqLM
 
-from edmem_hf import EDMemEncDecForConditionalGeneration, EntityVocab, entity_growth
-from tiny_models import run_without_the_package, tiny_model, tiny_model_with_entities
+from edmem_hf import EDMemEncDecForConditionalGeneration, entity_growth
+from tiny_models import run_without_the_package, saved_model_and_unknown_people, tiny_model, tiny_model_with_entities
 
 
 @pytest.fixture(autouse=True)
@@ -165,19 +165,9 @@ def test_edmem_add_entities_from_a_dump(setup, tmp_path, capsys):
     from edmem_hf.cli import main
     from edmem_hf.dump import iter_parsed_pages
     from edmem_hf.entity_growth import new_entity_passages
-    from edmem_hf.toy_world import generate_toy_world, write_mediawiki_dump
 
     _, tokenizer, _, _ = setup
-    world = generate_toy_world(30, seed=0)
-    people = [e.name for e in world.entities if e.type == "person"][:3]
-    known = [e.name for e in world.entities if e.name not in people]
-    start, end = tokenizer.convert_tokens_to_ids(["<E_s>", "<E_e>"])
-    model = tiny_model(vocab_size=len(tokenizer), entity_vocab_size=len(known), entity_start_token_id=start)
-    model.config.entity_end_token_id = end
-    model.entity_vocab = EntityVocab(known)
-    model.save_pretrained(tmp_path / "model")
-    tokenizer.save_pretrained(tmp_path / "model")
-    dump = write_mediawiki_dump(world, tmp_path / "new.xml.bz2")
+    model, people, known, dump = saved_model_and_unknown_people(tokenizer, tmp_path)
 
     passages, without = new_entity_passages(iter_parsed_pages(dump), known)
     assert sorted(passages) == sorted(people) and without == []

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from edmem_hf.entity_growth import fit_new_entities
-from tiny_models import tiny_model_with_entities
+from tiny_models import saved_model_and_unknown_people, tiny_model_with_entities
 
 
 @pytest.fixture
@@ -122,22 +122,10 @@ def test_bad_input_is_named(setup, change, message):
 def test_edmem_add_entities_fits_the_rows_when_asked(setup, tmp_path, capsys):
     from transformers import AutoModelForSeq2SeqLM
 
-    from edmem_hf import EntityVocab
     from edmem_hf.cli import main
-    from edmem_hf.toy_world import generate_toy_world, write_mediawiki_dump
-    from tiny_models import tiny_model
 
     _, tokenizer, _, _, _ = setup
-    world = generate_toy_world(30, seed=0)
-    people = [e.name for e in world.entities if e.type == "person"][:3]
-    known = [e.name for e in world.entities if e.name not in people]
-    start, end = tokenizer.convert_tokens_to_ids(["<E_s>", "<E_e>"])
-    model = tiny_model(vocab_size=len(tokenizer), entity_vocab_size=len(known), entity_start_token_id=start)
-    model.config.entity_end_token_id = end
-    model.entity_vocab = EntityVocab(known)
-    model.save_pretrained(tmp_path / "model")
-    tokenizer.save_pretrained(tmp_path / "model")
-    dump = write_mediawiki_dump(world, tmp_path / "new.xml.bz2")
+    model, people, known, dump = saved_model_and_unknown_people(tokenizer, tmp_path)
     args = ["add-entities", "--model", str(tmp_path / "model"), "--dump", dump]
     assert main(args + ["--out", str(tmp_path / "fitted"), "--estimator", "fitted", "--fit_steps", "3"]) == 0
     assert main(args + ["--out", str(tmp_path / "mean")]) == 0  # the default: the mean query, no gradient step

@@ -181,6 +181,25 @@ def tiny_model_with_entities(num_entities: int = 20, words: list[str] | None = N
     return model.eval(), tokenizer, names, words
 
 
+def saved_model_and_unknown_people(
+    tokenizer, folder: Path
+) -> tuple[EDMemForConditionalGeneration, list[str], list[str], str]:
+    """A tiny EDMem saved in `folder / "model"` knowing every entity of a 30-entity toy world but three people, and
+    that world's full dump: `(model, people, known, dump)`, for `edmem add-entities`."""
+    from edmem_hf.toy_world import generate_toy_world, write_mediawiki_dump
+
+    world = generate_toy_world(30, seed=0)
+    people = [e.name for e in world.entities if e.type == "person"][:3]
+    known = [e.name for e in world.entities if e.name not in people]
+    start, end = tokenizer.convert_tokens_to_ids(["<E_s>", "<E_e>"])
+    model = tiny_model(vocab_size=len(tokenizer), entity_vocab_size=len(known), entity_start_token_id=start)
+    model.config.entity_end_token_id = end
+    model.entity_vocab = EntityVocab(known)
+    model.save_pretrained(folder / "model")
+    tokenizer.save_pretrained(folder / "model")
+    return model, people, known, write_mediawiki_dump(world, folder / "new.xml.bz2")
+
+
 def load_benchmark(name: str):
     """`benchmarks/<name>.py` as a module, registered in `sys.modules` (its dataclasses look their module up) with
     `benchmarks/` on the path (one script imports another)."""
