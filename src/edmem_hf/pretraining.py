@@ -365,6 +365,23 @@ def _shard_token_embeddings_together(model: torch.nn.Module, accelerator: Any) -
         )
 
 
+def _gather_entity_reads_with_the_model(model: torch.nn.Module) -> None:
+    """DeepSpeed ZeRO-3 gathers a parameter only while the module that owns it runs, or when a forward reads it
+    through its module's attribute (as the memories read the entity table). The anchor term of the entity loss
+    (`_mean_entity_loss`) goes over the memories' and the entity-linking head's parameters with `parameters()` once
+    those modules have run, and meets them partitioned again: the first backward fails ("SumBackward0 returned an
+    invalid gradient"). Declared the whole model's, they and the entity table (read outside its `nn.Embedding`)
+    stay gathered through the model's forward and backward, as the table does in FSDP's root unit."""
+    import deepspeed
+
+    from .modeling_edmem import EntityLinkingHead, EntityMemory
+
+    tables = [param for name, param in model.named_parameters() if name.endswith("entity_embeddings.weight")]
+    readers = [module for module in model.modules() if isinstance(module, (EntityMemory, EntityLinkingHead))]
+    for param in [*tables, *(param for module in readers for param in module.parameters())]:
+        deepspeed.zero.register_external_parameter(model, param)
+
+
 def _adamw(model: torch.nn.Module, args: PretrainingArguments) -> torch.optim.AdamW:
     """AdamW with the paper's settings; the fused kernel when asked for and available (else the foreach one)."""
     kwargs = dict(lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon)
@@ -725,6 +742,8 @@ class _PretrainingRun:
         self.max_steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * steps_per_epoch)
         if accelerator.is_fsdp2:
             _shard_token_embeddings_together(model, accelerator)
+        elif accelerator.deepspeed_plugin is not None and accelerator.deepspeed_plugin.zero_stage == 3:
+            _gather_entity_reads_with_the_model(model)
         optimizer = _adamw(model, args)
         scheduler = get_linear_schedule_with_warmup(optimizer, int(args.warmup_ratio * self.max_steps), self.max_steps)
         self.model, self.optimizer, self.train_dl, self.scheduler = accelerator.prepare(
