@@ -192,29 +192,38 @@ def continue_pretraining(pretrained: Path, new_dump: str, out: Path, settings: G
 # --- measuring --------------------------------------------------------------------------------------------------
 
 
-def time_additions(model_dir: Path, sizes: tuple[int, ...], settings: GrowthSettings) -> dict[str, dict[str, float]]:
-    """Seconds to add n new names (one passage each: a biography sentence, the name swapped in), by estimator."""
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    seconds: dict[str, dict[str, float]] = {"mean_query": {}, "fitted": {}}
-    for n in sizes:
-        for estimator in seconds:
-            model = EDMemForConditionalGeneration.from_pretrained(model_dir)
-            seconds[estimator][str(n)] = _timed_addition(model, tokenizer, n, estimator, settings)
+def time_additions(
+    model_dir: Path, sizes: tuple[int, ...], settings: GrowthSettings, record: Path, base_shape: bool
+) -> dict[str, dict[str, dict[str, float]]]:
+    """Seconds to add n new names (one passage each: a biography sentence, the name swapped in), by shape (the toy
+    model of `model_dir`; the `edmem-base` preset's, random weights and a 1M-row table), estimator and n. Each
+    figure is kept in `record` as soon as it is measured, and not measured again."""
+    seconds = json.loads(record.read_text()) if record.exists() else {}
+    shapes = ("toy_model", "edmem_base_shape") if base_shape else ("toy_model",)
+    for shape in shapes:
+        for n in sizes:
+            for estimator in ("mean_query", "fitted"):
+                if str(n) in seconds.get(shape, {}).get(estimator, {}):
+                    continue
+                model, tokenizer = _model_to_grow(model_dir, shape)
+                figure = _timed_addition(model, tokenizer, n, estimator, settings)
+                seconds.setdefault(shape, {}).setdefault(estimator, {})[str(n)] = figure
+                record.write_text(json.dumps(seconds, indent=1))
+                logger.info("%s: %d entities added (%s) in %.1f s", shape, n, estimator, figure)
     return seconds
 
 
-def time_base_shape(tokenizer_dir: Path, n: int, settings: GrowthSettings) -> dict[str, float]:
-    """Seconds to add `n` entities to a model of the `edmem-base` preset's shape (random weights, 1M-row table)."""
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+def _model_to_grow(model_dir: Path, shape: str):
+    """The fine-tuned toy model, or a model of the `edmem-base` preset's shape (random weights, 1M-row table)."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if shape == "toy_model":
+        return EDMemForConditionalGeneration.from_pretrained(model_dir), tokenizer
     size = 1_000_010
     with tempfile.TemporaryDirectory() as scratch:
         config = build_config(PretrainingArguments(output_dir=scratch, preset="edmem-base"), tokenizer, size)
-    seconds = {}
-    for estimator in ("mean_query", "fitted"):
-        model = EDMemForConditionalGeneration(config)
-        model.entity_vocab = EntityVocab([f"Entity {i}" for i in range(size)], [[] for _ in range(size)], [0] * size)
-        seconds[estimator] = _timed_addition(model, tokenizer, n, estimator, settings)
-    return seconds
+    model = EDMemForConditionalGeneration(config)
+    model.entity_vocab = EntityVocab([f"Entity {i}" for i in range(size)], [[] for _ in range(size)], [0] * size)
+    return model, tokenizer
 
 
 def _timed_addition(model, tokenizer, n: int, estimator: str, settings: GrowthSettings) -> float:
@@ -334,9 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     runs = [run_seed(settings, seed, out / f"seed-{seed}") for seed in settings.qa.seeds]
     summary = summarise(runs)
     first = out / f"seed-{settings.qa.seeds[0]}"
-    timing = {"toy_model": time_additions(first / "finetune", settings.timed_additions, settings)}
-    if settings.time_the_base_shape and settings.timed_additions:
-        timing["edmem_base_shape"] = {"1000": time_base_shape(first / "finetune", 1_000, settings)}
+    timing = time_additions(first / "finetune", settings.timed_additions, settings, out / "seconds_to_add.json",
+                            settings.time_the_base_shape)  # fmt: skip
     trained = summary["test"]["before"]["free"]["all"]["mean"]
     added = summary["added"]["fitted"]["free"]["all"]["mean"]
     headline = {
@@ -364,10 +372,10 @@ def main(argv: list[str] | None = None) -> int:
     for name in summary["test"]:
         fields += [f"trained_em_{name}={figure('test', name, 'free')}",
                    f"trained_memory_recall_{name}={summary['test'][name]['memory_recall']['mean']}"]  # fmt: skip
-    for estimator, sizes in timing["toy_model"].items():
-        fields += [f"seconds_to_add_{n}_{estimator}={s}" for n, s in sizes.items()]
-    for estimator, s in timing.get("edmem_base_shape", {}).get("1000", {}).items():
-        fields.append(f"seconds_to_add_1000_at_edmem_base_shape_{estimator}={s}")
+    for shape, estimators in timing.items():
+        for estimator, sizes in estimators.items():
+            at = "" if shape == "toy_model" else "_at_edmem_base_shape"
+            fields += [f"seconds_to_add_{n}_{estimator}{at}={s}" for n, s in sizes.items()]
     print("RESULT " + " ".join(fields))
     return 0
 

@@ -653,7 +653,8 @@ def experiment_parser(description: str, default_out: str) -> argparse.ArgumentPa
     parser.add_argument("--pretrain-learning-rate", type=float, help="override the pre-training learning rate")
     parser.add_argument("--d-model", type=int, help="override the width")
     parser.add_argument("--layers", type=int, help="override the lower and upper layers of each side")
-    parser.add_argument("--mix-qa", action="store_true", help="the fine-tuning half's questions in pre-training too")
+    parser.add_argument("--mix-qa", action=argparse.BooleanOptionalAction,
+                        help="the fine-tuning half's questions in pre-training too (default: on)")  # fmt: skip
     parser.add_argument("--no-plots", action="store_true")
     return parser
 
@@ -664,7 +665,7 @@ def with_overrides(settings: Settings, args: argparse.Namespace) -> Settings:
                      pretrain_steps=args.pretrain_steps, finetune_epochs=args.finetune_epochs, d_model=args.d_model,
                      finetune_learning_rate=args.finetune_learning_rate, finetune_batch_size=args.finetune_batch_size,
                      pretrain_batch_size=args.pretrain_batch_size, pretrain_learning_rate=args.pretrain_learning_rate,
-                     layers=args.layers, mix_qa=True if args.mix_qa else None)  # fmt: skip
+                     layers=args.layers, mix_qa=args.mix_qa)  # fmt: skip
     return replace(settings, **{k: v for k, v in overrides.items() if v is not None})
 
 

@@ -65,6 +65,17 @@ def test_no_test_half_question_is_fine_tuned_on_or_pre_trained_on(bench, tmp_pat
         assert f"<title>{person}</title>" in dump
 
 
+def test_mixed_questions_are_on_by_default_and_can_be_turned_off(bench, tmp_path):
+    parser = bench.experiment_parser("test", "out")
+    assert bench.with_overrides(bench.Settings(), parser.parse_args([])).mix_qa is True
+    settings = bench.with_overrides(bench.Settings(num_people=12), parser.parse_args(["--no-mix-qa"]))
+    assert settings.mix_qa is False
+    data = bench.make_world(settings, seed=5, out=tmp_path)
+    dump = bz2.open(tmp_path / "wiki.xml.bz2", "rt", encoding="utf-8").read()
+    train = list(read_jsonl(data["files"]["train"]))
+    assert train and not any(r["question"] in dump or r["question"].replace("'", "&apos;") in dump for r in train)
+
+
 def test_majority_floor_and_bootstrap(bench, tmp_path):
     world = generate_knowledge_world(KnowledgeWorldSettings(num_people=12), seed=0)
     splits = split_people(world, seed=0)

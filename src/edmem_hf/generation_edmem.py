@@ -84,6 +84,12 @@ def static_linking_decoder_input(question_ids: list[int], start_id: int, eos_id:
 class EDMemGenerationMixin(GenerationMixin):
     """`generate(entity_decoding=...)`, the static linking pass, the prefix tree of entity names, mention reports."""
 
+    @property
+    def _links_entities(self) -> bool:
+        """Whether this model has the decoder's entity-linking head that static and dynamic decoding read (EDMem
+        has it; the EncDec baseline decodes freely only)."""
+        return getattr(self, "entity_linking_head", None) is not None
+
     # --- the prefix tree of entity names --------------------------------------------------------------------
 
     def entity_trie(self, tokenizer=None, cache_dir: str | os.PathLike | None = None) -> EntityTrie:
@@ -149,8 +155,10 @@ class EDMemGenerationMixin(GenerationMixin):
         `past_key_values` (`"start"` only), the decoder fills it (its cross-attention part can then serve
         generation).
         """
-        if self.config.variant != "edmem":
-            raise ValueError(f"entity linking needs the full EDMem (variant 'edmem'), not {self.config.variant!r}")
+        if not self._links_entities:
+            raise ValueError(
+                f"entity linking needs the full EDMem, not {type(self).__name__} (it has no linking head)"
+            )
         if decoder_input not in STATIC_LINKING_INPUTS:
             raise ValueError(f"decoder_input must be one of {STATIC_LINKING_INPUTS}, got {decoder_input!r}")
         if encoder_outputs is None:
@@ -311,8 +319,10 @@ class EDMemGenerationMixin(GenerationMixin):
         top_k = entity_candidates if entity_candidates is not None else getattr(config, "entity_candidates", 5)
         if mode not in ENTITY_DECODING_MODES:
             raise ValueError(f"entity_decoding must be one of {ENTITY_DECODING_MODES}, got {mode!r}")
-        if mode != "free" and self.config.variant != "edmem":
-            raise ValueError(f"entity_decoding={mode!r} needs the full EDMem, not variant {self.config.variant!r}")
+        if mode != "free" and not self._links_entities:
+            raise ValueError(
+                f"entity_decoding={mode!r} needs the full EDMem, not {type(self).__name__} (no linking head)"
+            )
         if (entity_linker is not None or static_linking_input is not None) and mode != "static":
             raise ValueError("entity_linker and static_linking_input apply to entity_decoding='static' only")
         if static_linking_input is None:
@@ -409,7 +419,7 @@ class EDMemGenerationMixin(GenerationMixin):
         config = self.config
         start_id, end_id = config.entity_start_token_id, config.entity_end_token_id
         attended = {}
-        if config.variant == "edmem" and input_ids is not None and bool((sequences == start_id).any()):
+        if self._links_entities and input_ids is not None and bool((sequences == start_id).any()):
             repeat = sequences.shape[0] // input_ids.shape[0]
             out = self(
                 input_ids=input_ids.repeat_interleave(repeat, dim=0),
