@@ -10,6 +10,9 @@ out people's biographies among its pages, and they are added as `edmem add-entit
 - `mean_query`: `model.add_entities` (the scaled mean memory query at their mentions, no gradient step);
 - `fitted`: `entity_growth.fit_new_entities` (those rows, then trained alone on the pre-training objective over
   the new passages, with trained people's passages as negatives; every other weight frozen);
+- `fitted_pretraining`: the mean-query rows trained alone (`entity_growth.fit_rows`) on the full world's
+  pre-training passages (`edmem build-corpus` of the new dump: every mention marked and labelled, the places a
+  person links to among them), those that mention a new person against the others;
 - `random` (a control with no information, at the trained rows' norm).
 
 Scored by `edmem evaluate`'s code, free and static decoding: *added*, the six questions about each added person;
@@ -63,7 +66,12 @@ from transformers import AutoTokenizer  # noqa: E402
 from edmem_hf import EDMemForConditionalGeneration, EntityVocab  # noqa: E402
 from edmem_hf.corpus import build_corpus  # noqa: E402
 from edmem_hf.dump import iter_parsed_pages  # noqa: E402
-from edmem_hf.entity_growth import fit_new_entities, new_entity_passages  # noqa: E402
+from edmem_hf.entity_growth import (  # noqa: E402
+    fit_new_entities,
+    fit_rows,
+    new_entity_passages,
+    pretraining_examples,
+)
 from edmem_hf.knowledge_world import (  # noqa: E402
     KnowledgeWorldSettings,
     generate_knowledge_world,
@@ -74,7 +82,7 @@ from edmem_hf.pretraining import PretrainingArguments, build_config, load_corpus
 from edmem_hf.toy_world import write_mediawiki_dump  # noqa: E402
 
 logger = logging.getLogger("toy_world_growth")
-ESTIMATORS = ("mean_query", "fitted", "random")
+ESTIMATORS = ("mean_query", "fitted", "fitted_pretraining", "random")
 
 
 @dataclass
@@ -148,6 +156,14 @@ def grow(model_dir: Path, new_dump: str, estimator: str, out: Path, held: list[s
         negatives = {name: everyone[name][:4] for name in chosen if name in everyone}
         fit_new_entities(model, names, texts, tokenizer, negatives, steps=settings.fit_steps,
                          learning_rate=settings.fit_learning_rate, seed=seed)  # fmt: skip
+    elif estimator == "fitted_pretraining":
+        ids = model.add_entities(names, texts, tokenizer)
+        examples = pretraining_examples(new_world_corpus(new_dump, out.parent, model_dir, seed), model.entity_vocab)
+        new = set(ids)
+        about_new = [example for example in examples if new & set(example["entity_labels"])]
+        others = [example for example in examples if not new & set(example["entity_labels"])]
+        fit_rows(model, ids, about_new, others, tokenizer, steps=settings.fit_steps,
+                 learning_rate=settings.fit_learning_rate, seed=seed)  # fmt: skip
     elif estimator == "random":
         rows = torch.randn(len(names), model.config.entity_embed_dim, generator=torch.Generator().manual_seed(seed))
         norm = model.get_encoder().entity_embeddings.weight.norm(dim=-1).mean()
@@ -159,6 +175,14 @@ def grow(model_dir: Path, new_dump: str, estimator: str, out: Path, held: list[s
     tokenizer.save_pretrained(out)
     (out / "seconds_to_add.json").write_text(json.dumps(seconds))
     return out, seconds
+
+
+def new_world_corpus(new_dump: str, out: Path, tokenizer_dir: Path, seed: int) -> Path:
+    """`edmem build-corpus` of the full world's dump with the trained model's tokenizer (built once, in `out`)."""
+    corpus = out / "corpus-new"
+    if not (corpus / "entity_vocab.json").exists():
+        build_corpus(new_dump, corpus, tokenizer=tokenizer_dir, num_entities=100_000, num_proc=2, seed=seed)
+    return corpus
 
 
 def corpus_in_model_ids(corpus: Path, vocab: EntityVocab):
@@ -178,10 +202,7 @@ def continue_pretraining(pretrained: Path, new_dump: str, out: Path, settings: G
     grown, _ = grow(pretrained, new_dump, "mean_query", out.parent / "pretrain-grown", held, settings, seed, [])
     model = EDMemForConditionalGeneration.from_pretrained(grown)
     tokenizer = AutoTokenizer.from_pretrained(grown)
-    corpus = out.parent / "corpus-new"
-    if not (corpus / "entity_vocab.json").exists():
-        build_corpus(new_dump, corpus, tokenizer=grown, num_entities=100_000, num_proc=2, seed=seed)
-    datasets = corpus_in_model_ids(corpus, model.entity_vocab)
+    datasets = corpus_in_model_ids(new_world_corpus(new_dump, out.parent, grown, seed), model.entity_vocab)
     args = PretrainingArguments(
         output_dir=str(out), **pretraining_schedule(settings.qa, settings.continued_steps, seed)
     )
@@ -298,6 +319,7 @@ def plot(summary: dict, out: Path) -> Path:
 
     bars = [("added", "before", "added people, before adding"), ("added", "random", "added, random rows"),
             ("added", "mean_query", "added, mean query"), ("added", "fitted", "added, fitted rows"),
+            ("added", "fitted_pretraining", "added, rows fitted on pre-training passages"),
             ("added", "continued_pretraining", "added, continued pre-training"),
             ("test", "before", "trained test-half people, before"), ("test", "fitted", "trained, after fitted rows")]  # fmt: skip
     bars = [bar for bar in bars if bar[1] in summary[bar[0]]]

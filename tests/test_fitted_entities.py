@@ -136,3 +136,52 @@ def test_edmem_add_entities_fits_the_rows_when_asked(setup, tmp_path, capsys):
     fitted_table, mean_table = fitted.model.entity_embeddings.weight, mean.model.entity_embeddings.weight
     assert torch.equal(fitted_table[: len(known)], mean_table[: len(known)])  # trained rows as they were
     assert not torch.allclose(fitted_table[len(known) :], mean_table[len(known) :])  # the fit moved the new ones
+
+
+def _labelled(tokenizer, text: str, labels: list[int]) -> dict:
+    """A pre-training example: `text`'s tokens, `labels[i]` at its i-th `<E_s>` (every mention labelled)."""
+    ids = tokenizer(text).input_ids
+    start = tokenizer.convert_tokens_to_ids("<E_s>")
+    marks = iter(labels)
+    return {"input_ids": ids, "entity_labels": [next(marks) if token == start else -100 for token in ids]}
+
+
+def test_fit_rows_on_pretraining_examples_moves_the_new_rows_only(setup):
+    from edmem_hf.entity_growth import fit_rows
+
+    model, tokenizer, new, passages, negatives = setup
+    names = model.entity_vocab.names
+    trained = _state(model)
+    ids = model.add_entities(new, passages, tokenizer)
+    start = model.get_encoder().entity_embeddings.weight.detach().clone()
+    before = _state(model)
+    # a passage about a new entity that also mentions a trained one, both labelled, as build-corpus marks them
+    about_new = [_labelled(tokenizer, f"<E_s> {new[0]} <E_e> lives in <E_s> {names[5]} <E_e>", [ids[0], 5]),
+                 _labelled(tokenizer, f"<E_s> {new[1]} <E_e> met <E_s> {names[6]} <E_e>", [ids[1], 6])]  # fmt: skip
+    others = [_labelled(tokenizer, f"<E_s> {names[3]} <E_e> and <E_s> {names[4]} <E_e>", [3, 4])]
+    fit_rows(model, ids, about_new, others, tokenizer, steps=4, learning_rate=0.05, seed=1)
+    table = model.get_encoder().entity_embeddings.weight
+    assert torch.equal(table[: ids[0]], start[: ids[0]]) and not torch.allclose(table[ids[0] :], start[ids[0] :])
+    for name, tensor in model.state_dict().items():
+        if "entity_embeddings" not in name:
+            assert torch.equal(tensor, before[name]), name
+    # deterministic under the seed
+    again, _, _, _ = tiny_model_with_entities(20)
+    again.load_state_dict(trained)
+    again.add_entities(new, rows=start[ids[0] :])
+    fit_rows(again, ids, about_new, others, tokenizer, steps=4, learning_rate=0.05, seed=1)
+    assert torch.equal(again.get_encoder().entity_embeddings.weight, table)
+
+
+def test_fit_rows_names_bad_input(setup):
+    from edmem_hf.entity_growth import fit_rows
+
+    model, tokenizer, new, passages, _ = setup
+    ids = model.add_entities(new, passages, tokenizer)
+    example = _labelled(tokenizer, f"<E_s> {new[0]} <E_e> x", [ids[0]])
+    with pytest.raises(ValueError, match="must be the table's last rows"):
+        fit_rows(model, [0], [example], [], tokenizer, steps=1)
+    with pytest.raises(ValueError, match="no example passage about the new entities"):
+        fit_rows(model, ids, [], [example], tokenizer, steps=1)
+    with pytest.raises(ValueError, match="steps=0"):
+        fit_rows(model, ids, [example], [], tokenizer, steps=0)

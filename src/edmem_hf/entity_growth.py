@@ -257,19 +257,13 @@ def fit_new_entities(
     """Adds `names` to the memory and trains their rows alone on the pre-training objective; returns their ids.
 
     The rows start as `add_entities` writes them (the scaled mean query at the mentions of `passages`, or `rows`
-    when given). Then `steps` steps of Adam on the pre-training loss (masked passages reconstructed, plus entity
-    linking at every `<E_s>`) over `passages` (the new entity's id at its mentions) and `negatives` (a trained
-    entity's name -> passages marking its mentions, labelled with its id, so that new rows learn not to capture
-    trained mentions), half a batch of each. Every other weight, the trained rows among them, stays bit-identical;
-    dropout and the batches are drawn from `seed`: the fit is deterministic.
+    when given), then `fit_rows` trains them over `passages` (the new entity's id at its mentions) against
+    `negatives` (a trained entity's name -> passages marking its mentions, labelled with its id).
 
     `passages[i]` marks the mentions of `names[i]` (and only its) `<E_s> ... <E_e>`, as `add_entities` takes them.
+    Passages with every mention marked and labelled, as pre-training reads them, carry more of what the rows should
+    hold: `pretraining_examples` and `fit_rows` take those (`edmem add-entities --estimator fitted` does).
     """
-    from .collator import EDMemMaskingCollator
-
-    if steps < 1 or learning_rate <= 0 or batch_size < 1:
-        raise ValueError(f"fit_new_entities: steps={steps}, learning_rate={learning_rate} and batch_size={batch_size} "
-                         "must be positive")  # fmt: skip
     if len(names) != len(passages):
         raise ValueError(f"fit_new_entities: {len(names)} names but {len(passages)} passage lists")
     negatives = negatives or {}
@@ -278,6 +272,7 @@ def fit_new_entities(
     unknown = [name for name in negatives if name not in model.entity_vocab]
     if unknown:
         raise ValueError(f"fit_new_entities: negative entity {unknown[0]!r} is not in the model's vocabulary")
+    _check_fit_settings(steps, learning_rate, batch_size)
     if rows is None:
         ids = model.add_entities(names, passages, tokenizer, max_length=max_length)
     else:
@@ -288,8 +283,56 @@ def fit_new_entities(
            for text in texts]  # fmt: skip
     old = [_labelled_passage(text, model.entity_vocab.id_of(name), tokenizer, start_id, max_length)
            for name, texts in negatives.items() for text in texts]  # fmt: skip
+    fit_rows(model, ids, new, old, tokenizer, steps=steps, learning_rate=learning_rate, batch_size=batch_size,
+             seed=seed)  # fmt: skip
+    return ids
+
+
+def pretraining_examples(corpus_dir: str | os.PathLike, vocab, split: str = "train") -> list[dict]:
+    """The passages of an `edmem build-corpus` folder as `fit_rows` takes them: `input_ids`, and `entity_labels`
+    turned from the corpus vocabulary's ids into `vocab`'s by name (an entity `vocab` lacks is unlabelled)."""
+    from datasets import load_from_disk
+
+    from .entity_vocab import EntityVocab
+
+    corpus_names = EntityVocab.load(os.fspath(corpus_dir)).names
+    ids = [vocab.id_of(name) if name is not None and name in vocab else -100 for name in corpus_names]
+    passages = load_from_disk(os.path.join(os.fspath(corpus_dir), "passages"))[split]
+    return [
+        {"input_ids": row["input_ids"], "entity_labels": [ids[i] if i >= 0 else -100 for i in row["entity_labels"]]}
+        for row in passages
+    ]
+
+
+def fit_rows(
+    model,
+    new_ids: list[int],
+    examples: list[dict],
+    negatives: list[dict],
+    tokenizer,
+    *,
+    steps: int = 300,
+    learning_rate: float = 3e-2,
+    batch_size: int = 16,
+    seed: int = 0,
+) -> None:
+    """Trains the memory rows `new_ids` (the table's last rows, written by `add_entities`) alone, in place, on the
+    pre-training objective: the masked passage reconstructed, plus entity linking at every labelled `<E_s>`.
+
+    `examples` are passages about the new entities and `negatives` passages of trained entities only (so that new
+    rows learn not to capture trained mentions), half a batch of each: dicts with `input_ids` and `entity_labels`
+    in the model's ids (-100 where not scored), as `pretraining_examples` gives them. Every other weight, the trained
+    rows among them, stays bit-identical; dropout and the batches are drawn from `seed`: the fit is deterministic.
+    """
+    from .collator import EDMemMaskingCollator
+
+    _check_fit_settings(steps, learning_rate, batch_size)
     table = model.get_encoder().entity_embeddings.weight
-    first = ids[0] if ids else table.shape[0]
+    first = min(new_ids) if new_ids else table.shape[0]
+    if sorted(new_ids) != list(range(first, table.shape[0])):
+        raise ValueError(f"fit_rows: new_ids must be the table's last rows ({first}..{table.shape[0] - 1})")
+    if not examples:
+        raise ValueError("fit_rows: no example passage about the new entities")
     trained_rows = table.detach()[:first].clone()
     requires_grad = {name: p.requires_grad for name, p in model.named_parameters()}
     for parameter in model.parameters():
@@ -308,13 +351,12 @@ def fit_new_entities(
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)  # dropout drawn from the seed: the fit is deterministic
             for step in range(steps):
-                chosen = [
-                    ("new", rng.randrange(len(new))) for _ in range((batch_size + 1) // 2 if old else batch_size)
-                ]
-                chosen += [("old", rng.randrange(len(old))) for _ in range(batch_size // 2 if old else 0)]
-                examples = [{**(new if kind == "new" else old)[i], "example_index": n, "epoch": step}
-                            for n, (kind, i) in enumerate(chosen)]  # fmt: skip
-                batch = {key: value.to(model.device) for key, value in collator(examples).items()}
+                new_half = (batch_size + 1) // 2 if negatives else batch_size
+                chosen = [examples[rng.randrange(len(examples))] for _ in range(new_half)]
+                chosen += [negatives[rng.randrange(len(negatives))] for _ in range(batch_size - new_half)]
+                batch = collator([{"input_ids": e["input_ids"], "entity_labels": e["entity_labels"],
+                                   "example_index": n, "epoch": step} for n, e in enumerate(chosen)])  # fmt: skip
+                batch = {key: value.to(model.device) for key, value in batch.items()}
                 if encoder_only:
                     batch.pop("decoder_entity_labels")
                 loss = model(**batch).loss
@@ -328,7 +370,12 @@ def fit_new_entities(
         for name, parameter in model.named_parameters():
             parameter.requires_grad_(requires_grad[name])
         model.train(was_training)
-    return ids
+
+
+def _check_fit_settings(steps: int, learning_rate: float, batch_size: int) -> None:
+    if steps < 1 or learning_rate <= 0 or batch_size < 1:
+        raise ValueError(f"fit_new_entities: steps={steps}, learning_rate={learning_rate} and batch_size={batch_size} "
+                         "must be positive")  # fmt: skip
 
 
 if __name__ == "__main__":
