@@ -189,7 +189,7 @@ def cli_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max_passages", type=int, default=32, help="passages read per entity")
     parser.add_argument("--estimator", choices=("mean_query", "fitted"), default="mean_query",
                         help="mean_query: the scaled mean memory query at the mentions, no gradient step; fitted: "
-                             "those rows trained alone on the pre-training objective (fit_new_entities), about 100 "
+                             "those rows trained alone on the pre-training objective (fit_new_entities), about 50 "
                              "times slower and no better on docs/evidence.md's toy world")  # fmt: skip
     parser.add_argument("--fit_steps", type=int, default=300, help="fitted: optimisation steps")
     parser.add_argument("--fit_learning_rate", type=float, default=3e-2, help="fitted: Adam's learning rate")
