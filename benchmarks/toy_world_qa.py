@@ -542,6 +542,32 @@ def run_condition(settings: Settings, seed: int, out: Path, varied: bool = True,
     }
 
 
+def pretraining_curve(settings: Settings, seed: int, out: Path, budgets: list[int]) -> list[dict]:
+    """EM against pre-training steps: EDMem and EncDec pre-trained from scratch for each budget on the world of
+    `seed` (its corpus, in `out / f"seed-{seed}"`), fine-tuned and tested as in the run; memorisation of the test half
+    and test-half EM (free decoding) a budget."""
+    data = make_world(settings, seed, out / f"seed-{seed}")
+    halves = {half: sorted({pair.subject for pair in pairs}) for half, pairs in data["splits"].items()}
+    points = []
+    for steps in budgets:
+        budget = replace(settings, pretrain_steps=steps)
+        point: dict = {"steps": steps}
+        for variant in ("edmem", "encdec"):
+            where = out / f"curve-seed-{seed}" / f"steps-{steps}"
+            pretrained = pretrain_variant(variant, data["corpus"], where / f"pretrain-{variant}", budget, seed)
+            finetuned = finetune_model(pretrained, data["files"]["train"], where / f"finetune-{variant}", budget, seed)
+            predictions = predict(finetuned, data["files"]["test"], finetuned / "free", "free", budget, seed)
+            point[variant] = {
+                "memorisation_test_half": memorisation(pretrained, data["world"], {"test": halves["test"]})["test"][
+                    "all"
+                ],
+                "em_test_half": em(question_hits(data["files"]["test"], data["files"]["test_links"], predictions)),
+            }
+            logger.info("curve, seed %d, %d steps, %s: %s", seed, steps, variant, point[variant])
+        points.append(point)
+    return points
+
+
 def summarise(runs: list[dict], samples: int) -> dict:
     """Per half and system: the mean EM over seeds with its 95 % bootstrap interval."""
     summary = {}
@@ -635,6 +661,21 @@ def plot(summary: dict, out: Path, curve: list[dict] | None = None) -> list[Path
     paths.append(out / "em_memory_hidden.png")
     fig.savefig(paths[-1], dpi=120)
     plt.close(fig)
+    if curve:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        steps = [point["steps"] for point in curve]
+        for variant, label in (("edmem", "EDMem (free)"), ("encdec", "EncDec")):
+            for key, style, what in (("entity", "-o", "entity EM"), ("literal", ":o", "literal EM")):
+                ax.plot(steps, [p[variant]["em_test_half"][key] for p in curve], style, label=f"{label}, {what}")
+            ax.plot(steps, [p[variant]["memorisation_test_half"] for p in curve], "--x", label=f"{label}, memorised")
+        ax.set_xlabel("pre-training steps")
+        ax.set_ylabel("% (test half)")
+        ax.set_title("Memorisation and question answering against pre-training steps")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        paths.append(out / "em_against_steps.png")
+        fig.savefig(paths[-1], dpi=120)
+        plt.close(fig)
     return paths
 
 
@@ -659,6 +700,14 @@ def experiment_parser(description: str, default_out: str) -> argparse.ArgumentPa
     return parser
 
 
+def qa_parser() -> argparse.ArgumentParser:
+    parser = experiment_parser(__doc__.split("\n")[0], "runs/toy-world-qa")
+    parser.add_argument("--curve", type=int, nargs="+", metavar="STEPS",
+                        help="also EDMem and EncDec pre-trained for each of these step budgets on the first seed's "
+                             "world (EM against pre-training steps)")  # fmt: skip
+    return parser
+
+
 def with_overrides(settings: Settings, args: argparse.Namespace) -> Settings:
     """`settings` with the shared options given on the command line."""
     overrides = dict(seeds=tuple(args.seeds) if args.seeds else None, num_people=args.num_people,
@@ -677,7 +726,7 @@ def quiet_logging() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = experiment_parser(__doc__.split("\n")[0], "runs/toy-world-qa").parse_args(argv)
+    args = qa_parser().parse_args(argv)
     quiet_logging()
     settings = with_overrides(QUICK if args.quick else Settings(), args)
     out = Path(args.out)
@@ -690,7 +739,8 @@ def main(argv: list[str] | None = None) -> int:
     if settings.single_biography_ablation:
         ablation.append(run_condition(settings, settings.seeds[0], out / f"single-seed-{settings.seeds[0]}",
                                       varied=False, ablation=True))  # fmt: skip
-    result = write_results(settings, runs, ablation, out, plots=not args.no_plots)
+    curve = pretraining_curve(settings, settings.seeds[0], out, args.curve) if args.curve else []
+    result = write_results(settings, runs, ablation, out, plots=not args.no_plots, curve=curve)
     print(json.dumps({key: result[key] for key in ("validity", "orderings", "memory_hidden_drop")}, indent=1))
     test = result["summary"]["test"]
     fields = [f"seeds={len(runs)}", f"people={settings.num_people}", f"test_questions={runs[0]['questions']['test']}"]
@@ -707,7 +757,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def write_results(settings: Settings, runs: list[dict], ablation: list[dict], out: Path, plots: bool) -> dict:
+def write_results(settings: Settings, runs: list[dict], ablation: list[dict], out: Path, plots: bool,
+                  curve: list[dict] | None = None) -> dict:  # fmt: skip
     """results.json (every figure of every seed, without the per-question hits) and the plots."""
     summary = summarise(runs, settings.bootstrap_samples)
     test = summary["test"]
@@ -726,9 +777,15 @@ def write_results(settings: Settings, runs: list[dict], ablation: list[dict], ou
             "summary": summarise(ablation, settings.bootstrap_samples),
             "runs": [{key: value for key, value in run.items() if key != "hits"} for run in ablation],
         }
+    if curve:
+        full = runs[0]
+        result["curve"] = [*curve, {"steps": settings.pretrain_steps, **{
+            variant: {"memorisation_test_half": full["memorisation"][variant]["test"]["all"],
+                      "em_test_half": full["em"]["test"]["edmem_free" if variant == "edmem" else "encdec"]}
+            for variant in ("edmem", "encdec")}}]  # fmt: skip
     (out / "results.json").write_text(json.dumps(result, indent=1))
     if plots:
-        result["plots"] = [str(p) for p in plot(summary, out)]
+        result["plots"] = [str(p) for p in plot(summary, out, result.get("curve"))]
     return result
 
 

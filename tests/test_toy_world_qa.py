@@ -145,9 +145,17 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     """A tiny world, a few steps: the systems are pre-trained, fine-tuned, decoded and scored, the plots drawn."""
     out = tmp_path / "run"
     argv = ["--quick", "--out", str(out), "--num-people", "8", "--pretrain-steps", "30", "--finetune-epochs", "150", "--finetune-learning-rate", "1e-2",
-            "--d-model", "32"]  # fmt: skip
+            "--d-model", "32", "--curve", "10"]  # fmt: skip
     assert bench.main(argv) == 0
     result = json.loads((out / "results.json").read_text())
+    # the curve: a 10-step budget pre-trained from scratch beside the run's own 30 steps
+    assert [point["steps"] for point in result["curve"]] == [10, 30]
+    assert result["curve"][1]["encdec"]["em_test_half"] == result["runs"][0]["em"]["test"]["encdec"]
+    short = json.loads(
+        (out / "curve-seed-0" / "steps-10" / "finetune-encdec" / "free" / "free_predictions.json").read_text()
+    )
+    assert len(short) == 4 * 6 and all(short.values())
+    assert (out / "em_against_steps.png").stat().st_size > 0
     seed = out / "seed-0"
     test = list(read_jsonl(seed / "edmem_toy-test.jsonl"))
     for system in ("finetune-edmem/free/free", "finetune-encdec/free/free"):
