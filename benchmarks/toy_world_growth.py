@@ -67,6 +67,7 @@ from edmem_hf import EDMemForConditionalGeneration, EntityVocab  # noqa: E402
 from edmem_hf.corpus import build_corpus  # noqa: E402
 from edmem_hf.dump import iter_parsed_pages  # noqa: E402
 from edmem_hf.entity_growth import (  # noqa: E402
+    corpus_entity_ids,
     fit_new_entities,
     fit_rows,
     new_entity_passages,
@@ -160,9 +161,9 @@ def grow(model_dir: Path, new_dump: str, estimator: str, out: Path, held: list[s
     elif estimator == "fitted_pretraining":
         ids = model.add_entities(names, texts, tokenizer)
         examples = pretraining_examples(new_world_corpus(new_dump, out.parent, model_dir, seed), model.entity_vocab)
-        new = set(ids)
-        about_new = [example for example in examples if new & set(example["entity_labels"])]
-        others = [example for example in examples if not new & set(example["entity_labels"])]
+        new, about_new, others = set(ids), [], []
+        for example in examples:
+            (about_new if new & set(example["entity_labels"]) else others).append(example)
         fit_rows(model, ids, about_new, others, tokenizer, steps=settings.fit_steps,
                  learning_rate=settings.fit_learning_rate, seed=seed)  # fmt: skip
     elif estimator == "random":
@@ -189,8 +190,8 @@ def new_world_corpus(new_dump: str, out: Path, tokenizer_dir: Path, seed: int) -
 def corpus_in_model_ids(corpus: Path, vocab: EntityVocab):
     """The passages of an `edmem build-corpus` folder with their entity labels turned from the corpus vocabulary's
     ids into `vocab`'s (by name; an entity `vocab` lacks is unlabelled)."""
-    datasets, corpus_vocab, _ = load_corpus(str(corpus))
-    ids = [vocab.id_of(name) if name in vocab else -100 for name in corpus_vocab.names]
+    datasets, _, _ = load_corpus(str(corpus))
+    ids = corpus_entity_ids(corpus, vocab)
     return datasets.map(lambda row: {"entity_labels": [ids[i] if i >= 0 else i for i in row["entity_labels"]]})
 
 

@@ -261,8 +261,8 @@ def fit_new_entities(
     `negatives` (a trained entity's name -> passages marking its mentions, labelled with its id).
 
     `passages[i]` marks the mentions of `names[i]` (and only its) `<E_s> ... <E_e>`, as `add_entities` takes them.
-    Passages with every mention marked and labelled, as pre-training reads them, carry more of what the rows should
-    hold: `pretraining_examples` and `fit_rows` take those (`edmem add-entities --estimator fitted` does).
+    For passages with every mention marked and labelled, as pre-training reads them, call `fit_rows` on
+    `pretraining_examples` instead.
     """
     if len(names) != len(passages):
         raise ValueError(f"fit_new_entities: {len(names)} names but {len(passages)} passage lists")
@@ -288,15 +288,21 @@ def fit_new_entities(
     return ids
 
 
-def pretraining_examples(corpus_dir: str | os.PathLike, vocab, split: str = "train") -> list[dict]:
-    """The passages of an `edmem build-corpus` folder as `fit_rows` takes them: `input_ids`, and `entity_labels`
-    turned from the corpus vocabulary's ids into `vocab`'s by name (an entity `vocab` lacks is unlabelled)."""
-    from datasets import load_from_disk
-
+def corpus_entity_ids(corpus_dir: str | os.PathLike, vocab) -> list[int]:
+    """For each entity id of an `edmem build-corpus` folder's vocabulary, the id of the same name in `vocab` (-100,
+    unlabelled, where `vocab` lacks it): a corpus's labels in a trained model's ids."""
     from .entity_vocab import EntityVocab
 
     corpus_names = EntityVocab.load(os.fspath(corpus_dir)).names
-    ids = [vocab.id_of(name) if name is not None and name in vocab else -100 for name in corpus_names]
+    return [vocab.id_of(name) if name is not None and name in vocab else -100 for name in corpus_names]
+
+
+def pretraining_examples(corpus_dir: str | os.PathLike, vocab, split: str = "train") -> list[dict]:
+    """The passages of an `edmem build-corpus` folder as `fit_rows` takes them: `input_ids`, and `entity_labels` in
+    `vocab`'s ids (`corpus_entity_ids`)."""
+    from datasets import load_from_disk
+
+    ids = corpus_entity_ids(corpus_dir, vocab)
     passages = load_from_disk(os.path.join(os.fspath(corpus_dir), "passages"))[split]
     return [
         {"input_ids": row["input_ids"], "entity_labels": [ids[i] if i >= 0 else -100 for i in row["entity_labels"]]}
