@@ -551,16 +551,15 @@ def pretraining_curve(settings: Settings, seed: int, out: Path, budgets: list[in
     points = []
     for steps in budgets:
         budget = replace(settings, pretrain_steps=steps)
+        where = out / f"curve-seed-{seed}" / f"steps-{steps}"
         point: dict = {"steps": steps}
         for variant in ("edmem", "encdec"):
-            where = out / f"curve-seed-{seed}" / f"steps-{steps}"
             pretrained = pretrain_variant(variant, data["corpus"], where / f"pretrain-{variant}", budget, seed)
             finetuned = finetune_model(pretrained, data["files"]["train"], where / f"finetune-{variant}", budget, seed)
             predictions = predict(finetuned, data["files"]["test"], finetuned / "free", "free", budget, seed)
+            memorised = memorisation(pretrained, data["world"], {"test": halves["test"]})["test"]["all"]
             point[variant] = {
-                "memorisation_test_half": memorisation(pretrained, data["world"], {"test": halves["test"]})["test"][
-                    "all"
-                ],
+                "memorisation_test_half": memorised,
                 "em_test_half": em(question_hits(data["files"]["test"], data["files"]["test_links"], predictions)),
             }
             logger.info("curve, seed %d, %d steps, %s: %s", seed, steps, variant, point[variant])
