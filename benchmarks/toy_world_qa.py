@@ -57,6 +57,7 @@ from edmem_hf.knowledge_world import (  # noqa: E402
     split_people,
 )
 from edmem_hf.pretraining import PretrainingArguments, pretrain  # noqa: E402
+from edmem_hf.task_features import in_running_text  # noqa: E402
 from edmem_hf.tasks import IGNORE_INDEX, EDMemSeq2SeqCollator, exact_match, read_jsonl, read_qa  # noqa: E402
 from edmem_hf.toy_world import QAPair, ToyWorld, write_mediawiki_dump  # noqa: E402
 
@@ -236,7 +237,7 @@ def _encmem_features(rows, tokenizer, with_answer: bool) -> list[dict]:
     for row in rows:
         if with_answer and row["answer_entity"] == IGNORE_INDEX:
             continue  # a literal answer: EncMem cannot produce it, nothing to train
-        question = tokenizer(row["question"]).input_ids
+        question = tokenizer(in_running_text(row["question"])).input_ids
         input_ids = question[:-1] + [start, tokenizer.mask_token_id, end, question[-1]]
         labels = [IGNORE_INDEX] * len(input_ids)
         positions = [i for i, token in enumerate(input_ids) if token == start]
@@ -415,7 +416,7 @@ def memory_hits(model_dir: Path, data_file: Path) -> list[bool]:
     hits = {}
     for begin in range(0, len(rows), 64):
         chunk = rows[begin : begin + 64]
-        batch = tokenizer(chunk["question"], padding=True, return_tensors="pt")
+        batch = tokenizer([in_running_text(q) for q in chunk["question"]], padding=True, return_tensors="pt")
         access = model.get_encoder()(**batch, output_attended_entities=True).memory_access
         for (row, _), top in zip(access.positions.tolist(), access.top_entity_ids[:, 0].tolist()):
             question = chunk["id"][row]

@@ -63,6 +63,27 @@ def test_released_questions_encode_with_their_linked_mentions():
     assert features["labels"][-1] == tokenizer.eos_token_id
 
 
+def test_answers_and_questions_are_tokenised_as_inside_a_sentence():
+    """A byte-level BPE trained on running text knows `Ġ1920` and `Ġengineer`; the bare `1920` at a sequence's start
+    is `19 2 0`, tokens pre-training never wrote for the fact. Every target and input starts in its running-text form
+    (the authors' `add_another_bos`), as a marked entity answer already did after `<E_s>`."""
+    text = "Ana was born in 1920 and worked as an engineer in Paris. " * 20
+    tokenizer = train_tokenizer([text], vocab_size=300, min_frequency=2)
+    assert tokenizer.tokenize("1920") != tokenizer.tokenize(" 1920") == ["Ġ1920"]
+    in_text = tokenizer("Ana was born in 1920", add_special_tokens=False).input_ids
+    for answer in ("1920", "engineer"):
+        features = encode_qa_example(QAExample("When was Ana born?", [answer]), tokenizer)
+        assert features["labels"] == tokenizer(" " + answer, add_special_tokens=False).input_ids + [2]
+        assert len(features["labels"]) == 2, tokenizer.convert_ids_to_tokens(features["labels"])  # one word token
+    assert encode_qa_example(QAExample("born in 1920", ["x"]), tokenizer)["input_ids"][-2] == in_text[-1]
+    entity = encode_qa_example(QAExample("Where?", ["Paris"], answer_entity=4), tokenizer)
+    assert tokenizer.convert_ids_to_tokens(entity["labels"]) == ["<E_s>", "ĠParis", "<E_e>", "</s>"]
+    generation = encode_generation_record(
+        {"id": "g", "input": "born", "outputs": ["engineer in Paris"], "mention_entities": []}, tokenizer
+    )
+    assert tokenizer.convert_ids_to_tokens(generation["labels"])[0] == "Ġengineer"
+
+
 def test_collator_pads_entity_labels_with_ignore_index():
     batch = EDMemSeq2SeqCollator(pad_token_id=1)(
         [

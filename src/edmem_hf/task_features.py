@@ -44,9 +44,18 @@ def _labels_at_markers(token_ids: list[int], start_id: int, entities: list[int],
     return labels
 
 
+def in_running_text(text: str) -> str:
+    """`text` with a space before it, so that its first word is tokenised as inside a sentence (`" 1920"` ->
+    `Ġ1920`, where `"1920"` is `19 2 0` to a byte-level BPE): the form in which pre-training text states a fact,
+    and the form of an entity name after `<E_s>` and in the entity trie. The authors' readers do the same with
+    `add_another_bos` (`<s> ` before every question, answer and passage). A text that starts with a space or a
+    mention's `<E_s>` (whose name already follows a space) is left as it is."""
+    return text if text[:1].isspace() or text.startswith(ENTITY_START_TOKEN) else " " + text
+
+
 def _encode_input(text: str, entities: list[int], tokenizer: Any, max_length: int, what: str) -> dict[str, list]:
     start_id = tokenizer.convert_tokens_to_ids(ENTITY_START_TOKEN)
-    input_ids = tokenizer(text, truncation=True, max_length=max_length).input_ids
+    input_ids = tokenizer(in_running_text(text), truncation=True, max_length=max_length).input_ids
     truncated = len(input_ids) >= max_length
     return {
         "input_ids": input_ids,
@@ -56,7 +65,7 @@ def _encode_input(text: str, entities: list[int], tokenizer: Any, max_length: in
 
 def _encode_target(text: str, entities: list[int], tokenizer: Any, max_length: int, what: str) -> dict[str, list]:
     start_id = tokenizer.convert_tokens_to_ids(ENTITY_START_TOKEN)
-    labels = tokenizer(text, add_special_tokens=False).input_ids
+    labels = tokenizer(in_running_text(text), add_special_tokens=False).input_ids
     truncated = len(labels) > max_length - 1
     labels = labels[: max_length - 1] + [tokenizer.eos_token_id]
     return {
@@ -105,7 +114,7 @@ def encode_generation_record(record: Mapping[str, Any], tokenizer: Any, max_leng
     features = _encode_input(
         record["input"], record["mention_entities"], tokenizer, max_length, f"record {record['id']}"
     )
-    labels = tokenizer(record["outputs"][0], add_special_tokens=False).input_ids[: max_length - 1]
+    labels = tokenizer(in_running_text(record["outputs"][0]), add_special_tokens=False).input_ids[: max_length - 1]
     labels.append(tokenizer.eos_token_id)
     return {**features, "labels": labels, "decoder_entity_labels": [IGNORE_INDEX] * len(labels)}
 
