@@ -82,6 +82,7 @@ class Settings:
     finetune_learning_rate: float = 1e-3
     finetune_batch_size: int = 32
     encmem: bool = True
+    encdec_matched: bool = True  # also an EncDec of EDMem's parameter count (its feed-forward layers widened)
     memory_hidden_in_finetuning: bool = True  # EDMem fine-tuned and tested with no memory row visible
     single_biography_ablation: bool = True  # on the first seed, EDMem and EncDec
     bootstrap_samples: int = 1000
@@ -91,7 +92,8 @@ class Settings:
 
 
 # One seed of a 20-person world: about 20 minutes on 2 free cores.
-QUICK = Settings(num_people=20, pretrain_steps=1500, seeds=(0,), encmem=False, memory_hidden_in_finetuning=False,
+QUICK = Settings(num_people=20, pretrain_steps=1500, seeds=(0,), encmem=False, encdec_matched=False,
+                 memory_hidden_in_finetuning=False,
                  single_biography_ablation=False, valid_entity_em=40.0, valid_entity_margin=25.0,
                  valid_literal_margin=None)  # fmt: skip
 
@@ -156,7 +158,8 @@ def make_world(settings: Settings, seed: int, out: Path, varied: bool = True) ->
 # --- training ---------------------------------------------------------------------------------------------------
 
 
-def pretrain_variant(variant: str, corpus: Path, out: Path, settings: Settings, seed: int) -> Path:
+def pretrain_variant(variant: str, corpus: Path, out: Path, settings: Settings, seed: int,
+                     ffn_dim: int | None = None) -> Path:  # fmt: skip
     d = settings.d_model
     pretrain(
         PretrainingArguments(
@@ -168,8 +171,8 @@ def pretrain_variant(variant: str, corpus: Path, out: Path, settings: Settings, 
             encoder_upper_layers=settings.layers,
             decoder_lower_layers=settings.layers,
             decoder_upper_layers=settings.layers,
-            encoder_ffn_dim=4 * d,
-            decoder_ffn_dim=4 * d,
+            encoder_ffn_dim=ffn_dim or 4 * d,
+            decoder_ffn_dim=ffn_dim or 4 * d,
             encoder_attention_heads=4,
             decoder_attention_heads=4,
             entity_embed_dim=settings.entity_embed_dim,
@@ -179,6 +182,14 @@ def pretrain_variant(variant: str, corpus: Path, out: Path, settings: Settings, 
         )
     )
     return out
+
+
+def matched_ffn_dim(edmem: Path, encdec: Path, settings: Settings) -> int:
+    """The feed-forward width that gives an EncDec of `encdec`'s other sizes EDMem's parameter count (with its
+    entity table): each unit of width adds `2 d + 1` parameters to each of the `4 * layers` layers."""
+    missing = parameter_counts(edmem)["with_table"] - parameter_counts(encdec)["with_table"]
+    per_unit = 4 * settings.layers * (2 * settings.d_model + 1)
+    return 4 * settings.d_model + max(0, round(missing / per_unit))
 
 
 def pretraining_schedule(settings: Settings, steps: int, seed: int) -> dict:
@@ -488,6 +499,10 @@ def run_condition(settings: Settings, seed: int, out: Path, varied: bool = True,
         t0 = time.perf_counter()
         models[variant] = pretrain_variant(variant, data["corpus"], out / f"pretrain-{variant}", settings, seed)
         logger.info("seed %d: pre-trained %s in %.0f s", seed, variant, time.perf_counter() - t0)
+    if settings.encdec_matched and not ablation:
+        ffn_dim = matched_ffn_dim(models["edmem"], models["encdec"], settings)
+        models["encdec_matched"] = pretrain_variant("encdec", data["corpus"], out / "pretrain-encdec-matched",
+                                                    settings, seed, ffn_dim)  # fmt: skip
     halves = {half: sorted({pair.subject for pair in pairs}) for half, pairs in splits.items()}
     memorised = {variant: memorisation(path, world, halves) for variant, path in models.items()}
     predictions: dict[str, dict[str, Path]] = {"train": {}, "test": {}}  # half -> system -> predictions file
@@ -509,6 +524,13 @@ def run_condition(settings: Settings, seed: int, out: Path, varied: bool = True,
     encdec = finetune_model(models["encdec"], files["train"], out / "finetune-encdec", settings, seed)
     predictions["test"]["encdec"] = predict(encdec, files["test"], encdec / "free", "free", settings, seed)
     predictions["train"]["encdec"] = predict(encdec, files["train"], encdec / "train-free", "free", settings, seed)
+    if "encdec_matched" in models:
+        matched = finetune_model(models["encdec_matched"], files["train"], out / "finetune-encdec-matched", settings,
+                                 seed)  # fmt: skip
+        predictions["test"]["encdec_matched"] = predict(matched, files["test"], matched / "free", "free", settings,
+                                                        seed)  # fmt: skip
+        predictions["train"]["encdec_matched"] = predict(matched, files["train"], matched / "train-free", "free",
+                                                         settings, seed)  # fmt: skip
     if "encmem" in models:
         encmem = finetune_encmem(models["encmem"], files["train"], out / "finetune-encmem", settings, seed)
         predictions["test"]["encmem"] = predict_encmem(encmem, files["test"], encmem / "test_predictions.json")
@@ -611,6 +633,10 @@ def orderings(summary: dict) -> dict[str, bool]:
         )
         < abs(test["edmem_free"]["entity"] - test["encdec"]["entity"]),
     }
+    if "encdec_matched" in test:
+        found["free_over_parameter_matched_encdec_on_entity_answers"] = (
+            test["edmem_free"]["entity"] > test["encdec_matched"]["entity"]
+        )
     if "encmem" in test:
         found["encmem_zero_on_literal_answers"] = test["encmem"]["literal"] == 0.0
     return found
@@ -624,8 +650,8 @@ def plot(summary: dict, out: Path, curve: list[dict] | None = None) -> list[Path
 
     paths = []
     test = summary["test"]
-    names = [n for n in ("edmem_free", "edmem_static", "edmem_dynamic", "encdec", "encmem", "majority_answer")
-             if n in test]  # fmt: skip
+    names = [n for n in ("edmem_free", "edmem_static", "edmem_dynamic", "encdec", "encdec_matched", "encmem",
+                         "majority_answer") if n in test]  # fmt: skip
     fig, ax = plt.subplots(figsize=(9, 4))
     keys = (("all", "all"), ("entity", "entity answers"), ("literal", "literal answers"))
     width = 0.8 / len(keys)
@@ -705,6 +731,8 @@ def qa_parser() -> argparse.ArgumentParser:
     parser.add_argument("--curve", type=int, nargs="+", metavar="STEPS",
                         help="also EDMem and EncDec pre-trained for each of these step budgets on the first seed's "
                              "world (EM against pre-training steps)")  # fmt: skip
+    parser.add_argument("--encdec-matched", action=argparse.BooleanOptionalAction,
+                        help="also an EncDec of EDMem's parameter count (default: on, off in --quick)")  # fmt: skip
     return parser
 
 
@@ -729,6 +757,8 @@ def main(argv: list[str] | None = None) -> int:
     args = qa_parser().parse_args(argv)
     quiet_logging()
     settings = with_overrides(QUICK if args.quick else Settings(), args)
+    if args.encdec_matched is not None:
+        settings = replace(settings, encdec_matched=args.encdec_matched)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     runs = []

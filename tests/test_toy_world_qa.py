@@ -144,8 +144,8 @@ def test_entity_mask_file_is_the_authors_format(bench, tmp_path):
 def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     """A tiny world, a few steps: the systems are pre-trained, fine-tuned, decoded and scored, the plots drawn."""
     out = tmp_path / "run"
-    argv = ["--quick", "--out", str(out), "--num-people", "8", "--pretrain-steps", "30", "--finetune-epochs", "150", "--finetune-learning-rate", "1e-2",
-            "--d-model", "32", "--curve", "10"]  # fmt: skip
+    argv = ["--quick", "--out", str(out), "--num-people", "8", "--pretrain-steps", "30", "--finetune-epochs", "300", "--finetune-learning-rate", "1e-2",
+            "--d-model", "32", "--curve", "10", "--encdec-matched"]  # fmt: skip
     assert bench.main(argv) == 0
     result = json.loads((out / "results.json").read_text())
     # the curve: a 10-step budget pre-trained from scratch beside the run's own 30 steps
@@ -180,6 +180,12 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     counts = result["runs"][0]["parameters"]
     assert counts["edmem"]["with_table"] > counts["edmem"]["without_table"]
     assert counts["encdec"]["with_table"] == counts["encdec"]["without_table"]
+    # the EncDec of EDMem's size: within one unit of feed-forward width (4 layers x (2 d + 1)) of EDMem's count
+    assert abs(counts["encdec_matched"]["with_table"] - counts["edmem"]["with_table"]) <= 2 * (2 * 32 + 1)
+    assert counts["encdec_matched"]["with_table"] > counts["encdec"]["with_table"]
+    assert (
+        "encdec_matched" in summary and "free_over_parameter_matched_encdec_on_entity_answers" in result["orderings"]
+    )
     # hidden at test time: the same fine-tuned model, its mask every row / the test subjects' rows
     every = torch.load(seed / "mask-every-row.pt")
     subjects = torch.load(seed / "mask-test-subjects.pt")
