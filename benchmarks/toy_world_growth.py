@@ -80,6 +80,8 @@ from edmem_hf.knowledge_world import (  # noqa: E402
     without_people,
 )
 from edmem_hf.pretraining import PretrainingArguments, build_config, load_corpus, pretrain  # noqa: E402
+from edmem_hf.task_features import in_running_text  # noqa: E402
+from edmem_hf.tasks import read_jsonl, read_qa  # noqa: E402
 from edmem_hf.toy_world import write_mediawiki_dump  # noqa: E402
 
 logger = logging.getLogger("toy_world_growth")
@@ -261,6 +263,50 @@ def _timed_addition(model, tokenizer, n: int, estimator: str, settings: GrowthSe
     return round(time.perf_counter() - started, 2)
 
 
+@torch.no_grad()
+def subject_queries(model_dir: Path, data_file: Path) -> tuple[list[str], torch.Tensor]:
+    """The encoder memory's query at each question's marked subject (file order): the subjects' names and the
+    `(questions, entity_embed_dim)` queries."""
+    model = EDMemForConditionalGeneration.from_pretrained(model_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    encoder = model.get_encoder()
+    captured = []
+    hook = encoder.memory.query_proj.register_forward_hook(lambda module, inputs, output: captured.append(output))
+    names, queries = [], []
+    for record, question in zip(read_jsonl(data_file), read_qa(data_file, model.entity_vocab)["question"]):
+        captured.clear()
+        encoder(**tokenizer([in_running_text(question)], return_tensors="pt"))
+        names.append(record["link_target"][0])
+        queries.append(captured[0][0])  # the first mention of the question is its subject
+    hook.remove()
+    return names, torch.stack(queries)
+
+
+def rows_alone_ceiling(model_dir: Path, files: dict[str, Path]) -> dict[str, float]:
+    """Whether any way of writing rows can make the memory find the added people, with the encoder as trained: how
+    alike the queries at different people's names are (mean cosine between people's mean question queries; trained
+    test-half people against added ones), and the memory recall at the added subjects if each added row were the
+    mean query of that person's own questions (scaled to the trained rows' mean norm): rows written from the very
+    questions asked, a bound on any estimator, not one."""
+    table = EDMemForConditionalGeneration.from_pretrained(model_dir).get_encoder().entity_embeddings.weight.detach()
+    result = {}
+    for split in ("test", "added"):
+        names, queries = subject_queries(model_dir, files[split])
+        people = sorted(set(names))
+        means = torch.stack([queries[[n == person for n in names]].mean(0) for person in people])
+        cosine = torch.nn.functional.cosine_similarity(means[:, None], means[None], dim=-1)
+        result[f"{split}_query_cosine_between_people"] = round(
+            float(cosine[~torch.eye(len(people), dtype=bool)].mean()), 3
+        )
+        if split == "added":
+            rows = torch.cat([table, means / means.norm(dim=-1, keepdim=True) * table.norm(dim=-1).mean()])
+            own = torch.tensor([len(table) + people.index(n) for n in names])
+            result["added_recall_with_rows_from_their_questions"] = round(
+                100 * float(((queries @ rows.T).argmax(-1) == own).float().mean()), 2
+            )
+    return result
+
+
 def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
     started = time.perf_counter()
     data = make_worlds(settings, seed, out)
@@ -291,6 +337,7 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
             hits = memory_hits(model_dir, files[split])
             figures["memory_recall"] = round(100 * sum(hits) / len(hits), 2)
             results.setdefault(split, {})[name] = figures
+    results["rows_alone"] = rows_alone_ceiling(finetuned, files)
     sizes = {split: sum(1 for _ in open(files[split], encoding="utf-8")) for split in ("train", "test", "added")}
     return {"seed": seed, "held_out": held, "questions": sizes, "results": results, "seconds_to_add": seconds,
             "seconds": round(time.perf_counter() - started)}  # fmt: skip
@@ -398,6 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in summary["test"]:
         fields += [f"trained_em_{name}={figure('test', name, 'free')}",
                    f"trained_memory_recall_{name}={summary['test'][name]['memory_recall']['mean']}"]  # fmt: skip
+    fields += [f"{key}={value['mean']}" for key, value in summary["rows_alone"].items()]
     for shape, estimators in timing.items():
         for estimator, sizes in estimators.items():
             at = "" if shape == "toy_model" else "_at_edmem_base_shape"

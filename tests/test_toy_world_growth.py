@@ -65,6 +65,14 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     mean = EDMemForConditionalGeneration.from_pretrained(seed / "grown-mean_query").model.entity_embeddings.weight
     assert not torch.allclose(fitted[size:], mean[size:])
     assert (out / "growth.png").stat().st_size > 0
+    # the queries the rows-alone bound reads are the memory's own: their best rows are what the memory found
+    names, queries = bench.subject_queries(seed / "finetune", seed / "edmem_toy-test.jsonl")
+    table = trained.model.entity_embeddings.weight.detach()
+    found = [trained.entity_vocab.name_of(int(i)) == name for i, name in zip((queries @ table.T).argmax(-1), names)]
+    assert found == bench.memory_hits(seed / "finetune", seed / "edmem_toy-test.jsonl")
+    bound = result["runs"][0]["results"]["rows_alone"]
+    assert -1.0 <= bound["added_query_cosine_between_people"] <= 1.0
+    assert 0.0 <= bound["added_recall_with_rows_from_their_questions"] <= 100.0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith(f"RESULT seeds=1 people_added={len(held)} ")
     for key in ("added_over_trained_em", "trained_em_change", "seconds_to_add_10_fitted", "seconds_to_add_10_mean"):
