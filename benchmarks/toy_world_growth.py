@@ -98,6 +98,7 @@ class GrowthSettings:
     negatives: int = 64  # trained people whose passages are the fit's negatives
     continued_steps: int = 1000  # continued pre-training on the full world, the ceiling (0: none)
     timed_additions: tuple[int, ...] = (1_000, 100_000)
+    timed_estimators: tuple[str, ...] = ("mean_query", "fitted")
     time_the_base_shape: bool = True
 
 
@@ -227,7 +228,7 @@ def time_additions(
     shapes = ("toy_model", "edmem_base_shape") if base_shape else ("toy_model",)
     for shape in shapes:
         for n in sizes:
-            for estimator in ("mean_query", "fitted"):
+            for estimator in settings.timed_estimators:
                 if str(n) in seconds.get(shape, {}).get(estimator, {}):
                     continue
                 model, tokenizer = _model_to_grow(model_dir, shape)
@@ -398,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--continued-steps", type=int, help="override the continued pre-training steps (0: none)")
     parser.add_argument("--timed-additions", type=int, nargs="*", help="override the sizes timed (none: no timing)")
     parser.add_argument("--no-base-shape", action="store_true", help="skip timing at the edmem-base shape")
+    parser.add_argument("--timed-estimators", nargs="+", choices=("mean_query", "fitted"),
+                        help="override the estimators timed (default: both)")  # fmt: skip
     args = parser.parse_args(argv)
     quiet_logging()
     settings = QUICK if args.quick else GrowthSettings()
@@ -407,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
             settings = replace(settings, **{key: getattr(args, key)})
     if args.timed_additions is not None:
         settings = replace(settings, timed_additions=tuple(args.timed_additions))
+    if args.timed_estimators:
+        settings = replace(settings, timed_estimators=tuple(args.timed_estimators))
     if args.no_base_shape:
         settings = replace(settings, time_the_base_shape=False)
     out = Path(args.out)

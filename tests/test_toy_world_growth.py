@@ -77,3 +77,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     assert last.startswith(f"RESULT seeds=1 people_added={len(held)} ")
     for key in ("added_over_trained_em", "trained_em_change", "seconds_to_add_10_fitted", "seconds_to_add_10_mean"):
         assert f" {key}" in last
+    # a rerun reuses the answers and times only what is asked and not yet measured
+    assert bench.main([*argv[:-1], "20", "--timed-estimators", "mean_query", "--no-plots"]) == 0
+    timed = json.loads((out / "seconds_to_add.json").read_text())["toy_model"]
+    assert set(timed["mean_query"]) == {"10", "20"} and set(timed["fitted"]) == {"10"}
