@@ -339,15 +339,15 @@ def fit_rows(
         raise ValueError(f"fit_rows: new_ids must be the table's last rows ({first}..{table.shape[0] - 1})")
     if not examples:
         raise ValueError("fit_rows: no example passage about the new entities")
-    trained_rows = table.detach()[:first].clone()
+    # Only the new rows are a leaf the optimiser sees: its state is `(new, dim)`, not the whole table's, and the
+    # trained rows are never written. Each forward reads the table as the trained rows followed by the new ones.
+    (table_name,) = [name for name, parameter in model.named_parameters() if parameter is table]
+    trained_rows = table.detach()[:first]
+    new_rows = table.detach()[first:].clone().requires_grad_(True)
     requires_grad = {name: p.requires_grad for name, p in model.named_parameters()}
     for parameter in model.parameters():
         parameter.requires_grad_(False)
-    table.requires_grad_(True)
-    keep_trained = torch.zeros(table.shape[0], 1, dtype=table.dtype, device=table.device)
-    keep_trained[first:] = 1
-    hook = table.register_hook(lambda grad: grad * keep_trained)
-    optimizer = torch.optim.Adam([table], lr=learning_rate)
+    optimizer = torch.optim.Adam([new_rows], lr=learning_rate)
     collator = EDMemMaskingCollator(tokenizer, seed=seed)
     encoder_only = model.config.variant == "encmem"
     rng = random.Random(seed)
@@ -365,14 +365,14 @@ def fit_rows(
                 batch = {key: value.to(model.device) for key, value in batch.items()}
                 if encoder_only:
                     batch.pop("decoder_entity_labels")
-                loss = model(**batch).loss
+                rows = {table_name: torch.cat([trained_rows, new_rows])}
+                loss = torch.func.functional_call(model, rows, args=(), kwargs=batch).loss
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()
     finally:
-        hook.remove()
         with torch.no_grad():
-            table[:first] = trained_rows  # Adam leaves rows with zero gradients as they were; kept exact regardless
+            table[first:] = new_rows
         for name, parameter in model.named_parameters():
             parameter.requires_grad_(requires_grad[name])
         model.train(was_training)
