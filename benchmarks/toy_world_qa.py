@@ -733,6 +733,10 @@ def qa_parser() -> argparse.ArgumentParser:
                              "world (EM against pre-training steps)")  # fmt: skip
     parser.add_argument("--encdec-matched", action=argparse.BooleanOptionalAction,
                         help="also an EncDec of EDMem's parameter count (default: on, off in --quick)")  # fmt: skip
+    parser.add_argument("--encmem", action=argparse.BooleanOptionalAction,
+                        help="also EncMem (default: on, off in --quick)")  # fmt: skip
+    parser.add_argument("--single-biography-ablation", action=argparse.BooleanOptionalAction,
+                        help="also the single-biography world on the first seed (default: on, off in --quick)")  # fmt: skip
     return parser
 
 
@@ -746,6 +750,15 @@ def with_overrides(settings: Settings, args: argparse.Namespace) -> Settings:
     return replace(settings, **{k: v for k, v in overrides.items() if v is not None})
 
 
+def qa_settings(args: argparse.Namespace) -> Settings:
+    """The run's settings: `--quick`'s or the full run's, with the command line's overrides and switches."""
+    settings = with_overrides(QUICK if args.quick else Settings(), args)
+    for switch in ("encdec_matched", "encmem", "single_biography_ablation"):
+        if getattr(args, switch) is not None:
+            settings = replace(settings, **{switch: getattr(args, switch)})
+    return settings
+
+
 def quiet_logging() -> None:
     """Progress lines from the experiment; warnings only from the libraries."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -756,9 +769,7 @@ def quiet_logging() -> None:
 def main(argv: list[str] | None = None) -> int:
     args = qa_parser().parse_args(argv)
     quiet_logging()
-    settings = with_overrides(QUICK if args.quick else Settings(), args)
-    if args.encdec_matched is not None:
-        settings = replace(settings, encdec_matched=args.encdec_matched)
+    settings = qa_settings(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     runs = []

@@ -76,6 +76,18 @@ def test_mixed_questions_are_on_by_default_and_can_be_turned_off(bench, tmp_path
     assert train and not any(r["question"] in dump or r["question"].replace("'", "&apos;") in dump for r in train)
 
 
+def test_the_systems_beside_edmem_can_be_switched(bench):
+    parser = bench.qa_parser()
+    full = bench.qa_settings(parser.parse_args([]))
+    assert full.encmem and full.encdec_matched and full.single_biography_ablation
+    lean = bench.qa_settings(
+        parser.parse_args(["--no-encmem", "--no-encdec-matched", "--no-single-biography-ablation"])
+    )
+    assert not (lean.encmem or lean.encdec_matched or lean.single_biography_ablation)
+    quick = bench.qa_settings(parser.parse_args(["--quick", "--encdec-matched"]))
+    assert quick.encdec_matched and not quick.encmem and quick.num_people == bench.QUICK.num_people
+
+
 def test_majority_floor_and_bootstrap(bench, tmp_path):
     world = generate_knowledge_world(KnowledgeWorldSettings(num_people=12), seed=0)
     splits = split_people(world, seed=0)
