@@ -16,6 +16,7 @@ from .task_features import (
     encode_qa_example,
     encode_qa_record,
     encode_static_linking_record,
+    in_running_text,
 )
 from .task_files import (
     default_answer_links,
@@ -37,6 +38,7 @@ __all__ = [
     "encode_qa_record",
     "encode_static_linking_record",
     "exact_match",
+    "in_running_text",
     "mark_mentions",
     "normalize_answer",
     "read_answer_links",
