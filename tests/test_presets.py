@@ -8,6 +8,7 @@ import os
 import pytest
 import torch
 from huggingface_hub import ModelCard
+from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 
 from edmem_hf import EDMemForConditionalGeneration, EntityVocab
@@ -84,6 +85,14 @@ def test_write_preset_folders_load_offline_with_and_without_the_package(tmp_path
     assert edmem(["write-preset", "edmem-base", str(small), "--random-weights", *settings]) == 0
     model, info = AutoModelForSeq2SeqLM.from_pretrained(small, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
+    # the random weights are the seed's, whatever the random state before: the same command writes the same folder
+    torch.rand(3)
+    again, other = tmp_path / "again", tmp_path / "other"
+    assert edmem(["write-preset", "edmem-base", str(again), "--random-weights", *settings]) == 0
+    assert edmem(["write-preset", "edmem-base", str(other), "--random-weights", "--seed", "1", *settings]) == 0
+    weights = {folder: load_file(folder / "model.safetensors") for folder in (small, again, other)}
+    assert all(torch.equal(weights[again][key], value) for key, value in weights[small].items())
+    assert not all(torch.equal(weights[other][key], value) for key, value in weights[small].items())
     assert model.config.memory_dropout == 0.1 and model.config.entity_vocab_size == 30
     small_card = ModelCard.load(small / "README.md").text
     assert (

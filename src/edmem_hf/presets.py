@@ -159,12 +159,14 @@ def write_preset(
     random_weights: bool = False,
     tokenizer: Any = None,
     entity_vocab: EntityVocab | None = None,
+    seed: int = 0,
     **overrides: Any,
 ) -> EDMemConfig:
     """Writes preset `name` (with `overrides`) as a folder that loads offline: config.json, generation_config.json,
     the Hub custom code, a model card and, with `random_weights`, freshly initialised weights (float32: about 2.0 GB
     for `edmem-base`, 2.7 GB for `edmem-large`). Without weights the model is built on the meta device, so nothing
-    is allocated. A README.md of the user's in `folder` is kept.
+    is allocated. A README.md of the user's in `folder` is kept. The random weights are drawn from `seed` (the
+    caller's random state is left as it was): the same call writes the same folder.
 
     With `tokenizer`, the vocabulary size and the marker and special token ids are the tokenizer's
     (`tokenizer_settings`) and it is saved in the folder; with `entity_vocab`, the entity count is its size and it
@@ -175,7 +177,9 @@ def write_preset(
     config = preset_config(name, **{**from_files, **overrides})
     folder = os.fspath(folder)
     if random_weights:
-        model = EDMemForConditionalGeneration(config)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = EDMemForConditionalGeneration(config)
         model.entity_vocab = entity_vocab
         model.save_pretrained(folder)
     else:
@@ -216,6 +220,7 @@ def cli_main(argv: list[str] | None = None) -> int:
     parser.add_argument("preset", choices=list(PRESETS), help="the authors' model at BART-base or BART-large widths")
     parser.add_argument("output_dir", help="the folder to write")
     parser.add_argument("--random-weights", action="store_true", help="also write freshly initialised weights")
+    parser.add_argument("--seed", type=int, default=0, help="the random weights' seed (default: 0)")
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="a config value (JSON), e.g. d_model=64"
     )
@@ -255,6 +260,7 @@ def cli_main(argv: list[str] | None = None) -> int:
             args.preset,
             args.output_dir,
             random_weights=args.random_weights,
+            seed=args.seed,
             tokenizer=tokenizer,
             entity_vocab=entity_vocab,
             **overrides,
