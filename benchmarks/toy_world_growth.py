@@ -265,11 +265,9 @@ def _timed_addition(model, tokenizer, n: int, estimator: str, settings: GrowthSe
 
 
 @torch.no_grad()
-def subject_queries(model_dir: Path, data_file: Path) -> tuple[list[str], torch.Tensor]:
-    """The encoder memory's query at each question's marked subject (file order): the subjects' names and the
-    `(questions, entity_embed_dim)` queries."""
-    model = EDMemForConditionalGeneration.from_pretrained(model_dir).eval()
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+def subject_queries(model, tokenizer, data_file: Path) -> tuple[list[str], torch.Tensor]:
+    """The encoder memory's query at each question's marked subject (file order) for `model` in eval mode: the
+    subjects' names and the `(questions, entity_embed_dim)` queries."""
     encoder = model.get_encoder()
     captured = []
     hook = encoder.memory.query_proj.register_forward_hook(lambda module, inputs, output: captured.append(output))
@@ -289,10 +287,12 @@ def rows_alone_ceiling(model_dir: Path, files: dict[str, Path]) -> dict[str, flo
     test-half people against added ones), and the memory recall at the added subjects if each added row were the
     mean query of that person's own questions (scaled to the trained rows' mean norm): rows written from the very
     questions asked, a bound on any estimator, not one."""
-    table = EDMemForConditionalGeneration.from_pretrained(model_dir).get_encoder().entity_embeddings.weight.detach()
+    model = EDMemForConditionalGeneration.from_pretrained(model_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    table = model.get_encoder().entity_embeddings.weight.detach()
     result = {}
     for split in ("test", "added"):
-        names, queries = subject_queries(model_dir, files[split])
+        names, queries = subject_queries(model, tokenizer, files[split])
         people = sorted(set(names))
         means = torch.stack([queries[[n == person for n in names]].mean(0) for person in people])
         cosine = torch.nn.functional.cosine_similarity(means[:, None], means[None], dim=-1)
@@ -399,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--continued-steps", type=int, help="override the continued pre-training steps (0: none)")
     parser.add_argument("--timed-additions", type=int, nargs="*", help="override the sizes timed (none: no timing)")
     parser.add_argument("--no-base-shape", action="store_true", help="skip timing at the edmem-base shape")
-    parser.add_argument("--timed-estimators", nargs="+", choices=("mean_query", "fitted"),
+    parser.add_argument("--timed-estimators", nargs="+", choices=GrowthSettings.timed_estimators,
                         help="override the estimators timed (default: both)")  # fmt: skip
     args = parser.parse_args(argv)
     quiet_logging()

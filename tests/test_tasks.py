@@ -73,7 +73,8 @@ def test_answers_and_questions_are_tokenised_as_inside_a_sentence():
     in_text = tokenizer("Ana was born in 1920", add_special_tokens=False).input_ids
     for answer in ("1920", "engineer"):
         features = encode_qa_example(QAExample("When was Ana born?", [answer]), tokenizer)
-        assert features["labels"] == tokenizer(" " + answer, add_special_tokens=False).input_ids + [2]
+        expected = tokenizer(" " + answer, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+        assert features["labels"] == expected
         assert len(features["labels"]) == 2, tokenizer.convert_ids_to_tokens(features["labels"])  # one word token
     assert encode_qa_example(QAExample("born in 1920", ["x"]), tokenizer)["input_ids"][-2] == in_text[-1]
     entity = encode_qa_example(QAExample("Where?", ["Paris"], answer_entity=4), tokenizer)

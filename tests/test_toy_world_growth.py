@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from transformers import AutoTokenizer
 
 from edmem_hf import EDMemForConditionalGeneration, EntityVocab
 from edmem_hf.dump import iter_parsed_pages
@@ -66,7 +67,8 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     assert not torch.allclose(fitted[size:], mean[size:])
     assert (out / "growth.png").stat().st_size > 0
     # the queries the rows-alone bound reads are the memory's own: their best rows are what the memory found
-    names, queries = bench.subject_queries(seed / "finetune", seed / "edmem_toy-test.jsonl")
+    tokenizer = AutoTokenizer.from_pretrained(seed / "finetune")
+    names, queries = bench.subject_queries(trained.eval(), tokenizer, seed / "edmem_toy-test.jsonl")
     table = trained.model.entity_embeddings.weight.detach()
     found = [trained.entity_vocab.name_of(int(i)) == name for i, name in zip((queries @ table.T).argmax(-1), names)]
     assert found == bench.memory_hits(seed / "finetune", seed / "edmem_toy-test.jsonl")
