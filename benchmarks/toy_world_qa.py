@@ -374,7 +374,9 @@ def memorisation(model_dir: Path, world: ToyWorld, people: dict[str, list[str]])
     """How often the pre-trained model fills a masked fact of a person's first biography (read in pre-training):
     every token of the value masked, the value's tokens predicted (teacher-forced decoder for the seq2seq models,
     the masked-LM head for EncMem), a hit when all are right. By half (`people`: half -> names) and relation.
-    For a model with a memory, also how often the memory's top entity at a masked entity value is that value."""
+    For a model with a memory, also how often the memory's top entity at a masked entity value is that value.
+    For the seq2seq models, also `decoder_alone`: the same facts filled with every encoder input token masked, what
+    the decoder holds keyed on its own prefix, which a question (whose subject only the encoder reads) cannot use."""
     config = EDMemConfig.from_pretrained(model_dir)
     encoder_only = config.variant == "encmem"
     model = (EDMemForEntityLinking if encoder_only else EDMemForConditionalGeneration).from_pretrained(model_dir)
@@ -384,6 +386,7 @@ def memorisation(model_dir: Path, world: ToyWorld, people: dict[str, list[str]])
     result = {}
     for half, names in people.items():
         hits: dict[str, list[bool]] = {}
+        decoder_alone: list[bool] = []
         linked: list[bool] = []
         for person in names:
             text = marked_biography(world, person)
@@ -401,6 +404,11 @@ def memorisation(model_dir: Path, world: ToyWorld, people: dict[str, list[str]])
                 output = model(input_ids=masked[None], output_attended_entities=is_entity and has_memory, **labels)
                 predicted = output.logits[0].argmax(-1)
                 hits.setdefault(relation, []).append(bool((predicted[inside] == ids[inside]).all()))
+                if not encoder_only:
+                    blank = torch.full_like(ids, tokenizer.mask_token_id)
+                    blank[[0, -1]] = ids[[0, -1]]  # <s> and </s> kept: the encoder reads nothing else
+                    alone = model(input_ids=blank[None], **labels).logits[0].argmax(-1)
+                    decoder_alone.append(bool((alone[inside] == ids[inside]).all()))
                 if is_entity and has_memory:
                     access = output.attended_entities if encoder_only else output.encoder_attended_entities
                     position = inside[0] - 1  # the value's <E_s>
@@ -412,6 +420,8 @@ def memorisation(model_dir: Path, world: ToyWorld, people: dict[str, list[str]])
         result[half] = {"all": round(100 * sum(map(sum, hits.values())) / sum(map(len, hits.values())), 2),
                         "entity": round(100 * sum(entity) / len(entity), 2),
                         "literal": round(100 * sum(literal) / len(literal), 2), "by_relation": per_relation}  # fmt: skip
+        if decoder_alone:
+            result[half]["decoder_alone"] = round(100 * sum(decoder_alone) / len(decoder_alone), 2)
         if linked:
             result[half]["memory_names_the_masked_entity"] = round(100 * sum(linked) / len(linked), 2)
     return result

@@ -189,6 +189,9 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     memorised = result["runs"][0]["memorisation"]["edmem"]
     assert set(memorised) == {"train", "test"} and 0.0 <= memorised["test"]["entity"] <= 100.0
     assert "memory_names_the_masked_entity" in memorised["test"]
+    for variant in ("edmem", "encdec"):  # what the decoder fills with the encoder given nothing
+        alone = result["runs"][0]["memorisation"][variant]["test"]["decoder_alone"]
+        assert 0.0 <= alone <= 100.0
     counts = result["runs"][0]["parameters"]
     assert counts["edmem"]["with_table"] > counts["edmem"]["without_table"]
     assert counts["encdec"]["with_table"] == counts["encdec"]["without_table"]
