@@ -392,6 +392,10 @@ def memorisation(model_dir: Path, world: ToyWorld, people: dict[str, list[str]])
             text = marked_biography(world, person)
             encoded = tokenizer(text, return_offsets_mapping=True, return_tensors="pt")
             ids, offsets = encoded.input_ids[0], encoded.offset_mapping[0].tolist()
+            if not encoder_only:  # one pass a biography: the blank input is the same whichever fact is asked
+                blank = torch.full_like(ids, tokenizer.mask_token_id)
+                blank[[0, -1]] = ids[[0, -1]]  # <s> and </s> kept: the encoder reads nothing else
+                alone = model(input_ids=blank[None], labels=ids[None]).logits[0].argmax(-1)
             for relation, _, is_entity in PERSON_ATTRIBUTES:
                 value = world.entity(person).attributes[relation]
                 match = re.search(rf"(?<![\w-]){re.escape(value)}(?![\w-])", text, flags=re.IGNORECASE)
@@ -405,9 +409,6 @@ def memorisation(model_dir: Path, world: ToyWorld, people: dict[str, list[str]])
                 predicted = output.logits[0].argmax(-1)
                 hits.setdefault(relation, []).append(bool((predicted[inside] == ids[inside]).all()))
                 if not encoder_only:
-                    blank = torch.full_like(ids, tokenizer.mask_token_id)
-                    blank[[0, -1]] = ids[[0, -1]]  # <s> and </s> kept: the encoder reads nothing else
-                    alone = model(input_ids=blank[None], **labels).logits[0].argmax(-1)
                     decoder_alone.append(bool((alone[inside] == ids[inside]).all()))
                 if is_entity and has_memory:
                     access = output.attended_entities if encoder_only else output.encoder_attended_entities
