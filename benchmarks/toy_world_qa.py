@@ -392,10 +392,11 @@ def memorisation(model_dir: Path, world: ToyWorld, people: dict[str, list[str]])
             text = marked_biography(world, person)
             encoded = tokenizer(text, return_offsets_mapping=True, return_tensors="pt")
             ids, offsets = encoded.input_ids[0], encoded.offset_mapping[0].tolist()
+            labels = {} if encoder_only else {"labels": ids[None]}  # the decoder teacher-forced
             if not encoder_only:  # one pass a biography: the blank input is the same whichever fact is asked
                 blank = torch.full_like(ids, tokenizer.mask_token_id)
                 blank[[0, -1]] = ids[[0, -1]]  # <s> and </s> kept: the encoder reads nothing else
-                alone = model(input_ids=blank[None], labels=ids[None]).logits[0].argmax(-1)
+                alone = model(input_ids=blank[None], **labels).logits[0].argmax(-1)
             for relation, _, is_entity in PERSON_ATTRIBUTES:
                 value = world.entity(person).attributes[relation]
                 match = re.search(rf"(?<![\w-]){re.escape(value)}(?![\w-])", text, flags=re.IGNORECASE)
@@ -404,7 +405,6 @@ def memorisation(model_dir: Path, world: ToyWorld, people: dict[str, list[str]])
                 inside = [i for i, (s, e) in enumerate(offsets) if e > s and s < match.end() and e > match.start()]
                 masked = ids.clone()
                 masked[inside] = tokenizer.mask_token_id
-                labels = {} if encoder_only else {"labels": ids[None]}  # the decoder teacher-forced
                 output = model(input_ids=masked[None], output_attended_entities=is_entity and has_memory, **labels)
                 predicted = output.logits[0].argmax(-1)
                 hits.setdefault(relation, []).append(bool((predicted[inside] == ids[inside]).all()))
