@@ -52,6 +52,8 @@ from edmem_hf.configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN, E
 from edmem_hf.corpus import build_corpus  # noqa: E402
 from edmem_hf.knowledge_world import (  # noqa: E402
     PERSON_ATTRIBUTES,
+    PRONOUNS,
+    TEMPLATES,
     KnowledgeWorldSettings,
     generate_knowledge_world,
     split_people,
@@ -59,22 +61,60 @@ from edmem_hf.knowledge_world import (  # noqa: E402
 from edmem_hf.pretraining import PretrainingArguments, pretrain  # noqa: E402
 from edmem_hf.task_features import in_running_text  # noqa: E402
 from edmem_hf.tasks import IGNORE_INDEX, EDMemSeq2SeqCollator, exact_match, read_jsonl, read_qa  # noqa: E402
-from edmem_hf.toy_world import QAPair, ToyWorld, write_mediawiki_dump  # noqa: E402
+from edmem_hf.toy_world import QAPair, ToyEntity, ToyWorld, write_mediawiki_dump  # noqa: E402
 
 logger = logging.getLogger("toy_world_qa")
 MODES = ("free", "static", "dynamic")
 ENTITY_RELATIONS = tuple(relation for relation, _, is_entity in PERSON_ATTRIBUTES if is_entity)
 
 
+@dataclass(frozen=True)
+class Recipe:
+    """Pre-training and fine-tuning options beyond the paper's: the levers tried on the validation group."""
+
+    entity_loss_weight: float = 1.0  # lambda_EL in pre-training (`edmem pretrain --entity_loss_weight`)
+    entity_loss_reduction: str = "labelled_accesses"  # `--entity_loss_reduction`
+    number_mask_prob: float = 0.0  # dates and numbers as salient spans (`--number_mask_prob`)
+    finetune_entity_loss_weight: float = 1.0  # lambda_EL in fine-tuning (`finetune_qa.py --entity_loss_weight`)
+
+    def pretraining_suffix(self, variant: str) -> str:
+        """What sets this recipe's pre-training of `variant` apart from the paper's, as a folder suffix ("" when
+        nothing does)."""
+        fields = ["number_mask_prob"]
+        if variant != "encdec":  # EncDec has no linking loss: only the masking changes its pre-training
+            fields += ["entity_loss_reduction", "entity_loss_weight"]
+        return "".join(
+            f"-{name}={getattr(self, name)}" for name in sorted(fields) if getattr(self, name) != getattr(PAPER, name)
+        )
+
+    def finetuning_suffix(self, variant: str) -> str:
+        """This recipe's pre-training suffix, and its fine-tuning weight where it differs from the paper's."""
+        suffix = self.pretraining_suffix(variant)
+        if variant != "encdec" and self.finetune_entity_loss_weight != PAPER.finetune_entity_loss_weight:
+            suffix += f"-finetune_entity_loss_weight={self.finetune_entity_loss_weight}"
+        return suffix
+
+
+PAPER = Recipe()
+RECIPES = {
+    "paper": PAPER,
+    "el_weight_0.5": Recipe(entity_loss_weight=0.5, finetune_entity_loss_weight=0.5),
+    "el_per_token": Recipe(entity_loss_reduction="per_lm_token"),
+    "salient_numbers": Recipe(number_mask_prob=0.5),
+    "finetune_el_weight_0.5": Recipe(finetune_entity_loss_weight=0.5),
+    "finetune_el_weight_2": Recipe(finetune_entity_loss_weight=2.0),
+}
+
+
 @dataclass
 class Settings:
-    num_people: int = 334  # 167 test-half people: 1,002 test questions a seed
+    num_people: int = 100  # the standard size: 25 test people, 150 test questions a seed
     biographies: int = 5
     seeds: tuple[int, ...] = (0, 1, 2)
     d_model: int = 64
     layers: int = 1  # lower and upper layers on each side (each)
     entity_embed_dim: int = 64
-    pretrain_steps: int = 25000  # about 95 readings of each biography, as in --quick
+    pretrain_steps: int = 7500  # about 150 readings of each passage
     pretrain_batch_size: int = 8
     pretrain_learning_rate: float = 3e-3
     mix_qa: bool = True  # the fine-tuning half's questions and answers also in pre-training (every system)
@@ -86,13 +126,16 @@ class Settings:
     memory_hidden_in_finetuning: bool = True  # EDMem fine-tuned and tested with no memory row visible
     single_biography_ablation: bool = True  # on the first seed, EDMem and EncDec
     bootstrap_samples: int = 1000
+    validation_fraction: float = 0.25  # people asked questions only to choose recipes and settings
+    read_test: bool = True  # False: choose on the validation group; the test group is neither predicted nor scored
+    recipes: tuple[str, ...] = ("paper",)  # the first is the one the RESULT line reports
     valid_entity_em: float = 50.0  # the bar of a valid experiment (issue 27, item 4)
     valid_entity_margin: float = 30.0
     valid_literal_margin: float | None = 10.0  # None: not required
 
 
-# One seed of a 40-person world (20 fine-tuning people: at 10, EncDec's fine-tuning does not learn the task), as many
-# readings of each biography as the full run: about 12 minutes on 2 free cores, 20 beside three other jobs.
+# One seed of a 40-person world (20 fine-tuning people: at 10, EncDec's fine-tuning does not learn the task; 10
+# validation and 10 test people), as many readings of each biography as the standard run.
 QUICK = Settings(num_people=40, pretrain_steps=3000, seeds=(0,), encmem=False, encdec_matched=False,
                  memory_hidden_in_finetuning=False, single_biography_ablation=False, valid_entity_em=40.0,
                  valid_entity_margin=25.0, valid_literal_margin=None)  # fmt: skip
@@ -139,10 +182,10 @@ def with_questions_in_pages(world: ToyWorld, pairs: list[QAPair]) -> ToyWorld:
 
 
 def make_world(settings: Settings, seed: int, out: Path, varied: bool = True) -> dict:
-    """The world, its dump and corpus (with its tokenizer), and the question files of the two halves."""
+    """The world, its dump and corpus (with its tokenizer), and the question files of the three groups."""
     biographies = settings.biographies if varied else 1
     world = generate_knowledge_world(KnowledgeWorldSettings(settings.num_people, biographies, varied), seed=seed)
-    splits = split_people(world, seed)
+    splits = split_people(world, seed, settings.validation_fraction)
     read = with_questions_in_pages(world, splits["train"]) if settings.mix_qa else world
     out.mkdir(parents=True, exist_ok=True)
     dump = write_mediawiki_dump(read, out / "wiki.xml.bz2")
@@ -159,8 +202,10 @@ def make_world(settings: Settings, seed: int, out: Path, varied: bool = True) ->
 
 
 def pretrain_variant(variant: str, corpus: Path, out: Path, settings: Settings, seed: int,
-                     ffn_dim: int | None = None) -> Path:  # fmt: skip
+                     ffn_dim: int | None = None, recipe: Recipe = PAPER) -> Path:  # fmt: skip
     d = settings.d_model
+    linking = {} if variant == "encdec" else dict(entity_loss_weight=recipe.entity_loss_weight,
+                                                  entity_loss_reduction=recipe.entity_loss_reduction)  # fmt: skip
     pretrain(
         PretrainingArguments(
             output_dir=str(out),
@@ -178,6 +223,8 @@ def pretrain_variant(variant: str, corpus: Path, out: Path, settings: Settings, 
             entity_embed_dim=settings.entity_embed_dim,
             max_position_embeddings=160,
             dropout=0.1,
+            number_mask_prob=recipe.number_mask_prob,
+            **linking,
             **pretraining_schedule(settings, settings.pretrain_steps, seed),
         )
     )
@@ -212,13 +259,14 @@ def _finetune_argv(settings: Settings, seed: int) -> list[str]:
 
 
 def finetune_model(model_dir: Path, train_file: Path, out: Path, settings: Settings, seed: int,
-                   entity_mask_file: Path | None = None) -> Path:  # fmt: skip
+                   entity_mask_file: Path | None = None, entity_loss_weight: float = 1.0) -> Path:  # fmt: skip
     """`examples/finetune_qa.py` on the training questions (skipped when `out` has a model: a rerun goes on)."""
     from finetune_common import run
     from finetune_qa import QA
 
     if not (out / "model.safetensors").exists():
         mask = ["--entity_mask_file", str(entity_mask_file)] if entity_mask_file else []
+        mask += ["--entity_loss_weight", str(entity_loss_weight)]
         argv = ["--model_name_or_path", str(model_dir), "--output_dir", str(out), "--do_train"]
         run(QA, argv + ["--train_file", str(train_file)] + _finetune_argv(settings, seed) + mask)
     return out
@@ -369,6 +417,17 @@ def marked_biography(world: ToyWorld, person: str) -> str:
     return names.sub(rf"{ENTITY_START_TOKEN} \1 {ENTITY_END_TOKEN}", text)
 
 
+def _percent_by_kind(hits: dict[str, list[bool]]) -> dict[str, float]:
+    """% of hits over every relation, over the entity relations and over the literal ones."""
+    kinds = {"all": list(hits), "entity": list(ENTITY_RELATIONS),
+             "literal": [relation for relation in hits if relation not in ENTITY_RELATIONS]}  # fmt: skip
+    out = {}
+    for kind, relations in kinds.items():
+        values = [hit for relation in relations for hit in hits[relation]]
+        out[kind] = round(100 * sum(values) / len(values), 2)
+    return out
+
+
 @torch.no_grad()
 def memorisation(model_dir: Path, world: ToyWorld, people: dict[str, list[str]]) -> dict:
     """How often the pre-trained model fills a masked fact of a person's first biography (read in pre-training):
@@ -376,7 +435,9 @@ def memorisation(model_dir: Path, world: ToyWorld, people: dict[str, list[str]])
     the masked-LM head for EncMem), a hit when all are right. By half (`people`: half -> names) and relation.
     For a model with a memory, also how often the memory's top entity at a masked entity value is that value.
     For the seq2seq models, also `decoder_alone`: the same facts filled with every encoder input token masked, what
-    the decoder holds keyed on its own prefix, which a question (whose subject only the encoder reads) cannot use."""
+    the decoder holds keyed on its own prefix, which a question (whose subject only the encoder reads) cannot use;
+    and `question_form`: the facts filled with the subject named to the encoder only (`question_form_hits`), what
+    a question can read out of what was memorised."""
     config = EDMemConfig.from_pretrained(model_dir)
     encoder_only = config.variant == "encmem"
     model = (EDMemForEntityLinking if encoder_only else EDMemForConditionalGeneration).from_pretrained(model_dir)
@@ -388,7 +449,11 @@ def memorisation(model_dir: Path, world: ToyWorld, people: dict[str, list[str]])
         hits: dict[str, list[bool]] = {}
         decoder_alone: list[bool] = []
         linked: list[bool] = []
+        question_form: dict[str, list[bool]] = {}
         for person in names:
+            if not encoder_only:
+                for relation, hit in question_form_hits(model, tokenizer, world.entity(person)).items():
+                    question_form.setdefault(relation, []).append(hit)
             text = marked_biography(world, person)
             encoded = tokenizer(text, return_offsets_mapping=True, return_tensors="pt")
             ids, offsets = encoded.input_ids[0], encoded.offset_mapping[0].tolist()
@@ -423,9 +488,47 @@ def memorisation(model_dir: Path, world: ToyWorld, people: dict[str, list[str]])
                         "literal": round(100 * sum(literal) / len(literal), 2), "by_relation": per_relation}  # fmt: skip
         if decoder_alone:
             result[half]["decoder_alone"] = round(100 * sum(decoder_alone) / len(decoder_alone), 2)
+        if question_form:
+            result[half]["question_form"] = _percent_by_kind(question_form)
         if linked:
             result[half]["memory_names_the_masked_entity"] = round(100 * sum(linked) / len(linked), 2)
     return result
+
+
+def _value_positions(tokenizer, text: str, value: str) -> tuple[torch.Tensor, list[int]]:
+    """`text`'s token ids and the positions of the tokens of `value` (its first whole-word occurrence)."""
+    encoded = tokenizer(text, return_offsets_mapping=True, return_tensors="pt")
+    match = re.search(rf"(?<![\w-]){re.escape(value)}(?![\w-])", text, flags=re.IGNORECASE)
+    if match is None:
+        raise RuntimeError(f"{text!r} does not state {value!r}")
+    offsets = encoded.offset_mapping[0].tolist()
+    return encoded.input_ids[0], [
+        i for i, (s, e) in enumerate(offsets) if e > s and s < match.end() and e > match.start()
+    ]
+
+
+@torch.no_grad()
+def question_form_hits(model, tokenizer, person: ToyEntity) -> dict[str, bool]:
+    """Per relation: does the pre-trained seq2seq model fill the value when only its encoder names the subject?
+
+    The encoder reads a statement of the fact (the first template) with the subject marked and the value masked;
+    the decoder is teacher-forced on the same statement with the pronoun as its subject, so that, as when it answers
+    a question, it can reach the fact only through the encoder. A hit when every token of the value is right."""
+    subject_pronoun, _ = PRONOUNS[person.attributes["pronoun"]]
+    subject = f"{ENTITY_START_TOKEN} {person.name} {ENTITY_END_TOKEN}"
+    hits = {}
+    for relation, _, is_entity in PERSON_ATTRIBUTES:
+        value = person.attributes[relation]
+        marked = f"{ENTITY_START_TOKEN} {value} {ENTITY_END_TOKEN}" if is_entity else value
+        template = TEMPLATES[relation][0]
+        target = template.format(S=subject_pronoun.capitalize(), s=subject_pronoun, V=marked)
+        source, masked = _value_positions(tokenizer, template.format(S=subject, s=subject, V=marked), value)
+        source = source.clone()
+        source[masked] = tokenizer.mask_token_id
+        target_ids, inside = _value_positions(tokenizer, target, value)
+        predicted = model(input_ids=source[None], labels=target_ids[None]).logits[0].argmax(-1)
+        hits[relation] = bool((predicted[inside] == target_ids[inside]).all())
+    return hits
 
 
 @torch.no_grad()
@@ -468,12 +571,14 @@ def em(hits: list[tuple[bool, bool]]) -> dict[str, float]:
 
 
 def bootstrap(per_seed: list[list[tuple[bool, bool]]], samples: int, seed: int = 0) -> dict[str, list[float]]:
-    """95 % intervals of the mean over seeds of each EM, the questions of each seed resampled with replacement."""
+    """95 % intervals of the mean over seeds of each EM, by a two-level bootstrap: the seeds resampled with
+    replacement, then the questions of each drawn seed. The spread between seeds (a world, a split and models each)
+    is in the interval: with one seed it is the questions' spread alone."""
     rng = random.Random(seed)
     draws: dict[str, list[float]] = {"all": [], "entity": [], "literal": []}
     for _ in range(samples):
         means = {name: [] for name in draws}
-        for hits in per_seed:
+        for hits in (per_seed[rng.randrange(len(per_seed))] for _ in per_seed):
             resampled = em([hits[rng.randrange(len(hits))] for _ in hits])
             for name in draws:
                 means[name].append(resampled[name])
@@ -499,79 +604,95 @@ def parameter_counts(model_dir: Path) -> dict[str, int]:
 # --- the experiment ---------------------------------------------------------------------------------------------
 
 
-def run_condition(settings: Settings, seed: int, out: Path, varied: bool = True, ablation: bool = False) -> dict:
-    """One seed's world, models and predictions; `ablation` trains EDMem and EncDec only, tested plainly."""
+def run_condition(settings: Settings, seed: int, out: Path, varied: bool = True, ablation: bool = False,
+                  recipe: Recipe = PAPER) -> dict:  # fmt: skip
+    """One seed's world, models and predictions under `recipe`; `ablation` trains EDMem and EncDec only, tested
+    plainly. Questions are asked of the validation group, and of the test group when `settings.read_test`. Models
+    are kept under folders named by what sets them apart from the paper's, so that recipes share what they can."""
     started = time.perf_counter()
     data = make_world(settings, seed, out, varied)
     files, world, splits = data["files"], data["world"], data["splits"]
+    asked = ["validation", "test"] if settings.read_test else ["validation"]
     variants = ("edmem", "encdec") if ablation or not settings.encmem else ("edmem", "encdec", "encmem")
     models = {}
     for variant in variants:
         t0 = time.perf_counter()
-        models[variant] = pretrain_variant(variant, data["corpus"], out / f"pretrain-{variant}", settings, seed)
+        where = out / f"pretrain-{variant}{recipe.pretraining_suffix(variant)}"
+        models[variant] = pretrain_variant(variant, data["corpus"], where, settings, seed, recipe=recipe)
         logger.info("seed %d: pre-trained %s in %.0f s", seed, variant, time.perf_counter() - t0)
     if settings.encdec_matched and not ablation:
         ffn_dim = matched_ffn_dim(models["edmem"], models["encdec"], settings)
-        models["encdec_matched"] = pretrain_variant("encdec", data["corpus"], out / "pretrain-encdec-matched",
-                                                    settings, seed, ffn_dim)  # fmt: skip
-    halves = {half: sorted({pair.subject for pair in pairs}) for half, pairs in splits.items()}
-    memorised = {variant: memorisation(path, world, halves) for variant, path in models.items()}
-    predictions: dict[str, dict[str, Path]] = {"train": {}, "test": {}}  # half -> system -> predictions file
+        where = out / f"pretrain-encdec-matched{recipe.pretraining_suffix('encdec')}"
+        models["encdec_matched"] = pretrain_variant("encdec", data["corpus"], where, settings, seed, ffn_dim, recipe)
+    groups = {group: sorted({pair.subject for pair in pairs}) for group, pairs in splits.items() if pairs}
+    memorised = {variant: memorisation(path, world, groups) for variant, path in models.items()}
+    predictions: dict[str, dict[str, Path]] = {group: {} for group in ["train", *asked]}  # -> system -> file
     vocab = EDMemForConditionalGeneration.from_pretrained(models["edmem"]).entity_vocab
     size = len(vocab)
     every_row = save_entity_mask(hidden_rows(size, None, vocab), out / "mask-every-row.pt")
-    subject_rows = save_entity_mask(hidden_rows(size, halves["test"], vocab), out / "mask-test-subjects.pt")
-    edmem = finetune_model(models["edmem"], files["train"], out / "finetune-edmem", settings, seed)
-    for mode in ("free",) if ablation else MODES:
-        predictions["test"][f"edmem_{mode}"] = predict(edmem, files["test"], out / "finetune-edmem" / mode, mode,
-                                                       settings, seed)  # fmt: skip
+    subject_rows = {group: save_entity_mask(hidden_rows(size, groups[group], vocab), out / f"mask-{group}-subjects.pt")
+                    for group in asked}  # fmt: skip
+
+    def finetuned(variant: str, model_dir: Path, mask: Path | None = None, name: str = "") -> Path:
+        weight = recipe.finetune_entity_loss_weight if variant != "encdec" else 1.0
+        where = out / f"finetune-{name or variant}{recipe.finetuning_suffix(variant)}"
+        return finetune_model(model_dir, files["train"], where, settings, seed, mask, weight)
+
+    edmem = finetuned("edmem", models["edmem"])
     predictions["train"]["edmem_free"] = predict(edmem, files["train"], edmem / "train-free", "free", settings, seed)
-    if not ablation:
-        for mode in ("free", "static"):
-            for name, mask in (("every_row", every_row), ("subject_rows", subject_rows)):
-                predictions["test"][f"edmem_{mode}_{name}_hidden_at_test"] = predict(
-                    edmem, files["test"], edmem / f"{mode}-{name}-hidden", mode, settings, seed, mask
-                )
-    encdec = finetune_model(models["encdec"], files["train"], out / "finetune-encdec", settings, seed)
-    predictions["test"]["encdec"] = predict(encdec, files["test"], encdec / "free", "free", settings, seed)
-    predictions["train"]["encdec"] = predict(encdec, files["train"], encdec / "train-free", "free", settings, seed)
+    for group in asked:
+        tag = "" if group == "test" else f"{group}-"
+        for mode in ("free",) if ablation else MODES:
+            predictions[group][f"edmem_{mode}"] = predict(edmem, files[group], edmem / f"{tag}{mode}", mode,
+                                                          settings, seed)  # fmt: skip
+        if not ablation:
+            for mode in ("free", "static"):
+                for name, mask in (("every_row", every_row), ("subject_rows", subject_rows[group])):
+                    predictions[group][f"edmem_{mode}_{name}_hidden_at_test"] = predict(
+                        edmem, files[group], edmem / f"{tag}{mode}-{name}-hidden", mode, settings, seed, mask
+                    )
+    seq2seq = {"encdec": models["encdec"]}
     if "encdec_matched" in models:
-        matched = finetune_model(models["encdec_matched"], files["train"], out / "finetune-encdec-matched", settings,
-                                 seed)  # fmt: skip
-        predictions["test"]["encdec_matched"] = predict(matched, files["test"], matched / "free", "free", settings,
-                                                        seed)  # fmt: skip
-        predictions["train"]["encdec_matched"] = predict(matched, files["train"], matched / "train-free", "free",
-                                                         settings, seed)  # fmt: skip
+        seq2seq["encdec_matched"] = models["encdec_matched"]
+    for system, model_dir in seq2seq.items():
+        tuned = finetuned("encdec", model_dir, name=system.replace("_", "-"))
+        predictions["train"][system] = predict(tuned, files["train"], tuned / "train-free", "free", settings, seed)
+        for group in asked:
+            tag = "" if group == "test" else f"{group}-"
+            predictions[group][system] = predict(tuned, files[group], tuned / f"{tag}free", "free", settings, seed)
     if "encmem" in models:
         encmem = finetune_encmem(models["encmem"], files["train"], out / "finetune-encmem", settings, seed)
-        predictions["test"]["encmem"] = predict_encmem(encmem, files["test"], encmem / "test_predictions.json")
         predictions["train"]["encmem"] = predict_encmem(encmem, files["train"], encmem / "train_predictions.json")
-        predictions["test"]["encmem_subject_rows_hidden_at_test"] = predict_encmem(
-            encmem, files["test"], encmem / "test_subject_rows_hidden.json", torch.load(subject_rows)
-        )
-    if settings.memory_hidden_in_finetuning and not ablation:
-        hidden = out / "finetune-edmem-memory-hidden"
-        finetune_model(models["edmem"], files["train"], hidden, settings, seed, every_row)
-        for mode in ("free", "static"):
-            predictions["test"][f"edmem_{mode}_hidden_in_finetuning"] = predict(
-                hidden, files["test"], hidden / mode, mode, settings, seed, every_row
+        for group in asked:
+            predictions[group]["encmem"] = predict_encmem(encmem, files[group], encmem / f"{group}_predictions.json")
+            predictions[group]["encmem_subject_rows_hidden_at_test"] = predict_encmem(
+                encmem, files[group], encmem / f"{group}_subject_rows_hidden.json", torch.load(subject_rows[group])
             )
-    for half in ("train", "test"):
-        predictions[half]["majority_answer"] = majority_answers(files["train"], files[half],
-                                                                out / f"majority_predictions_{half}.json")  # fmt: skip
-    recall = {half: memory_hits(edmem, files[half]) for half in ("train", "test")}
-    hits = {half: {system: question_hits(files[half], files[f"{half}_links"], path)
-                   for system, path in systems.items()} for half, systems in predictions.items()}  # fmt: skip
+    if settings.memory_hidden_in_finetuning and not ablation:
+        hidden = finetuned("edmem", models["edmem"], every_row, name="edmem-memory-hidden")
+        for group in asked:
+            tag = "" if group == "test" else f"{group}-"
+            for mode in ("free", "static"):
+                predictions[group][f"edmem_{mode}_hidden_in_finetuning"] = predict(
+                    hidden, files[group], hidden / f"{tag}{mode}", mode, settings, seed, every_row
+                )
+    for group in predictions:
+        predictions[group]["majority_answer"] = majority_answers(files["train"], files[group],
+                                                                 out / f"majority_predictions_{group}.json")  # fmt: skip
+    recall = {group: memory_hits(edmem, files[group]) for group in predictions}
+    hits = {group: {system: question_hits(files[group], files[f"{group}_links"], path)
+                    for system, path in systems.items()} for group, systems in predictions.items()}  # fmt: skip
     return {
         "seed": seed,
         "varied": varied,
-        "questions": {half: len(pairs) for half, pairs in splits.items()},
+        "recipe": asdict(recipe),
+        "questions": {group: len(pairs) for group, pairs in splits.items()},
         "entities": size,
         "parameters": {variant: parameter_counts(path) for variant, path in models.items()},
         "memorisation": memorised,
-        "edmem_memory_recall_at_subject": {half: round(100 * sum(h) / len(h), 2) for half, h in recall.items()},
+        "edmem_memory_recall_at_subject": {group: round(100 * sum(h) / len(h), 2) for group, h in recall.items()},
         "hits": hits,
-        "em": {half: {system: em(h) for system, h in systems.items()} for half, systems in hits.items()},
+        "em": {group: {system: em(h) for system, h in systems.items()} for group, systems in hits.items()},
         # this call's time: what a rerun with the same --out reuses (pre-training, fine-tuning) costs nothing here
         "seconds_this_call": round(time.perf_counter() - started),
     }
@@ -579,10 +700,11 @@ def run_condition(settings: Settings, seed: int, out: Path, varied: bool = True,
 
 def pretraining_curve(settings: Settings, seed: int, out: Path, budgets: list[int]) -> list[dict]:
     """EM against pre-training steps: EDMem and EncDec pre-trained from scratch for each budget on the world of
-    `seed` (its corpus, in `out / f"seed-{seed}"`), fine-tuned and tested as in the run; memorisation of the test half
-    and test-half EM (free decoding) a budget."""
+    `seed` (its corpus, in `out / f"seed-{seed}"`), fine-tuned as in the run; memorisation and EM (free decoding)
+    of the validation group a budget (a choice: made on the validation group)."""
     data = make_world(settings, seed, out / f"seed-{seed}")
-    halves = {half: sorted({pair.subject for pair in pairs}) for half, pairs in data["splits"].items()}
+    people = sorted({pair.subject for pair in data["splits"]["validation"]})
+    files = data["files"]
     points = []
     for steps in budgets:
         budget = replace(settings, pretrain_steps=steps)
@@ -591,11 +713,11 @@ def pretraining_curve(settings: Settings, seed: int, out: Path, budgets: list[in
         for variant in ("edmem", "encdec"):
             pretrained = pretrain_variant(variant, data["corpus"], where / f"pretrain-{variant}", budget, seed)
             finetuned = finetune_model(pretrained, data["files"]["train"], where / f"finetune-{variant}", budget, seed)
-            predictions = predict(finetuned, data["files"]["test"], finetuned / "free", "free", budget, seed)
-            memorised = memorisation(pretrained, data["world"], {"test": halves["test"]})["test"]["all"]
+            predictions = predict(finetuned, files["validation"], finetuned / "validation-free", "free", budget, seed)
+            memorised = memorisation(pretrained, data["world"], {"validation": people})["validation"]["all"]
             point[variant] = {
-                "memorisation_test_half": memorised,
-                "em_test_half": em(question_hits(data["files"]["test"], data["files"]["test_links"], predictions)),
+                "memorisation_validation": memorised,
+                "em_validation": em(question_hits(files["validation"], files["validation_links"], predictions)),
             }
             logger.info("curve, seed %d, %d steps, %s: %s", seed, steps, variant, point[variant])
         points.append(point)
@@ -615,28 +737,44 @@ def summarise(runs: list[dict], samples: int) -> dict:
     return summary
 
 
+def reported_group(summary: dict) -> str:
+    """The group the figures are read on: the test group when it was asked, else the validation group."""
+    return "test" if "test" in summary else "validation"
+
+
 def validity(summary: dict, settings: Settings) -> dict:
-    """Issue 27, item 4: a system answers entity questions about test-half people at `valid_entity_em` or more and
-    `valid_entity_margin` points over the floor (and literal ones `valid_literal_margin` over theirs)."""
-    test = summary["test"]
-    systems = {name: s["em"] for name, s in test.items() if name != "majority_answer" and "hidden" not in name}
-    floor = test["majority_answer"]["em"]
+    """A system answers entity questions about people seen only in pre-training at `valid_entity_em` or more and
+    `valid_entity_margin` points over the floor, and literal ones `valid_literal_margin` over theirs: both bars met
+    by one system (`valid_system`, the best on entity answers of those that meet both)."""
+    group = reported_group(summary)
+    scores = summary[group]
+    systems = {name: s["em"] for name, s in scores.items() if name != "majority_answer" and "hidden" not in name}
+    floor = scores["majority_answer"]["em"]
+    entity_bar = max(settings.valid_entity_em, floor["entity"] + settings.valid_entity_margin)
+    literal_bar = floor["literal"] + (settings.valid_literal_margin or 0.0)
+    meets = {name: em["entity"] >= entity_bar and (settings.valid_literal_margin is None or em["literal"] >= literal_bar)
+             for name, em in systems.items()}  # fmt: skip
     best_entity = max(systems, key=lambda name: systems[name]["entity"])
     best_literal = max(systems, key=lambda name: systems[name]["literal"] if name != "encmem" else -1)
-    entity_ok = systems[best_entity]["entity"] >= max(settings.valid_entity_em,
-                                                      floor["entity"] + settings.valid_entity_margin)  # fmt: skip
-    literal_ok = settings.valid_literal_margin is None or (
-        systems[best_literal]["literal"] >= floor["literal"] + settings.valid_literal_margin
-    )
-    return {"valid": entity_ok and literal_ok, "best_entity_system": best_entity,
-            "best_entity_em_test_half": systems[best_entity]["entity"], "floor_entity": floor["entity"],
-            "best_literal_system": best_literal, "best_literal_em_test_half": systems[best_literal]["literal"],
-            "floor_literal": floor["literal"], "entity_bar_met": entity_ok, "literal_bar_met": literal_ok}  # fmt: skip
+    valid_systems = [name for name in systems if meets[name]]
+    valid_system = max(valid_systems, key=lambda name: systems[name]["entity"]) if valid_systems else None
+    return {"valid": valid_system is not None, "valid_system": valid_system, "group": group,
+            "best_entity_system": best_entity, "best_entity_em": systems[best_entity]["entity"],
+            "floor_entity": floor["entity"], "best_literal_system": best_literal,
+            "best_literal_em": systems[best_literal]["literal"], "floor_literal": floor["literal"],
+            "entity_bar": entity_bar, "literal_bar": literal_bar if settings.valid_literal_margin is not None else None}  # fmt: skip
+
+
+def gaps(summary: dict) -> dict[str, float]:
+    """EDMem (free decoding) minus EncDec, on entity and on literal answers, in the reported group."""
+    scores = summary[reported_group(summary)]
+    edmem, encdec = scores["edmem_free"]["em"], scores["encdec"]["em"]
+    return {f"{kind}_gap_edmem_minus_encdec": round(edmem[kind] - encdec[kind], 2) for kind in ("entity", "literal")}
 
 
 def orderings(summary: dict) -> dict[str, bool]:
-    """The paper's orderings, on the means of the test half."""
-    test = {name: s["em"] for name, s in summary["test"].items()}
+    """The paper's orderings, on the means of the reported group."""
+    test = {name: s["em"] for name, s in summary[reported_group(summary)].items()}
     found = {
         "free_over_encdec_on_entity_answers": test["edmem_free"]["entity"] > test["encdec"]["entity"],
         "static_at_least_free_on_entity_answers": test["edmem_static"]["entity"] >= test["edmem_free"]["entity"],
@@ -661,7 +799,8 @@ def plot(summary: dict, out: Path, curve: list[dict] | None = None) -> list[Path
     import matplotlib.pyplot as plt
 
     paths = []
-    test = summary["test"]
+    group = reported_group(summary)
+    test = summary[group]
     names = [n for n in ("edmem_free", "edmem_static", "edmem_dynamic", "encdec", "encdec_matched", "encmem",
                          "majority_answer") if n in test]  # fmt: skip
     fig, ax = plt.subplots(figsize=(9, 4))
@@ -673,8 +812,8 @@ def plot(summary: dict, out: Path, curve: list[dict] | None = None) -> list[Path
                   [test[n]["interval"][key][1] - m for n, m in zip(names, means)]]  # fmt: skip
         ax.bar([x + i * width for x in range(len(names))], means, width, yerr=errors, label=label, capsize=3)
     ax.set_xticks([x + width for x in range(len(names))], [n.replace("_", "\n") for n in names])
-    ax.set_ylabel("exact match (%), 95 % bootstrap interval")
-    ax.set_title("Questions about people seen only in pre-training (test half)")
+    ax.set_ylabel("exact match (%), 95 % interval (seeds, then questions)")
+    ax.set_title(f"Questions about people seen only in pre-training ({group} group)")
     ax.legend()
     fig.tight_layout()
     paths.append(out / "em_by_model.png")
@@ -704,10 +843,10 @@ def plot(summary: dict, out: Path, curve: list[dict] | None = None) -> list[Path
         steps = [point["steps"] for point in curve]
         for variant, label in (("edmem", "EDMem (free)"), ("encdec", "EncDec")):
             for key, style, what in (("entity", "-o", "entity EM"), ("literal", ":o", "literal EM")):
-                ax.plot(steps, [p[variant]["em_test_half"][key] for p in curve], style, label=f"{label}, {what}")
-            ax.plot(steps, [p[variant]["memorisation_test_half"] for p in curve], "--x", label=f"{label}, memorised")
+                ax.plot(steps, [p[variant]["em_validation"][key] for p in curve], style, label=f"{label}, {what}")
+            ax.plot(steps, [p[variant]["memorisation_validation"] for p in curve], "--x", label=f"{label}, memorised")
         ax.set_xlabel("pre-training steps")
-        ax.set_ylabel("% (test half)")
+        ax.set_ylabel("% (validation group)")
         ax.set_title("Memorisation and question answering against pre-training steps")
         ax.legend(fontsize=7)
         fig.tight_layout()
@@ -747,6 +886,14 @@ def qa_parser() -> argparse.ArgumentParser:
                         help="also an EncDec of EDMem's parameter count (default: on, off in --quick)")  # fmt: skip
     parser.add_argument("--encmem", action=argparse.BooleanOptionalAction,
                         help="also EncMem (default: on, off in --quick)")  # fmt: skip
+    parser.add_argument("--recipes", nargs="+", choices=tuple(RECIPES), metavar="RECIPE",
+                        help=f"pre-training and fine-tuning recipes, each run on every seed; the first is reported "
+                             f"(default: paper). Choices: {', '.join(RECIPES)}")  # fmt: skip
+    parser.add_argument("--no-test", dest="read_test", action="store_false", default=None,
+                        help="choose on the validation group: the test group is neither predicted nor scored")  # fmt: skip
+    parser.add_argument("--memory-hidden-in-finetuning", action=argparse.BooleanOptionalAction,
+                        help="also EDMem fine-tuned and tested with every memory row hidden (default: on, off in "
+                             "--quick)")  # fmt: skip
     parser.add_argument("--single-biography-ablation", action=argparse.BooleanOptionalAction,
                         help="also the single-biography world on the first seed (default: on, off in --quick)")  # fmt: skip
     return parser
@@ -765,7 +912,15 @@ def with_overrides(settings: Settings, args: argparse.Namespace) -> Settings:
 def qa_settings(args: argparse.Namespace) -> Settings:
     """The run's settings: `--quick`'s or the full run's, with the command line's overrides and switches."""
     settings = with_overrides(QUICK if args.quick else Settings(), args)
-    for switch in ("encdec_matched", "encmem", "single_biography_ablation"):
+    if args.recipes:
+        settings = replace(settings, recipes=tuple(args.recipes))
+    for switch in (
+        "encdec_matched",
+        "encmem",
+        "single_biography_ablation",
+        "memory_hidden_in_finetuning",
+        "read_test",
+    ):
         if getattr(args, switch) is not None:
             settings = replace(settings, **{switch: getattr(args, switch)})
     return settings
@@ -784,62 +939,122 @@ def main(argv: list[str] | None = None) -> int:
     settings = qa_settings(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    runs = []
+    runs: dict[str, list[dict]] = {name: [] for name in settings.recipes}
     for seed in settings.seeds:
-        runs.append(run_condition(settings, seed, out / f"seed-{seed}"))
-        write_results(settings, runs, [], out, plots=False)  # each seed's figures as soon as they exist
+        for name in settings.recipes:
+            runs[name].append(run_condition(settings, seed, out / f"seed-{seed}", recipe=RECIPES[name]))
+            write_results(settings, runs, [], out, plots=False)  # each seed's figures as soon as they exist
+    reported = settings.recipes[0]
     ablation = []
     if settings.single_biography_ablation:
         ablation.append(run_condition(settings, settings.seeds[0], out / f"single-seed-{settings.seeds[0]}",
-                                      varied=False, ablation=True))  # fmt: skip
+                                      varied=False, ablation=True, recipe=RECIPES[reported]))  # fmt: skip
     curve = pretraining_curve(settings, settings.seeds[0], out, args.curve) if args.curve else []
     result = write_results(settings, runs, ablation, out, plots=not args.no_plots, curve=curve)
     print(json.dumps({key: result[key] for key in ("validity", "orderings", "memory_hidden_drop")}, indent=1))
-    test = result["summary"]["test"]
-    fields = [f"seeds={len(runs)}", f"people={settings.num_people}", f"test_questions={runs[0]['questions']['test']}"]
-    fields += [f"valid={int(result['validity']['valid'])}"]
-    fields += [f"{key}={result['validity'][key]}" for key in
-               ("best_entity_em_test_half", "floor_entity", "best_literal_em_test_half", "floor_literal")]  # fmt: skip
-    fields += [f"edmem_free_entity={test['edmem_free']['em']['entity']}",
-               f"encdec_entity={test['encdec']['em']['entity']}",
-               f"memory_hidden_drop={result['memory_hidden_drop']}"]  # fmt: skip
-    for name, scores in test.items():
-        fields += [f"{name}_{key}={scores['em'][key]}" for key in ("entity", "literal")]
-    fields += [f"{name}={int(holds)}" for name, holds in result["orderings"].items()]
-    print("RESULT " + " ".join(fields))
+    print("RESULT " + " ".join(result_fields(settings, result)))
     return 0
 
 
-def write_results(settings: Settings, runs: list[dict], ablation: list[dict], out: Path, plots: bool,
-                  curve: list[dict] | None = None) -> dict:  # fmt: skip
-    """results.json (every figure of every seed, without the per-question hits) and the plots."""
+def result_fields(settings: Settings, result: dict) -> list[str]:
+    """The RESULT line's `key=value` fields: the reported recipe's figures, then each other recipe's gaps."""
+    validity = result["validity"]
+    group = validity["group"]
+    scores = result["summary"][group]
+    fields = [f"seeds={len(result['runs'])}", f"people={settings.num_people}", f"group={group}",
+              f"{group}_questions={result['runs'][0]['questions'][group]}", f"recipe={result['recipe']}",
+              f"valid={int(validity['valid'])}", f"valid_system={validity['valid_system']}", "seed_level_interval=1"]  # fmt: skip
+    fields += [
+        f"{key}={validity[key]}" for key in ("best_entity_em", "floor_entity", "best_literal_em", "floor_literal")
+    ]
+    fields += [f"{key}={value}" for key, value in result["gaps"].items()]
+    fields += [f"edmem_free_entity={scores['edmem_free']['em']['entity']}",
+               f"encdec_entity={scores['encdec']['em']['entity']}",
+               f"memory_hidden_drop={result['memory_hidden_drop']}"]  # fmt: skip
+    for name, system in scores.items():
+        fields += [f"{name}_{key}={system['em'][key]}" for key in ("entity", "literal")]
+    fields += [f"{name}={int(holds)}" for name, holds in result["orderings"].items()]
+    for name, other in result.get("other_recipes", {}).items():
+        fields += [f"{key}[{name}]={value}" for key, value in other["gaps"].items()]
+    return fields
+
+
+def recipe_result(settings: Settings, runs: list[dict]) -> dict:
+    """One recipe's figures: validity, orderings, gaps, the memory's share, the summary and every seed's run."""
     summary = summarise(runs, settings.bootstrap_samples)
-    test = summary["test"]
-    result = {
-        "settings": asdict(settings),
+    scores = summary[reported_group(summary)]
+    return {
+        "recipe": runs[0]["recipe"],
         "validity": validity(summary, settings),
         "orderings": orderings(summary),
+        "gaps": gaps(summary),
         "memory_hidden_drop": round(
-            test["edmem_free"]["em"]["entity"] - test["edmem_free_every_row_hidden_at_test"]["em"]["entity"], 2
+            scores["edmem_free"]["em"]["entity"] - scores["edmem_free_every_row_hidden_at_test"]["em"]["entity"], 2
         ),
         "summary": summary,
         "runs": [{key: value for key, value in run.items() if key != "hits"} for run in runs],
     }
+
+
+def write_results(settings: Settings, runs: dict[str, list[dict]], ablation: list[dict], out: Path, plots: bool,
+                  curve: list[dict] | None = None) -> dict:  # fmt: skip
+    """results.json (every figure of every seed, without the per-question hits) and the plots: the first recipe's
+    figures at the top level, each other recipe's under `other_recipes`."""
+    done = {name: recipe_runs for name, recipe_runs in runs.items() if recipe_runs}
+    reported = next(iter(done))
+    result = {"settings": asdict(settings), **recipe_result(settings, done[reported]), "recipe": reported,
+              "recipe_settings": asdict(RECIPES[reported])}  # fmt: skip
+    result["other_recipes"] = {name: recipe_result(settings, recipe_runs) for name, recipe_runs in done.items()
+                               if name != reported}  # fmt: skip
     if ablation:
         result["single_biography"] = {
             "summary": summarise(ablation, settings.bootstrap_samples),
             "runs": [{key: value for key, value in run.items() if key != "hits"} for run in ablation],
         }
     if curve:
-        full = runs[0]
+        full = done[reported][0]
         result["curve"] = [*curve, {"steps": settings.pretrain_steps, **{
-            variant: {"memorisation_test_half": full["memorisation"][variant]["test"]["all"],
-                      "em_test_half": full["em"]["test"]["edmem_free" if variant == "edmem" else "encdec"]}
+            variant: {"memorisation_validation": full["memorisation"][variant]["validation"]["all"],
+                      "em_validation": full["em"]["validation"]["edmem_free" if variant == "edmem" else "encdec"]}
             for variant in ("edmem", "encdec")}}]  # fmt: skip
     (out / "results.json").write_text(json.dumps(result, indent=1))
     if plots:
-        result["plots"] = [str(p) for p in plot(summary, out, result.get("curve"))]
+        result["plots"] = [str(p) for p in plot(result["summary"], out, result.get("curve"))]
+        if result["other_recipes"]:
+            result["plots"].append(str(plot_recipes(result, out)))
     return result
+
+
+def plot_recipes(result: dict, out: Path) -> Path:
+    """EM of EDMem (free decoding) and EncDec under each recipe, entity and literal answers, in the reported group,
+    with the seed-level intervals."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    recipes = {result["recipe"]: result, **result["other_recipes"]}
+    group = result["validity"]["group"]
+    bars = [
+        (f"{system} {kind}", system, kind) for system in ("edmem_free", "encdec") for kind in ("entity", "literal")
+    ]
+    fig, ax = plt.subplots(figsize=(9, 4))
+    width = 0.8 / len(recipes)
+    for i, (name, recipe) in enumerate(recipes.items()):
+        scores = recipe["summary"][group]
+        means = [scores[system]["em"][kind] for _, system, kind in bars]
+        errors = [[m - scores[system]["interval"][kind][0] for (_, system, kind), m in zip(bars, means)],
+                  [scores[system]["interval"][kind][1] - m for (_, system, kind), m in zip(bars, means)]]  # fmt: skip
+        ax.bar([x + i * width for x in range(len(bars))], means, width, yerr=errors, label=name, capsize=3)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(bars))], [label for label, _, _ in bars])
+    ax.set_ylabel(f"exact match (%), {group} group, 95 % interval")
+    ax.set_title("Recipes: EDMem (free decoding) and EncDec")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "em_by_recipe.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 if __name__ == "__main__":

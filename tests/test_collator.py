@@ -273,3 +273,38 @@ def test_errors(tokenizer):
     )
     with pytest.raises(ValueError, match="<E_s>"):
         EDMemMaskingCollator(no_markers)
+
+
+def test_numbers_as_salient_spans(tokenizer):
+    """`number_mask_prob`: a number outside a mention is masked whole or not at all (REALM's dates as salient
+    spans); a number inside a mention is the mention's; at 0 the batch is the paper's, draw for draw."""
+    s_id, e_id = tokenizer.convert_tokens_to_ids([ENTITY_START_TOKEN, ENTITY_END_TOKEN])
+
+    def encode(text):
+        return tokenizer(text, add_special_tokens=False).input_ids
+
+    def digits(text):  # this tokenizer spells " 1920" as "Ġ", "1", "9", "2", "0": the number is the digits
+        return [token for token in encode(text) if tokenizer.decode([token]).strip().isdigit()]
+
+    ids = [0, *encode(" the king was born in"), *digits(" 1920"), *encode(" and"), *digits(" 31"), s_id,
+           *encode(" Alpha"), *digits(" 1877"), e_id, *encode(" ."), 2]  # fmt: skip
+    labels = [3 if token == s_id else IGNORE_INDEX for token in ids]
+    year, other, inside = digits(" 1920"), digits(" 31"), digits(" 1877")
+    assert len(year) > 1  # a year of several tokens: the span must cover all of them
+    examples = [{"input_ids": ids, "entity_labels": labels, "example_index": i} for i in range(200)]
+    collator = EDMemMaskingCollator(tokenizer, 0.0, 0.0, number_mask_prob=0.5)
+    batch = collator(examples)
+    begin = ids.index(year[0])
+    masked = batch["input_ids"][:, begin : begin + len(year)] == tokenizer.mask_token_id
+    assert (masked.all(dim=1) | ~masked.any(dim=1)).all()  # whole or nothing
+    assert 60 < int(masked.all(dim=1).sum()) < 140  # about half the copies
+    mention = ids.index(s_id)
+    assert not (batch["input_ids"][:, mention : ids.index(e_id)] == tokenizer.mask_token_id).any()
+    words = [i for i, token in enumerate(ids) if token not in (*year, *other, *inside, 0, 2, s_id, e_id)]
+    assert not (batch["input_ids"][:, words] == tokenizer.mask_token_id).any()  # only numbers are masked
+    assert torch.equal(batch["labels"][0, : len(ids)], torch.tensor(ids))
+    everything = EDMemMaskingCollator(tokenizer, 0.0, 0.0, number_mask_prob=1.0)(examples[:1])["input_ids"][0]
+    assert (everything[[ids.index(t) for t in (*year, *other)]] == tokenizer.mask_token_id).all()
+    paper = EDMemMaskingCollator(tokenizer, 0.3, 0.5, seed=3)(examples)
+    assert torch.equal(EDMemMaskingCollator(tokenizer, 0.3, 0.5, seed=3, number_mask_prob=0.0)(examples)["input_ids"],
+                       paper["input_ids"])  # fmt: skip

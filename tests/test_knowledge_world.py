@@ -4,6 +4,7 @@ the split of the people in two halves; the dump parses back with its links."""
 from __future__ import annotations
 
 import re
+from collections import Counter
 
 import pytest
 
@@ -84,42 +85,59 @@ def test_the_single_biography_switch_renders_one_fixed_biography():
     assert len(first_sentences) == 1  # one template per attribute, one order
 
 
-def test_halves_share_no_person_and_cover_every_question():
+def test_groups_share_no_person_and_cover_every_question():
     world = generate_knowledge_world(KnowledgeWorldSettings(num_people=41), seed=2)
     splits = split_people(world, seed=2)
-    train, test = {p.subject for p in splits["train"]}, {p.subject for p in splits["test"]}
-    assert not train & test and len(train) == 20 and len(test) == 21
-    assert len(splits["train"]) + len(splits["test"]) == len(world.qa_pairs) == 41 * len(PERSON_ATTRIBUTES)
-    assert not {p.question for p in splits["test"]} & {p.question for p in splits["train"]}
+    groups = {name: {p.subject for p in pairs} for name, pairs in splits.items()}
+    assert {name: len(people) for name, people in groups.items()} == {"train": 20, "validation": 10, "test": 11}
+    assert not groups["train"] & groups["validation"] and not groups["train"] & groups["test"]
+    assert not groups["validation"] & groups["test"]
+    assert sum(map(len, splits.values())) == len(world.qa_pairs) == 41 * len(PERSON_ATTRIBUTES)
+    questions = {name: {p.question for p in pairs} for name, pairs in splits.items()}
+    assert not questions["train"] & questions["test"] and not questions["train"] & questions["validation"]
     assert split_people(world, seed=2) == splits and split_people(world, seed=3) != splits
+    no_validation = split_people(world, seed=2, validation_fraction=0.0)
+    assert not no_validation["validation"] and len(no_validation["test"]) == 21 * len(PERSON_ATTRIBUTES)
+    with pytest.raises(ValueError, match="validation_fraction"):
+        split_people(world, seed=2, validation_fraction=0.5)
 
 
-def test_the_dump_links_every_person_and_value(tmp_path):
-    world = generate_knowledge_world(KnowledgeWorldSettings(num_people=12), seed=0)
-    pages = {page.title: page for page in iter_parsed_pages(write_mediawiki_dump(world, tmp_path / "w.xml"))}
-    linked = {link.target for page in pages.values() for link in page.links}
-    assert {person.name for person in _people(world)} <= linked  # every person is an entity of the vocabulary
-    person = _people(world)[0]
-    assert {person.attributes[r] for r in ("born_in", "university", "employer")} <= {
-        link.target for link in pages[person.name].links
-    }
+@pytest.mark.parametrize("num_people", [6, 7, 12, 41, 100, 334])
+def test_names_come_from_shared_pools(num_people):
+    """Every full name is unique and every first and last name is shared with other people."""
+    world = generate_knowledge_world(KnowledgeWorldSettings(num_people=num_people, biographies=1), seed=num_people)
+    names = [person.name.split(" ") for person in _people(world)]
+    assert all(len(parts) == 2 for parts in names) and len({tuple(parts) for parts in names}) == num_people
+    for position in (0, 1):
+        counts = Counter(parts[position] for parts in names)
+        assert min(counts.values()) >= 2, counts
+    assert max(Counter(parts[0] for parts in names).values()) <= max(2, num_people // 2)
 
 
-def test_bad_settings_are_named():
-    with pytest.raises(ValueError, match="num_people"):
-        KnowledgeWorldSettings(num_people=2)
-    with pytest.raises(ValueError, match="biographies"):
-        KnowledgeWorldSettings(biographies=0)
+def test_entity_attributes_have_large_value_sets():
+    world = generate_knowledge_world(KnowledgeWorldSettings(num_people=12, biographies=1), seed=0)
+    kinds = Counter(entity.type for entity in world.entities)
+    assert kinds["city"] >= 200 and kinds["university"] >= 200 and kinds["company"] >= 200
 
 
-def test_a_world_without_some_people_never_mentions_them():
-    world = generate_knowledge_world(KnowledgeWorldSettings(num_people=20), seed=4)
-    gone = [person.name for person in _people(world)[:3]]
-    smaller = without_people(world, gone)
-    assert not any(name in text for name in gone for text in smaller.pages.values())
-    assert not any(pair.subject in gone for pair in smaller.qa_pairs)
-    assert len(smaller.qa_pairs) == 17 * len(PERSON_ATTRIBUTES)
-    kept = _people(world)[3]
-    assert smaller.pages[kept.name] == world.pages[kept.name]
-    with pytest.raises(KeyError, match="no person named 'Nobody'"):
-        without_people(world, ["Nobody"])
+def test_every_name_token_is_read_in_passages_about_other_people(tmp_path):
+    """The fair world's promise: each token of a person's name is also in pre-training passages that do not
+    mention the person, so that a person a model never read about still has a name made of trained tokens."""
+    from datasets import load_from_disk
+    from transformers import AutoTokenizer
+
+    from edmem_hf import EntityVocab
+    from edmem_hf.corpus import build_corpus
+
+    world = generate_knowledge_world(KnowledgeWorldSettings(num_people=24, biographies=2), seed=7)
+    build_corpus(write_mediawiki_dump(world, tmp_path / "w.xml.bz2"), tmp_path / "corpus", num_proc=1, vocab_size=600)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "corpus" / "tokenizer")
+    vocab = EntityVocab.load(tmp_path / "corpus" / "entity_vocab.json")
+    passages = load_from_disk(str(tmp_path / "corpus" / "passages"))["train"]
+    read = [(set(ids), set(labels)) for ids, labels in zip(passages["input_ids"], passages["entity_labels"])]
+    for person in _people(world):
+        entity = vocab.id_of(person.name)
+        elsewhere = set().union(*(tokens for tokens, entities in read if entity not in entities))
+        for word in person.name.split(" "):
+            unseen = set(tokenizer(f" {word}", add_special_tokens=False).input_ids) - elsewhere
+            assert not unseen, (person.name, word, tokenizer.convert_ids_to_tokens(sorted(unseen)))

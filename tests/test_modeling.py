@@ -297,6 +297,21 @@ def test_entity_loss_reduction_over_all_accesses_divides_by_three():
     torch.testing.assert_close(ours(**full).entity_loss, theirs(**full).entity_loss)
 
 
+def test_entity_loss_per_lm_token_weighs_a_mention_as_one_token():
+    """`per_lm_token`: each access's summed NLL over the LM loss's scored tokens, averaged over the accesses; the
+    LM loss and the accesses themselves are those of the default reduction."""
+    batch = tiny_batch()
+    batch["labels"][0, -2:] = -100  # some unscored tokens: the count is of scored ones
+    default, per_token = tiny_model().eval(), tiny_model(entity_loss_reduction="per_lm_token").eval()
+    out, out_per_token = default(**batch), per_token(**batch)
+    tokens = int((batch["labels"] != -100).sum())
+    parts = [out.encoder_attended_entities, out.decoder_attended_entities, out.linked_entities]
+    expected = torch.stack([p.entity_nll.sum() / tokens for p in parts]).mean()
+    torch.testing.assert_close(out_per_token.entity_loss, expected)
+    torch.testing.assert_close(out_per_token.lm_loss, out.lm_loss)
+    assert out_per_token.entity_loss < out.entity_loss  # fewer mentions than tokens
+
+
 def test_authors_dropout_sites():
     """`memory_dropout` after each memory projection (encoder and decoder memory: W_in and W_out; entity-linking
     head: W_in) and `upper_input_dropout` on each upper stack's input; off at 0 and in eval mode."""

@@ -50,19 +50,24 @@ def test_question_files_read_back_and_score(bench, tmp_path):
     assert evaluate_files("qa", data, tmp_path / "entity.json", answer_links=links)["exact_match_non_entity"] == 0.0
 
 
-def test_no_test_half_question_is_fine_tuned_on_or_pre_trained_on(bench, tmp_path):
+def test_no_validation_or_test_question_is_fine_tuned_on_or_pre_trained_on(bench, tmp_path):
     settings = bench.Settings(num_people=12, mix_qa=True)
     data = bench.make_world(settings, seed=5, out=tmp_path)
-    train, test = list(read_jsonl(data["files"]["train"])), list(read_jsonl(data["files"]["test"]))
-    assert len(train) == len(test) == 6 * 6
-    train_people, test_people = {r["link_target"][0] for r in train}, {r["link_target"][0] for r in test}
-    assert len(train_people) == len(test_people) == 6 and not train_people & test_people
-    assert not {r["question"] for r in train} & {r["question"] for r in test}
+    records = {group: list(read_jsonl(data["files"][group])) for group in ("train", "validation", "test")}
+    assert {group: len(rows) for group, rows in records.items()} == {"train": 36, "validation": 18, "test": 18}
+    people = {group: {r["link_target"][0] for r in rows} for group, rows in records.items()}
+    assert len(people["train"] | people["validation"] | people["test"]) == 12  # three disjoint groups
     dump = bz2.open(tmp_path / "wiki.xml.bz2", "rt", encoding="utf-8").read()
-    assert all(r["question"].replace("'", "&apos;") in dump or r["question"] in dump for r in train)  # mixed in
-    assert not any(r["question"] in dump or r["question"].replace("'", "&apos;") in dump for r in test)
-    for person in test_people:  # every test-half person is read in pre-training
-        assert f"<title>{person}</title>" in dump
+
+    def in_dump(question):
+        return question in dump or question.replace("'", "&apos;") in dump
+
+    assert all(in_dump(r["question"]) for r in records["train"])  # mixed in
+    for group in ("validation", "test"):
+        assert not {r["question"] for r in records["train"]} & {r["question"] for r in records[group]}
+        assert not any(in_dump(r["question"]) for r in records[group])
+        for person in people[group]:  # every validation and test person is read in pre-training
+            assert f"<title>{person}</title>" in dump
 
 
 def test_mixed_questions_are_on_by_default_and_can_be_turned_off(bench, tmp_path):
@@ -101,6 +106,46 @@ def test_majority_floor_and_bootstrap(bench, tmp_path):
     low, high = bench.bootstrap([hits], samples=200)["entity"]
     assert low < 50.0 < high and high - low < 50
     assert bench.bootstrap([hits], samples=200)["literal"] == [0.0, 0.0]
+
+
+def test_the_bootstrap_resamples_seeds(bench):
+    """Seeds that disagree widen the interval: one seed right on every question and one wrong on every question
+    give an interval from 0 to 100 (resampling the questions alone would give 50 to 50)."""
+    right, wrong = [(True, True)] * 60 + [(False, True)] * 60, [(True, False)] * 60 + [(False, False)] * 60
+    low, high = bench.bootstrap([right, wrong], samples=400)["entity"]
+    assert low == 0.0 and high == 100.0
+    assert bench.bootstrap([right, right], samples=100)["all"] == [100.0, 100.0]
+
+
+def test_validity_needs_one_system_over_both_bars(bench):
+    """One system must meet the entity bar and the literal bar: one at each is not valid."""
+    settings = bench.Settings()
+
+    def summary(**systems):
+        scores = {name: {"em": {"entity": entity, "literal": literal}} for name, (entity, literal) in systems.items()}
+        return {"test": {**scores, "majority_answer": {"em": {"entity": 1.0, "literal": 4.0}}}}
+
+    split = bench.validity(summary(edmem_free=(80.0, 5.0), encdec=(40.0, 30.0)), settings)
+    assert not split["valid"] and split["valid_system"] is None
+    both = bench.validity(summary(edmem_free=(80.0, 5.0), encdec=(60.0, 30.0)), settings)
+    assert both["valid"] and both["valid_system"] == "encdec" and both["group"] == "test"
+    chosen = bench.validity({"validation": summary(encdec=(60.0, 30.0))["test"]}, settings)
+    assert chosen["group"] == "validation"
+
+
+def test_recipes_share_what_they_can(bench):
+    """A recipe's models sit in folders named by what sets them apart from the paper's: EncDec has no linking loss,
+    so the linking levers leave its pre-training the paper's; the masking lever does not."""
+    recipes = bench.RECIPES
+    assert recipes["paper"] == bench.Recipe() and recipes["paper"].pretraining_suffix("edmem") == ""
+    assert recipes["el_per_token"].pretraining_suffix("encdec") == ""
+    assert recipes["el_per_token"].pretraining_suffix("edmem") == "-entity_loss_reduction=per_lm_token"
+    assert recipes["salient_numbers"].pretraining_suffix("encdec") == "-number_mask_prob=0.5"
+    assert recipes["finetune_el_weight_2"].pretraining_suffix("edmem") == ""
+    assert recipes["finetune_el_weight_2"].finetuning_suffix("edmem") == "-finetune_entity_loss_weight=2.0"
+    assert recipes["finetune_el_weight_2"].finetuning_suffix("encdec") == ""
+    settings = bench.qa_settings(bench.qa_parser().parse_args(["--recipes", "el_per_token", "paper", "--no-test"]))
+    assert settings.recipes == ("el_per_token", "paper") and settings.read_test is False
 
 
 def test_hidden_rows_mask_the_named_entities(bench):
@@ -156,15 +201,15 @@ def test_entity_mask_file_is_the_authors_format(bench, tmp_path):
 def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     """A tiny world, a few steps: the systems are pre-trained, fine-tuned, decoded and scored, the plots drawn."""
     out = tmp_path / "run"
-    argv = ["--quick", "--out", str(out), "--num-people", "8", "--pretrain-steps", "30", "--finetune-epochs", "300", "--finetune-learning-rate", "1e-2",
-            "--d-model", "32", "--curve", "10", "--encdec-matched"]  # fmt: skip
+    argv = ["--quick", "--out", str(out), "--num-people", "16", "--pretrain-steps", "30", "--finetune-epochs", "300",
+            "--finetune-learning-rate", "1e-2", "--d-model", "32", "--curve", "10", "--encdec-matched"]  # fmt: skip
     assert bench.main(argv) == 0
     result = json.loads((out / "results.json").read_text())
     # the curve: a 10-step budget pre-trained from scratch beside the run's own 30 steps
     assert [point["steps"] for point in result["curve"]] == [10, 30]
-    assert result["curve"][1]["encdec"]["em_test_half"] == result["runs"][0]["em"]["test"]["encdec"]
+    assert result["curve"][1]["encdec"]["em_validation"] == result["runs"][0]["em"]["validation"]["encdec"]
     short = json.loads(
-        (out / "curve-seed-0" / "steps-10" / "finetune-encdec" / "free" / "free_predictions.json").read_text()
+        (out / "curve-seed-0" / "steps-10" / "finetune-encdec" / "validation-free" / "free_predictions.json").read_text()
     )
     assert len(short) == 4 * 6 and all(short.values())
     assert (out / "em_against_steps.png").stat().st_size > 0
@@ -174,6 +219,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
         predictions = json.loads((seed / f"{system}_predictions.json").read_text())
         texts = [predictions[record["id"]].replace("<E_s>", "").replace("<E_e>", "").strip() for record in test]
         assert all(texts) and len(texts) == result["runs"][0]["questions"]["test"] == 4 * 6  # an answer each
+    assert result["runs"][0]["questions"] == {"train": 8 * 6, "validation": 4 * 6, "test": 4 * 6}
     assert len(set(texts)) > 2  # EncDec's answers vary (EDMem's, this small and brief, may all be one name)
     summary = result["summary"]["test"]
     assert {"edmem_free", "edmem_static", "edmem_dynamic", "encdec", "majority_answer",
@@ -187,7 +233,8 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
         low, high = scores["interval"]["all"]
         assert 0.0 <= low <= scores["em"]["all"] <= high <= 100.0
     memorised = result["runs"][0]["memorisation"]["edmem"]
-    assert set(memorised) == {"train", "test"} and 0.0 <= memorised["test"]["entity"] <= 100.0
+    assert set(memorised) == {"train", "validation", "test"} and 0.0 <= memorised["test"]["entity"] <= 100.0
+    assert set(memorised["validation"]["question_form"]) == {"all", "entity", "literal"}
     assert "memory_names_the_masked_entity" in memorised["test"]
     for variant in ("edmem", "encdec"):  # what the decoder fills with the encoder given nothing
         alone = result["runs"][0]["memorisation"][variant]["test"]["decoder_alone"]
@@ -207,7 +254,8 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     assert every.tolist() == [1] * len(every) and int(subjects.sum()) == 4
     assert (out / "em_by_model.png").stat().st_size > 0 and (out / "em_memory_hidden.png").stat().st_size > 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
-    for key in ("valid", "best_entity_em_test_half", "floor_entity", "best_literal_em_test_half", "floor_literal",
-                "edmem_free_entity", "encdec_entity", "memory_hidden_drop"):  # fmt: skip
+    for key in ("valid", "valid_system", "best_entity_em", "floor_entity", "best_literal_em", "floor_literal",
+                "edmem_free_entity", "encdec_entity", "memory_hidden_drop", "literal_gap_edmem_minus_encdec",
+                "entity_gap_edmem_minus_encdec", "seed_level_interval"):  # fmt: skip
         assert f" {key}=" in last
-    assert last.startswith("RESULT seeds=1 people=8 test_questions=24 ")
+    assert last.startswith("RESULT seeds=1 people=16 group=test test_questions=24 recipe=paper ")

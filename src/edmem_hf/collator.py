@@ -1,4 +1,5 @@
-"""Masking collator for EDMem pre-training: random token masking + salient span masking (paper, Sec. 3.3)."""
+"""Masking collator for EDMem pre-training: random token masking + salient span masking (paper, Sec. 3.3), and
+optionally numbers as salient spans too (REALM's salient spans are named entities and dates)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,9 @@ class EDMemMaskingCollator:
         pad_to_multiple_of: pad the length up to a multiple of this (e.g. 8 for tensor cores).
         return_salient_span_mask: also return `salient_span_mask`, True at each input `<E_s>` whose mention
             was salient-span-masked (used by evaluation; pop it before calling the model).
+        number_mask_prob: the chance that all tokens of a number outside a mention (a run of tokens that are
+            digits, such as a year) become mask tokens, as a mention's do (default 0: the paper's masking, with
+            the same random draws as without the option).
     """
 
     tokenizer: Any
@@ -53,10 +57,11 @@ class EDMemMaskingCollator:
     generator: torch.Generator | None = None
     pad_to_multiple_of: int | None = None
     return_salient_span_mask: bool = False
+    number_mask_prob: float = 0.0
     _rng: np.random.Generator = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        for name in ("random_mask_prob", "mention_mask_prob"):
+        for name in ("random_mask_prob", "mention_mask_prob", "number_mask_prob"):
             value = getattr(self, name)
             if not 0.0 <= float(value) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {value}")
@@ -84,6 +89,11 @@ class EDMemMaskingCollator:
         special = set(int(i) for i in getattr(tok, "all_special_ids", []))
         special |= {self.mask_token_id, self.pad_token_id, self.entity_start_token_id, self.entity_end_token_id}
         self._special_ids = torch.tensor(sorted(special), dtype=torch.long)
+        self._is_number = None
+        if self.number_mask_prob > 0:  # token id -> is the token a run of digits (" 1920", "19", "▁7")
+            self._is_number = torch.zeros(len(tok), dtype=torch.bool)
+            for token, token_id in tok.get_vocab().items():
+                self._is_number[token_id] = tok.convert_tokens_to_string([token]).strip().isdigit()
         self._rng = np.random.default_rng(self.seed)
 
     # --- checkpointing of the stateful generator ----------------------------------------------------------
@@ -102,22 +112,27 @@ class EDMemMaskingCollator:
 
     # --- randomness -------------------------------------------------------------------------------------
 
-    def _uniforms(self, examples: Sequence[Mapping], lengths: list[int], n_mentions: list[int]):
-        """Per example: uniforms for its tokens and for its mentions, in a fixed draw order."""
-        token_u, mention_u = [], []
-        for example, length, mentions in zip(examples, lengths, n_mentions):
-            if "example_index" in example:
-                entropy = [int(self.seed), int(example.get("epoch", 0)), int(example["example_index"])]
-                rng = np.random.default_rng(np.random.SeedSequence(entropy))
-                token_u.append(torch.from_numpy(rng.random(length)))
-                mention_u.append(torch.from_numpy(rng.random(mentions)))
-            elif self.generator is not None:
-                token_u.append(torch.rand(length, generator=self.generator, dtype=torch.float64))
-                mention_u.append(torch.rand(mentions, generator=self.generator, dtype=torch.float64))
-            else:
-                token_u.append(torch.from_numpy(self._rng.random(length)))
-                mention_u.append(torch.from_numpy(self._rng.random(mentions)))
-        return token_u, mention_u
+    def _draws(self, example: Mapping):
+        """`n -> n` uniforms (float64): from the example's own generator when it has an `example_index`, else
+        from the collator's."""
+        if "example_index" in example:
+            entropy = [int(self.seed), int(example.get("epoch", 0)), int(example["example_index"])]
+            rng = np.random.default_rng(np.random.SeedSequence(entropy))
+            return lambda n: torch.from_numpy(rng.random(n))
+        if self.generator is not None:
+            return lambda n: torch.rand(n, generator=self.generator, dtype=torch.float64)
+        return lambda n: torch.from_numpy(self._rng.random(n))
+
+    def _uniforms(self, examples: Sequence[Mapping], lengths: list[int], n_mentions: list[int], n_numbers: list[int]):
+        """Per example: uniforms for its tokens, its mentions and its numbers, in a fixed draw order (the numbers'
+        last, so that an example without numbers draws what it drew before the option)."""
+        token_u, mention_u, number_u = [], [], []
+        for example, length, mentions, numbers in zip(examples, lengths, n_mentions, n_numbers):
+            draw = self._draws(example)
+            token_u.append(draw(length))
+            mention_u.append(draw(mentions))
+            number_u.append(draw(numbers) if numbers else torch.zeros(0, dtype=torch.float64))
+        return token_u, mention_u, number_u
 
     # --- the batch ----------------------------------------------------------------------------------------
 
@@ -165,7 +180,15 @@ class EDMemMaskingCollator:
         inside = (depth == 1) & ~is_start & valid
         n_mentions = is_start.sum(dim=1).tolist()
 
-        token_u, mention_u = self._uniforms(examples, lengths, n_mentions)
+        # Numbers outside mentions: number k of a row = its k-th run of digit tokens (none without the option).
+        number = torch.zeros_like(valid)
+        if self._is_number is not None:
+            number = self._is_number[original.clamp(max=len(self._is_number) - 1)] & valid & (depth == 0)
+        number_starts = number & ~torch.nn.functional.pad(number[:, :-1], (1, 0))
+        numbers_so_far = number_starts.long().cumsum(dim=1)
+        n_numbers = number_starts.sum(dim=1).tolist()
+
+        token_u, mention_u, number_u = self._uniforms(examples, lengths, n_mentions, n_numbers)
         token_rand = torch.ones((batch, width), dtype=torch.float64)
         max_mentions = max(max(n_mentions), 1)
         mention_rand = torch.ones((batch, max_mentions), dtype=torch.float64)
@@ -178,6 +201,13 @@ class EDMemMaskingCollator:
         mention_chosen = mention_rand < self.mention_mask_prob  # (batch, max_mentions)
         mention_of_token = (starts_so_far - 1).clamp(min=0)
         span_masked = inside & torch.gather(mention_chosen, 1, mention_of_token) & maskable
+
+        if self._is_number is not None:
+            number_rand = torch.ones((batch, max(max(n_numbers), 1)), dtype=torch.float64)
+            for i in range(batch):
+                number_rand[i, : n_numbers[i]] = number_u[i]
+            number_chosen = number_rand < self.number_mask_prob
+            span_masked |= number & torch.gather(number_chosen, 1, (numbers_so_far - 1).clamp(min=0)) & maskable
 
         input_ids = original.masked_fill(random_masked | span_masked, self.mask_token_id)
         labels = original.masked_fill(~valid, IGNORE_INDEX)

@@ -17,7 +17,7 @@ IGNORE_INDEX = -100
 
 EDMEM_VARIANTS = ("edmem", "encdec", "encmem")
 LOWER_DECODER_SOURCES = ("upper", "lower")
-ENTITY_LOSS_REDUCTIONS = ("labelled_accesses", "all_accesses")
+ENTITY_LOSS_REDUCTIONS = ("labelled_accesses", "all_accesses", "per_lm_token")
 
 
 @strict
@@ -46,7 +46,10 @@ class EDMemConfig(PreTrainedConfig):
         entity_loss_reduction (`str`): how the accesses' mean entity NLLs (encoder memory, decoder memory,
             entity-linking head) make `entity_loss`: `"labelled_accesses"` averages those that have labelled
             mentions; `"all_accesses"` divides their sum by the number of accesses, one without a mention counting
-            0 (the authors' code: a batch with fewer labelled accesses gets a smaller effective lambda).
+            0 (the authors' code: a batch with fewer labelled accesses gets a smaller effective lambda);
+            `"per_lm_token"` averages over the accesses each one's summed NLL divided by the LM loss's scored tokens,
+            so that a mention weighs what one token of the LM loss weighs (the other two: a mention weighs
+            `tokens / mentions` tokens, about nine in a Wikipedia passage).
         entity_start_token_id / entity_end_token_id (`int`): ids of `<E_s>` and `<E_e>`.
         variant (`str`): `"edmem"` (full model), `"encdec"` (no memory, same LM objective) or `"encmem"`
             (encoder + memory, the EaE-style auto-encoder of the paper's ablations). Each has its own model classes

@@ -9,11 +9,14 @@ people it has only read about; a model that reads one biography per person in on
 
 The biographies are sections of each person's page. City, university and company pages link their people (born
 there, studied there, worked there), so every person is a linked entity of the vocabulary and `edmem build-corpus`
-marks the mentions as it does on Wikipedia. Deterministic from a seed.
+marks the mentions as it does on Wikipedia. As in the study, names are drawn from shared pools of first and last
+names: every full name is unique and every name word is shared by several people, so that a person a model has not
+read about still has a name made of words it has read. Deterministic from a seed.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
@@ -132,13 +135,14 @@ class KnowledgeWorldSettings:
     num_people: int = 100
     biographies: int = 5  # per person
     varied: bool = True  # False: one template per attribute, one sentence order (the ablation)
-    num_cities: int = 30
-    num_universities: int = 12
-    num_companies: int = 20
+    # entity attributes: values drawn from large sets, so that an answer is rarely one fine-tuning has shown
+    num_cities: int = 200
+    num_universities: int = 200
+    num_companies: int = 200
 
     def __post_init__(self):
-        if self.num_people < 4:
-            raise ValueError(f"num_people={self.num_people}: a knowledge world needs at least 4 people")
+        if self.num_people < 6:
+            raise ValueError(f"num_people={self.num_people}: a knowledge world needs at least 6 people")
         if self.biographies < 1:
             raise ValueError(f"biographies={self.biographies}: each person needs at least one")
         for name in ("num_cities", "num_universities", "num_companies"):
@@ -163,8 +167,7 @@ def generate_knowledge_world(settings: KnowledgeWorldSettings | None = None, see
         suffix = rng.choice([" Works", " Industries", " & Co", " Group", " Labs", " Trading"])
         companies.append(ToyEntity(names.word(2) + suffix, "company", {"headquarters": rng.choice(cities).name}))
     people = []
-    for _ in range(settings.num_people):
-        first, last = names.word(2), names.word(rng.choice([2, 3]))
+    for first, last in shared_name_pools(settings.num_people, names, rng):
         person = ToyEntity(f"{first} {last}", "person", aliases=[last])
         person.attributes = {
             "pronoun": rng.choice(["he", "she"]),
@@ -189,6 +192,24 @@ def generate_knowledge_world(settings: KnowledgeWorldSettings | None = None, see
         for relation, question, is_entity in PERSON_ATTRIBUTES
     ]
     return world
+
+
+def shared_name_pools(num_people: int, names: _Names, rng: random.Random) -> list[tuple[str, str]]:
+    """`num_people` unique (first, last) names from two pools of about `sqrt(2 num_people)` words each, every word
+    used by at least two people (about `sqrt(num_people / 2)` each): the study's shared name pools.
+
+    Person `i` gets first word `i mod F` and last word `(i mod F + i div F) mod L`: the people of one first word
+    have `i div F < L` apart, so their last words differ and no full name repeats. The pairs are then shuffled."""
+    if num_people < 6:  # 5 people cannot have unique names with every word used twice
+        raise ValueError(f"num_people={num_people}: shared name pools need at least 6 people")
+    num_first = max(2, min(math.ceil(math.sqrt(2 * num_people)), num_people // 2))
+    num_last = max(num_first, math.ceil(num_people / num_first))
+    first_words = [names.word(2) for _ in range(num_first)]
+    last_words = [names.word(rng.choice([2, 3])) for _ in range(num_last)]
+    pairs = [(first_words[i % num_first], last_words[(i % num_first + i // num_first) % num_last])
+             for i in range(num_people)]  # fmt: skip
+    rng.shuffle(pairs)
+    return pairs
 
 
 def biography(person: ToyEntity, rng: random.Random, varied: bool = True, heading: bool = False) -> str:
@@ -252,17 +273,22 @@ def without_people(world: ToyWorld, names: list[str]) -> ToyWorld:
     return smaller
 
 
-def split_people(world: ToyWorld, seed: int) -> dict[str, list[QAPair]]:
-    """The study's split: the people (every one of them in pre-training) cut in two halves at random; the questions
-    about the first half are fine-tuned on (`train`, all question forms), those about the second are the test
-    (`test`). No person has questions in both."""
+def split_people(world: ToyWorld, seed: int, validation_fraction: float = 0.25) -> dict[str, list[QAPair]]:
+    """The study's split, with a validation group: the people (every one of them in pre-training) shuffled; the
+    questions about the first half are fine-tuned on (`train`, all question forms); of the rest, a
+    `validation_fraction` of all people are asked questions only to choose recipes and settings (`validation`), the
+    others are the test (`test`), read once a recipe. No person has questions in two groups."""
+    if not 0.0 <= validation_fraction < 0.5:
+        raise ValueError(f"validation_fraction={validation_fraction}: must be in [0, 0.5)")
     people = sorted({pair.subject for pair in world.qa_pairs})
     random.Random(seed).shuffle(people)
-    train_people = set(people[: len(people) // 2])
-    return {
-        "train": [pair for pair in world.qa_pairs if pair.subject in train_people],
-        "test": [pair for pair in world.qa_pairs if pair.subject not in train_people],
-    }
+    half = len(people) // 2
+    validation_end = half + round(validation_fraction * len(people))
+    group = {person: "train" for person in people[:half]}
+    group.update({person: "validation" for person in people[half:validation_end]})
+    group.update({person: "test" for person in people[validation_end:]})
+    return {name: [pair for pair in world.qa_pairs if group[pair.subject] == name]
+            for name in ("train", "validation", "test")}  # fmt: skip
 
 
 __all__ = [
@@ -273,6 +299,7 @@ __all__ = [
     "KnowledgeWorldSettings",
     "biography",
     "generate_knowledge_world",
+    "shared_name_pools",
     "split_people",
     "without_people",
 ]

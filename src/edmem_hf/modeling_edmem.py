@@ -854,18 +854,29 @@ class EDMemEncMemModel(_EntityGrowthMethods, EDMemHubMixin, EDMemPreTrainedModel
 
 
 def _mean_entity_loss(
-    accesses: list[EntityMemoryAccess | None], params: list[torch.Tensor], table: torch.Tensor, reduction: str
+    accesses: list[EntityMemoryAccess | None],
+    params: list[torch.Tensor],
+    table: torch.Tensor,
+    reduction: str,
+    lm_labels: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Mean NLL per access, averaged over the accesses that have labelled mentions (0 when none has), or with
-    `reduction="all_accesses"` summed and divided by the number of accesses (see `EDMemConfig`).
+    `reduction="all_accesses"` summed and divided by the number of accesses, or with `reduction="per_lm_token"`
+    each access's summed NLL divided by the tokens `lm_labels` scores, averaged over the labelled accesses (see
+    `EDMemConfig`).
 
     The `0 * sum(params)` term keeps every memory parameter in the graph, so that distributed training does not
     stall on a batch where an access has no mention. The table joins it only when nothing is labelled: otherwise
     it is in the graph already, and a dense zero gradient for it would cost a table-sized buffer.
     """
-    per_access = [
-        a.entity_nll.mean() for a in accesses if a is not None and a.entity_nll is not None and a.entity_nll.numel()
-    ]
+    labelled = [a.entity_nll for a in accesses if a is not None and a.entity_nll is not None and a.entity_nll.numel()]
+    if reduction == "per_lm_token":
+        if lm_labels is None:
+            raise ValueError("entity_loss_reduction='per_lm_token' needs the LM labels of the batch")
+        tokens = max(int((lm_labels != IGNORE_INDEX).sum()), 1)
+        per_access = [nll.sum() / tokens for nll in labelled]
+    else:
+        per_access = [nll.mean() for nll in labelled]
     anchor = sum(p.sum() for p in params) * 0.0
     if not per_access:
         return (anchor + table.sum() * 0.0).float()
@@ -1048,6 +1059,7 @@ class EDMemForConditionalGeneration(_EntityGrowthMethods, _EDMemSeq2SeqLM):
                 ],
                 self.model.entity_embeddings.weight,
                 config.entity_loss_reduction,
+                labels,
             )
             loss = lm_loss + config.entity_loss_weight * entity_loss
         return _lm_output(
@@ -1199,6 +1211,7 @@ class EDMemForEntityLinking(_EntityGrowthMethods, EDMemHubMixin, EDMemPreTrained
                 [p for m in (self.model.encoder.memory, self.entity_linking_head) for p in m.parameters()],
                 self.model.entity_embeddings.weight,
                 self.config.entity_loss_reduction,
+                labels,
             )
             loss = self.config.entity_loss_weight * entity_loss
             if labels is not None:

@@ -78,10 +78,24 @@ class PretrainingArguments:
     )
     dropout: float | None = field(default=None, metadata={"help": "Dropout (paper: 0.1)."})
     entity_loss_weight: float | None = field(default=None, metadata={"help": "lambda_EL (paper: 1.0)."})
+    entity_loss_reduction: str | None = field(
+        default=None,
+        metadata={
+            "help": "How the linking loss is averaged: labelled_accesses (default: a mean over mentions), "
+            "all_accesses (the authors' code) or per_lm_token (a mention weighs one token of the LM loss)."
+        },
+    )
     variant: str | None = field(default=None, metadata={"help": "edmem | encdec | encmem."})
     # --- masking ---
     random_mask_prob: float = field(default=0.3, metadata={"help": "P_rtm: per-token mask rate."})
     mention_mask_prob: float = field(default=0.5, metadata={"help": "P_ssm: per-mention whole-span mask rate."})
+    number_mask_prob: float = field(
+        default=0.0,
+        metadata={
+            "help": "Per-number whole-span mask rate: dates and numbers as salient spans, as in REALM "
+            "(paper and default: 0, numbers masked token by token at P_rtm)."
+        },
+    )
     # --- optimisation ---
     per_device_train_batch_size: int = field(default=8, metadata={"help": "Training passages per process per step."})
     per_device_eval_batch_size: int = field(default=8, metadata={"help": "Validation passages per process per batch."})
@@ -257,6 +271,7 @@ _ARCH_FIELDS = (
     "max_position_embeddings",
     "dropout",
     "entity_loss_weight",
+    "entity_loss_reduction",
     "variant",
 )
 
@@ -675,7 +690,11 @@ def _dataloaders(
         )
     # Masking seeds differ from the data-order seed; train and eval masks are independent.
     train_collator = EDMemMaskingCollator(
-        tokenizer, args.random_mask_prob, args.mention_mask_prob, seed=args.seed + 1_000_003
+        tokenizer,
+        args.random_mask_prob,
+        args.mention_mask_prob,
+        seed=args.seed + 1_000_003,
+        number_mask_prob=args.number_mask_prob,
     )
     sampler = _EpochShuffleSampler(len(train_set), seed=args.seed)
     train_dl = DataLoader(
@@ -693,7 +712,12 @@ def _dataloaders(
     if args.max_eval_samples is not None:
         eval_data = eval_data.select(range(min(args.max_eval_samples, len(eval_data))))
     eval_collator = EDMemMaskingCollator(
-        tokenizer, args.random_mask_prob, args.mention_mask_prob, seed=args.eval_seed, return_salient_span_mask=True
+        tokenizer,
+        args.random_mask_prob,
+        args.mention_mask_prob,
+        seed=args.eval_seed,
+        return_salient_span_mask=True,
+        number_mask_prob=args.number_mask_prob,
     )
     eval_dl = DataLoader(
         _IndexedPassages(eval_data, fixed_epoch=0),  # the same masks at every evaluation
