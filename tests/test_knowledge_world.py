@@ -141,3 +141,34 @@ def test_every_name_token_is_read_in_passages_about_other_people(tmp_path):
         for word in person.name.split(" "):
             unseen = set(tokenizer(f" {word}", add_special_tokens=False).input_ids) - elsewhere
             assert not unseen, (person.name, word, tokenizer.convert_ids_to_tokens(sorted(unseen)))
+
+
+def test_the_dump_links_every_person_and_value(tmp_path):
+    world = generate_knowledge_world(KnowledgeWorldSettings(num_people=12), seed=0)
+    pages = {page.title: page for page in iter_parsed_pages(write_mediawiki_dump(world, tmp_path / "w.xml"))}
+    linked = {link.target for page in pages.values() for link in page.links}
+    assert {person.name for person in _people(world)} <= linked  # every person is an entity of the vocabulary
+    person = _people(world)[0]
+    assert {person.attributes[r] for r in ("born_in", "university", "employer")} <= {
+        link.target for link in pages[person.name].links
+    }
+
+
+def test_bad_settings_are_named():
+    with pytest.raises(ValueError, match="num_people"):
+        KnowledgeWorldSettings(num_people=5)
+    with pytest.raises(ValueError, match="biographies"):
+        KnowledgeWorldSettings(biographies=0)
+
+
+def test_a_world_without_some_people_never_mentions_them():
+    world = generate_knowledge_world(KnowledgeWorldSettings(num_people=20), seed=4)
+    gone = [person.name for person in _people(world)[:3]]
+    smaller = without_people(world, gone)
+    assert not any(name in text for name in gone for text in smaller.pages.values())
+    assert not any(pair.subject in gone for pair in smaller.qa_pairs)
+    assert len(smaller.qa_pairs) == 17 * len(PERSON_ATTRIBUTES)
+    kept = _people(world)[3]
+    assert smaller.pages[kept.name] == world.pages[kept.name]
+    with pytest.raises(KeyError, match="no person named 'Nobody'"):
+        without_people(world, ["Nobody"])

@@ -209,7 +209,9 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     assert [point["steps"] for point in result["curve"]] == [10, 30]
     assert result["curve"][1]["encdec"]["em_validation"] == result["runs"][0]["em"]["validation"]["encdec"]
     short = json.loads(
-        (out / "curve-seed-0" / "steps-10" / "finetune-encdec" / "validation-free" / "free_predictions.json").read_text()
+        (
+            out / "curve-seed-0" / "steps-10" / "finetune-encdec" / "validation-free" / "free_predictions.json"
+        ).read_text()
     )
     assert len(short) == 4 * 6 and all(short.values())
     assert (out / "em_against_steps.png").stat().st_size > 0
