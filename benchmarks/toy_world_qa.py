@@ -2,20 +2,23 @@
 about people the models have only read about, with the paper's orderings (Tables 1-2, Figures 3-4) as the
 questions asked, in the protocol of Allen-Zhu and Li, *Physics of Language Models, Part 3.1* (2023).
 
-For each seed: a knowledge world (`edmem_hf.knowledge_world`: people with independent attributes, each in several
-biographies of varied templates and sentence orders) is rendered as a MediaWiki dump; `edmem build-corpus` turns
-it into passages; EDMem, EncDec and EncMem are pre-trained from scratch by `edmem pretrain` with the same steps,
-widths and seed. Every person is in pre-training. The people are then cut in two halves: question answering is
-fine-tuned on the questions about the first half (all six forms; `examples/finetune_qa.py`, the stock
-Seq2SeqTrainer; EncMem with the authors' linking recipe) and tested on the questions about the second, whose facts
-the models have read only in pre-training. Exact match (`edmem evaluate`'s code) on both halves, overall, on entity
-answers and on literal answers, beside the majority answer of each question form, with 95 % bootstrap intervals.
+For each seed: a knowledge world (`edmem_hf.knowledge_world`: people named from shared pools of first and last
+names, with independent attributes, each in several biographies of varied templates and sentence orders) is
+rendered as a MediaWiki dump; `edmem build-corpus` turns it into passages; EDMem, EncDec and EncMem are pre-trained
+from scratch by `edmem pretrain` with the same steps, widths and seed. Every person is in pre-training. The people
+are then cut in three groups: question answering is fine-tuned on the questions about half of them (all six
+forms; `examples/finetune_qa.py`, the stock Seq2SeqTrainer; EncMem with the authors' linking recipe); the
+validation group's questions are asked to choose recipes and settings (`--no-test` asks nothing else); the test
+group's are read once a recipe. Exact match (`edmem evaluate`'s code), overall, on entity answers and on literal
+answers, beside the majority answer of each question form, with 95 % intervals that resample the seeds and then
+each seed's questions.
 
-Also measured: memorisation (each pre-trained model filling a masked fact in a person's first biography); the
-memory's share (the fine-tuned EDMem and EncMem tested with every memory row hidden, or only the test subjects'
-rows, at test time only; and EDMem fine-tuned and tested with the memory hidden, the authors' entity mask);
-parameter counts with and without the entity table; the single-biography ablation (one biography per person, one
-template per attribute, one sentence order) beside the varied world.
+Also measured: memorisation (each pre-trained model filling a masked fact in a person's first biography, and the
+same fact with the subject named to the encoder only: what a question can read out); the memory's share (the
+fine-tuned EDMem and EncMem tested with every memory row hidden, or only the asked subjects' rows, at test time
+only; and EDMem fine-tuned and tested with the memory hidden, the authors' entity mask); parameter counts with and
+without the entity table; the single-biography ablation beside the varied world. `--recipes` runs the levers
+(`RECIPES`: the linking loss's weight and reduction, numbers as salient spans) beside the paper's settings.
 
     python benchmarks/toy_world_qa.py --quick --out runs/toy-qa-quick    # one seed, the bar of a valid run
     python benchmarks/toy_world_qa.py --out runs/toy-qa                  # 3 seeds; results.json and PNG plots
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import multiprocessing
 import os
 import random
 import re
@@ -36,6 +40,7 @@ import statistics
 import sys
 import time
 from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -110,6 +115,7 @@ RECIPES = {
 class Settings:
     num_people: int = 100  # the standard size: 25 test people, 150 test questions a seed
     biographies: int = 5
+    fullname: bool = False  # every sentence names the person in full (the study's fullname augmentation)
     seeds: tuple[int, ...] = (0, 1, 2)
     d_model: int = 64
     layers: int = 1  # lower and upper layers on each side (each)
@@ -132,6 +138,7 @@ class Settings:
     valid_entity_em: float = 50.0  # the bar of a valid experiment (issue 27, item 4)
     valid_entity_margin: float = 30.0
     valid_literal_margin: float | None = 10.0  # None: not required
+    pretrain_jobs: int = 2  # pre-trainings run side by side, one process and one thread each
 
 
 # One seed of a 40-person world (20 fine-tuning people: at 10, EncDec's fine-tuning does not learn the task; 10
@@ -184,7 +191,8 @@ def with_questions_in_pages(world: ToyWorld, pairs: list[QAPair]) -> ToyWorld:
 def make_world(settings: Settings, seed: int, out: Path, varied: bool = True) -> dict:
     """The world, its dump and corpus (with its tokenizer), and the question files of the three groups."""
     biographies = settings.biographies if varied else 1
-    world = generate_knowledge_world(KnowledgeWorldSettings(settings.num_people, biographies, varied), seed=seed)
+    world_settings = KnowledgeWorldSettings(settings.num_people, biographies, varied, fullname=settings.fullname)
+    world = generate_knowledge_world(world_settings, seed=seed)
     splits = split_people(world, seed, settings.validation_fraction)
     read = with_questions_in_pages(world, splits["train"]) if settings.mix_qa else world
     out.mkdir(parents=True, exist_ok=True)
@@ -229,6 +237,21 @@ def pretrain_variant(variant: str, corpus: Path, out: Path, settings: Settings, 
         )
     )
     return out
+
+
+def pretrain_side_by_side(calls: dict[str, tuple], jobs: int) -> dict[str, Path]:
+    """`pretrain_variant(*arguments)` for each name -> arguments, `jobs` at a time, each in a process of its own
+    (one thread each; a pre-training of this size does not gain from a second thread). Returns name -> folder."""
+    if jobs <= 1 or len(calls) == 1:
+        return {name: pretrain_variant(*arguments) for name, arguments in calls.items()}
+    with ProcessPoolExecutor(min(jobs, len(calls)), mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {name: pool.submit(_pretrain_on_one_thread, *arguments) for name, arguments in calls.items()}
+        return {name: future.result() for name, future in futures.items()}
+
+
+def _pretrain_on_one_thread(*arguments) -> Path:
+    torch.set_num_threads(1)  # side by side: one core each, not every core each
+    return pretrain_variant(*arguments)
 
 
 def matched_ffn_dim(edmem: Path, encdec: Path, settings: Settings) -> int:
@@ -521,8 +544,10 @@ def question_form_hits(model, tokenizer, person: ToyEntity) -> dict[str, bool]:
         value = person.attributes[relation]
         marked = f"{ENTITY_START_TOKEN} {value} {ENTITY_END_TOKEN}" if is_entity else value
         template = TEMPLATES[relation][0]
-        target = template.format(S=subject_pronoun.capitalize(), s=subject_pronoun, V=marked)
-        source, masked = _value_positions(tokenizer, template.format(S=subject, s=subject, V=marked), value)
+        # in running text, as a question is tokenised: " She", not the sentence-initial "S" "he"
+        target = in_running_text(template.format(S=subject_pronoun.capitalize(), s=subject_pronoun, V=marked))
+        source = in_running_text(template.format(S=subject, s=subject, V=marked))
+        source, masked = _value_positions(tokenizer, source, value)
         source = source.clone()
         source[masked] = tokenizer.mask_token_id
         target_ids, inside = _value_positions(tokenizer, target, value)
@@ -614,12 +639,16 @@ def run_condition(settings: Settings, seed: int, out: Path, varied: bool = True,
     files, world, splits = data["files"], data["world"], data["splits"]
     asked = ["validation", "test"] if settings.read_test else ["validation"]
     variants = ("edmem", "encdec") if ablation or not settings.encmem else ("edmem", "encdec", "encmem")
-    models = {}
-    for variant in variants:
-        t0 = time.perf_counter()
-        where = out / f"pretrain-{variant}{recipe.pretraining_suffix(variant)}"
-        models[variant] = pretrain_variant(variant, data["corpus"], where, settings, seed, recipe=recipe)
-        logger.info("seed %d: pre-trained %s in %.0f s", seed, variant, time.perf_counter() - t0)
+    folders = {variant: out / f"pretrain-{variant}{recipe.pretraining_suffix(variant)}" for variant in variants}
+    t0 = time.perf_counter()
+    models = pretrain_side_by_side(
+        {
+            variant: (variant, data["corpus"], where, settings, seed, None, recipe)
+            for variant, where in folders.items()
+        },
+        settings.pretrain_jobs,
+    )
+    logger.info("seed %d: pre-trained %s in %.0f s", seed, ", ".join(variants), time.perf_counter() - t0)
     if settings.encdec_matched and not ablation:
         ffn_dim = matched_ffn_dim(models["edmem"], models["encdec"], settings)
         where = out / f"pretrain-encdec-matched{recipe.pretraining_suffix('encdec')}"
@@ -710,8 +739,11 @@ def pretraining_curve(settings: Settings, seed: int, out: Path, budgets: list[in
         budget = replace(settings, pretrain_steps=steps)
         where = out / f"curve-seed-{seed}" / f"steps-{steps}"
         point: dict = {"steps": steps}
+        pretrained_models = pretrain_side_by_side(
+            {variant: (variant, data["corpus"], where / f"pretrain-{variant}", budget, seed) for variant in
+             ("edmem", "encdec")}, settings.pretrain_jobs)  # fmt: skip
         for variant in ("edmem", "encdec"):
-            pretrained = pretrain_variant(variant, data["corpus"], where / f"pretrain-{variant}", budget, seed)
+            pretrained = pretrained_models[variant]
             finetuned = finetune_model(pretrained, data["files"]["train"], where / f"finetune-{variant}", budget, seed)
             predictions = predict(finetuned, files["validation"], finetuned / "validation-free", "free", budget, seed)
             memorised = memorisation(pretrained, data["world"], {"validation": people})["validation"]["all"]
@@ -869,8 +901,11 @@ def experiment_parser(description: str, default_out: str) -> argparse.ArgumentPa
     parser.add_argument("--finetune-batch-size", type=int, help="override the fine-tuning batch size")
     parser.add_argument("--pretrain-batch-size", type=int, help="override the pre-training batch size")
     parser.add_argument("--pretrain-learning-rate", type=float, help="override the pre-training learning rate")
+    parser.add_argument("--pretrain-jobs", type=int, help="pre-trainings run side by side (default: 2)")
     parser.add_argument("--d-model", type=int, help="override the width")
     parser.add_argument("--layers", type=int, help="override the lower and upper layers of each side")
+    parser.add_argument("--fullname", action=argparse.BooleanOptionalAction,
+                        help="every sentence names the person in full (the study's fullname augmentation)")  # fmt: skip
     parser.add_argument("--mix-qa", action=argparse.BooleanOptionalAction,
                         help="the fine-tuning half's questions in pre-training too (default: on)")  # fmt: skip
     parser.add_argument("--no-plots", action="store_true")
@@ -905,7 +940,8 @@ def with_overrides(settings: Settings, args: argparse.Namespace) -> Settings:
                      pretrain_steps=args.pretrain_steps, finetune_epochs=args.finetune_epochs, d_model=args.d_model,
                      finetune_learning_rate=args.finetune_learning_rate, finetune_batch_size=args.finetune_batch_size,
                      pretrain_batch_size=args.pretrain_batch_size, pretrain_learning_rate=args.pretrain_learning_rate,
-                     layers=args.layers, mix_qa=args.mix_qa)  # fmt: skip
+                     layers=args.layers, mix_qa=args.mix_qa, pretrain_jobs=args.pretrain_jobs,
+                     fullname=args.fullname)  # fmt: skip
     return replace(settings, **{k: v for k, v in overrides.items() if v is not None})
 
 

@@ -172,3 +172,22 @@ def test_a_world_without_some_people_never_mentions_them():
     assert smaller.pages[kept.name] == world.pages[kept.name]
     with pytest.raises(KeyError, match="no person named 'Nobody'"):
         without_people(world, ["Nobody"])
+
+
+def test_the_fullname_augmentation_names_the_person_in_full_everywhere():
+    world = generate_knowledge_world(KnowledgeWorldSettings(num_people=12, fullname=True), seed=1)
+    for person in _people(world):
+        for text in _biographies(world, person):
+            sentences = [s for s in re.split(r"(?<=\.) ", text) if s]
+            assert all(person.name in sentence for sentence in sentences), text
+    places = [e for e in world.entities if e.type in ("city", "university", "company")]
+    assert not any(
+        "|" in link for place in places for link in re.findall(r"\[\[([^\]]+)\]\]", world.pages[place.name])
+    )
+    plain = generate_knowledge_world(KnowledgeWorldSettings(num_people=12), seed=1)
+    assert any(
+        person.name not in sentence
+        for person in _people(plain)
+        for text in _biographies(plain, person)
+        for sentence in re.split(r"(?<=\.) ", text)
+    )

@@ -135,6 +135,7 @@ class KnowledgeWorldSettings:
     num_people: int = 100
     biographies: int = 5  # per person
     varied: bool = True  # False: one template per attribute, one sentence order (the ablation)
+    fullname: bool = False  # the study's fullname augmentation: every sentence and link names the person in full
     # entity attributes: values drawn from large sets, so that an answer is rarely one fine-tuning has shown
     num_cities: int = 200
     num_universities: int = 200
@@ -182,10 +183,11 @@ def generate_knowledge_world(settings: KnowledgeWorldSettings | None = None, see
     world = ToyWorld(cities + universities + companies + people, {}, {}, [], seed)
     for person in people:
         world.pages[person.name] = "\n\n".join(
-            biography(person, rng, varied=settings.varied, heading=i > 0) for i in range(settings.biographies)
+            biography(person, rng, varied=settings.varied, heading=i > 0, fullname=settings.fullname)
+            for i in range(settings.biographies)
         )
     for place in cities + universities + companies:
-        world.pages[place.name] = _place_page(place, people, rng)
+        world.pages[place.name] = _place_page(place, people, rng, fullname=settings.fullname)
     world.qa_pairs = [
         QAPair(question.format(person.name), person.attributes[relation], relation, person.name, is_entity)
         for person in people
@@ -212,12 +214,14 @@ def shared_name_pools(num_people: int, names: _Names, rng: random.Random) -> lis
     return pairs
 
 
-def biography(person: ToyEntity, rng: random.Random, varied: bool = True, heading: bool = False) -> str:
+def biography(person: ToyEntity, rng: random.Random, varied: bool = True, heading: bool = False,
+              fullname: bool = False) -> str:  # fmt: skip
     """One biography of `person`: a sentence per attribute, every attribute stated once.
 
     Varied: each sentence from a random template, in a random order, its subject the full name (always the
     first sentence's), the last name or the pronoun. Not varied: template 0 of each attribute, in a fixed order,
-    the full name then the pronoun. Entity values are links."""
+    the full name then the pronoun. `fullname`: every sentence's subject is the full name. Entity values are
+    links."""
     a = person.attributes
     relations = [relation for relation, _, _ in PERSON_ATTRIBUTES]
     if varied:
@@ -226,7 +230,7 @@ def biography(person: ToyEntity, rng: random.Random, varied: bool = True, headin
     sentences = []
     for i, relation in enumerate(relations):
         template = rng.choice(TEMPLATES[relation]) if varied else TEMPLATES[relation][0]
-        form = "full" if i == 0 else (rng.choice(["full", "last", "pronoun"]) if varied else "pronoun")
+        form = "full" if i == 0 or fullname else (rng.choice(["full", "last", "pronoun"]) if varied else "pronoun")
         if form == "pronoun":
             subject, possessive = subject_pronoun, possessive_pronoun
         else:
@@ -239,8 +243,9 @@ def biography(person: ToyEntity, rng: random.Random, varied: bool = True, headin
     return f"== Biography ==\n{body}" if heading else body
 
 
-def _place_page(place: ToyEntity, people: list[ToyEntity], rng: random.Random) -> str:
-    """A city's, university's or company's page: what it is, and links to its people (by full or last name)."""
+def _place_page(place: ToyEntity, people: list[ToyEntity], rng: random.Random, fullname: bool = False) -> str:
+    """A city's, university's or company's page: what it is, and links to its people (by full or last name; by
+    full name only with `fullname`)."""
     relation, intro = {
         "city": ("born_in", f"'''{place.name}''' is a city."),
         "university": ("university", f"'''{place.name}''' is a university in [[{place.attributes.get('city')}]]."),
@@ -251,13 +256,13 @@ def _place_page(place: ToyEntity, people: list[ToyEntity], rng: random.Random) -
     if not members:
         return intro
     what = {"city": "People born in", "university": "Alumni of", "company": "People who worked for"}[place.type]
-    links = [f"[[{p.name}]]" if rng.random() < 0.7 else f"[[{p.name}|{p.aliases[0]}]]" for p in members]
+    links = [f"[[{p.name}]]" if rng.random() < 0.7 or fullname else f"[[{p.name}|{p.aliases[0]}]]" for p in members]
     return f"{intro}\n\n{what} {place.name} include {', '.join(links)}."
 
 
-def without_people(world: ToyWorld, names: list[str]) -> ToyWorld:
+def without_people(world: ToyWorld, names: list[str], fullname: bool = False) -> ToyWorld:
     """The world before the people `names` existed: their pages gone, the place pages written again without them,
-    no question about them. The other people's pages are unchanged."""
+    no question about them. The other people's pages are unchanged (`fullname`: as the world was made)."""
     removed = set(names)
     people = {entity.name for entity in world.entities if entity.type == "person"}
     if removed - people:
@@ -267,7 +272,10 @@ def without_people(world: ToyWorld, names: list[str]) -> ToyWorld:
     rng = random.Random(world.seed)
     kept_people = [entity for entity in kept if entity.type == "person"]
     for entity in kept:
-        page = world.pages[entity.name] if entity.type == "person" else _place_page(entity, kept_people, rng)
+        if entity.type == "person":
+            page = world.pages[entity.name]
+        else:
+            page = _place_page(entity, kept_people, rng, fullname)
         smaller.pages[entity.name] = page
     smaller.qa_pairs = [pair for pair in world.qa_pairs if pair.subject not in removed]
     return smaller
