@@ -124,6 +124,7 @@ class Settings:
     pretrain_batch_size: int = 8
     pretrain_learning_rate: float = 3e-3
     mix_qa: bool = True  # the fine-tuning half's questions and answers also in pre-training (every system)
+    shuffled_questions: bool = False  # ... on pages of their own, people mixed (else a section of each person's page)
     finetune_epochs: float = 60.0
     finetune_learning_rate: float = 1e-3
     finetune_batch_size: int = 32
@@ -177,10 +178,25 @@ def write_released_format(pairs: list[QAPair], split: str, out: Path) -> tuple[P
     return data, links
 
 
-def with_questions_in_pages(world: ToyWorld, pairs: list[QAPair]) -> ToyWorld:
-    """`world` with each person's questions and answers (`pairs`) as a section of their page: the study's mixed
-    training, where the fine-tuning half's questions are pre-trained on too."""
+QUESTIONS_A_PAGE = 24
+
+
+def with_questions_in_pages(world: ToyWorld, pairs: list[QAPair], shuffled: bool = False, seed: int = 0) -> ToyWorld:
+    """`world` with the fine-tuning group's questions and answers (`pairs`) pre-trained on too: the study's mixed
+    training. By default each person's questions are a section of their page; `shuffled` puts them, in a random
+    order, on pages of their own (`QUESTIONS_A_PAGE` a page, the subject and an entity answer linked), so that a
+    question's neighbours are about other people and its subject is known only by its name."""
     pages = dict(world.pages)
+    if shuffled:
+        order = list(pairs)
+        random.Random(seed).shuffle(order)
+        for start in range(0, len(order), QUESTIONS_A_PAGE):
+            lines = []
+            for pair in order[start : start + QUESTIONS_A_PAGE]:
+                answer = f"[[{pair.answer}]]" if pair.answer_is_entity else pair.answer
+                lines.append(f"{pair.question.replace(pair.subject, f'[[{pair.subject}]]', 1)} {answer}.")
+            pages[f"Questions {start // QUESTIONS_A_PAGE + 1}"] = " ".join(lines)
+        return replace(world, pages=pages)
     for pair in pairs:
         answer = f"[[{pair.answer}]]" if pair.answer_is_entity else pair.answer
         section = "\n\n== Questions ==\n" if "== Questions ==" not in pages[pair.subject] else "\n"
@@ -194,7 +210,9 @@ def make_world(settings: Settings, seed: int, out: Path, varied: bool = True) ->
     world_settings = KnowledgeWorldSettings(settings.num_people, biographies, varied, fullname=settings.fullname)
     world = generate_knowledge_world(world_settings, seed=seed)
     splits = split_people(world, seed, settings.validation_fraction)
-    read = with_questions_in_pages(world, splits["train"]) if settings.mix_qa else world
+    read = world
+    if settings.mix_qa:
+        read = with_questions_in_pages(world, splits["train"], settings.shuffled_questions, seed)
     out.mkdir(parents=True, exist_ok=True)
     dump = write_mediawiki_dump(read, out / "wiki.xml.bz2")
     corpus = out / "corpus"
@@ -906,6 +924,9 @@ def experiment_parser(description: str, default_out: str) -> argparse.ArgumentPa
     parser.add_argument("--layers", type=int, help="override the lower and upper layers of each side")
     parser.add_argument("--fullname", action=argparse.BooleanOptionalAction,
                         help="every sentence names the person in full (the study's fullname augmentation)")  # fmt: skip
+    parser.add_argument("--shuffled-questions", action=argparse.BooleanOptionalAction,
+                        help="the mixed-in questions on pages of their own, people mixed (default: each person's on "
+                             "their page)")  # fmt: skip
     parser.add_argument("--mix-qa", action=argparse.BooleanOptionalAction,
                         help="the fine-tuning half's questions in pre-training too (default: on)")  # fmt: skip
     parser.add_argument("--no-plots", action="store_true")
@@ -941,7 +962,7 @@ def with_overrides(settings: Settings, args: argparse.Namespace) -> Settings:
                      finetune_learning_rate=args.finetune_learning_rate, finetune_batch_size=args.finetune_batch_size,
                      pretrain_batch_size=args.pretrain_batch_size, pretrain_learning_rate=args.pretrain_learning_rate,
                      layers=args.layers, mix_qa=args.mix_qa, pretrain_jobs=args.pretrain_jobs,
-                     fullname=args.fullname)  # fmt: skip
+                     fullname=args.fullname, shuffled_questions=args.shuffled_questions)  # fmt: skip
     return replace(settings, **{k: v for k, v in overrides.items() if v is not None})
 
 

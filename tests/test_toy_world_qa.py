@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import bz2
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -91,6 +92,26 @@ def test_the_systems_beside_edmem_can_be_switched(bench):
     assert not (lean.encmem or lean.encdec_matched or lean.single_biography_ablation)
     quick = bench.qa_settings(parser.parse_args(["--quick", "--encdec-matched"]))
     assert quick.encdec_matched and not quick.encmem and quick.num_people == bench.QUICK.num_people
+
+
+def test_shuffled_questions_sit_on_pages_of_their_own(bench, tmp_path):
+    """`--shuffled-questions`: the fine-tuning group's questions on question pages, people mixed, each subject
+    linked (known only by its name there); none on a person's page; no validation or test question anywhere."""
+    settings = bench.Settings(num_people=30, shuffled_questions=True)
+    data = bench.make_world(settings, seed=2, out=tmp_path)
+    dump = bz2.open(tmp_path / "wiki.xml.bz2", "rt", encoding="utf-8").read()
+    assert "== Questions ==" not in dump
+    pages = re.findall(r"<title>Questions \d+</title>.*?<text[^>]*>(.*?)</text>", dump, flags=re.S)
+    assert len(pages) == -(-15 * 6 // bench.QUESTIONS_A_PAGE)
+    train = list(read_jsonl(data["files"]["train"]))
+    linked = [re.findall(r"\[\[([^\]|]+)\]\] born\?|\[\[([^\]|]+)\]\]", page) for page in pages]
+    assert all(len({a or b for a, b in page}) > 3 for page in linked)  # several people a page
+    for record in train:
+        subject = record["link_target"][0]
+        linked_question = record["question"].replace(subject, f"[[{subject}]]")
+        assert linked_question in dump or linked_question.replace("'", "&apos;") in dump
+    for group in ("validation", "test"):
+        assert not any(r["link_target"][0] + "]]" in " ".join(pages) for r in read_jsonl(data["files"][group]))
 
 
 def test_majority_floor_and_bootstrap(bench, tmp_path):
