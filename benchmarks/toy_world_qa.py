@@ -478,7 +478,7 @@ def memorisation(model_dir: Path, world: ToyWorld, people: dict[str, list[str]])
     For the seq2seq models, also `decoder_alone`: the same facts filled with every encoder input token masked, what
     the decoder holds keyed on its own prefix, which a question (whose subject only the encoder reads) cannot use;
     and `question_form`: the facts filled with the subject named to the encoder only (`question_form_hits`), what
-    a question can read out of what was memorised."""
+    a question can read out of what was memorised. For a model with a memory, also `memory_finds_the_person`."""
     config = EDMemConfig.from_pretrained(model_dir)
     encoder_only = config.variant == "encmem"
     model = (EDMemForEntityLinking if encoder_only else EDMemForConditionalGeneration).from_pretrained(model_dir)
@@ -531,6 +531,8 @@ def memorisation(model_dir: Path, world: ToyWorld, people: dict[str, list[str]])
             result[half]["decoder_alone"] = round(100 * sum(decoder_alone) / len(decoder_alone), 2)
         if question_form:
             result[half]["question_form"] = _percent_by_kind(question_form)
+        if has_memory:
+            result[half]["memory_finds_the_person"] = memory_finds_the_person(model, tokenizer, world, names)
         if linked:
             result[half]["memory_names_the_masked_entity"] = round(100 * sum(linked) / len(linked), 2)
     return result
@@ -572,6 +574,35 @@ def question_form_hits(model, tokenizer, person: ToyEntity) -> dict[str, bool]:
         predicted = model(input_ids=source[None], labels=target_ids[None]).logits[0].argmax(-1)
         hits[relation] = bool((predicted[inside] == target_ids[inside]).all())
     return hits
+
+
+PERSON_CONTEXTS = {  # how a person is named to the memory in `memory_finds_the_person`
+    "name_alone": lambda world, person: f"{ENTITY_START_TOKEN} {person} {ENTITY_END_TOKEN}",
+    "question": lambda world, person: in_running_text(
+        PERSON_ATTRIBUTES[0][1].format(f"{ENTITY_START_TOKEN} {person} {ENTITY_END_TOKEN}")
+    ),
+    "first_biography": lambda world, person: marked_biography(world, person),
+}
+
+
+@torch.no_grad()
+def memory_finds_the_person(model, tokenizer, world: ToyWorld, people: list[str]) -> dict[str, float]:
+    """How often the memory's top entity at a person's first mention is the person, when the person is named alone,
+    in a question, or in their first biography (which also states their facts): whether the memory finds a person
+    by name or by the facts around the name."""
+    found = {}
+    for context, text_of in PERSON_CONTEXTS.items():
+        hits = []
+        for person in people:
+            batch = tokenizer([text_of(world, person)], return_tensors="pt", truncation=True,
+                              max_length=model.config.max_position_embeddings)  # fmt: skip
+            if isinstance(model, EDMemForEntityLinking):
+                access = model(**batch, output_attended_entities=True).attended_entities
+            else:
+                access = model.get_encoder()(**batch, output_attended_entities=True).memory_access
+            hits.append(model.entity_vocab.name_of(int(access.top_entity_ids[0, 0])) == person)
+        found[context] = round(100 * sum(hits) / len(hits), 2)
+    return found
 
 
 @torch.no_grad()

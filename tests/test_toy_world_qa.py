@@ -259,6 +259,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     assert set(memorised) == {"train", "validation", "test"} and 0.0 <= memorised["test"]["entity"] <= 100.0
     assert set(memorised["validation"]["question_form"]) == {"all", "entity", "literal"}
     assert "memory_names_the_masked_entity" in memorised["test"]
+    assert set(memorised["test"]["memory_finds_the_person"]) == {"name_alone", "question", "first_biography"}
     for variant in ("edmem", "encdec"):  # what the decoder fills with the encoder given nothing
         alone = result["runs"][0]["memorisation"][variant]["test"]["decoder_alone"]
         assert 0.0 <= alone <= 100.0
@@ -282,3 +283,23 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
                 "entity_gap_edmem_minus_encdec", "seed_level_interval"):  # fmt: skip
         assert f" {key}=" in last
     assert last.startswith("RESULT seeds=1 people=16 group=test test_questions=24 recipe=paper ")
+
+
+def test_memory_finds_the_person_reads_the_top_entity_at_the_first_mention(bench):
+    """A memory whose table row of each person is the query its name gives finds every person named alone."""
+    world = generate_knowledge_world(KnowledgeWorldSettings(num_people=8, biographies=1), seed=0)
+    people = sorted(e.name for e in world.entities if e.type == "person")
+    tokenizer = make_word_tokenizer(bart_template=True)
+    start, end = tokenizer.convert_tokens_to_ids(["<E_s>", "<E_e>"])
+    names = [e.name for e in world.entities]
+    model = tiny_model(vocab_size=len(tokenizer), entity_vocab_size=len(names), entity_start_token_id=start,
+                       entity_end_token_id=end, max_position_embeddings=1024).eval()  # fmt: skip
+    model.entity_vocab = EntityVocab(names)
+    from edmem_hf.entity_growth import memory_queries
+
+    queries = memory_queries(model, [[bench.PERSON_CONTEXTS["name_alone"](world, p)] for p in people], tokenizer)
+    with torch.no_grad():
+        for person, query in zip(people, queries):
+            model.model.entity_embeddings.weight[model.entity_vocab.id_of(person)] = 50 * query / query.norm()
+    found = bench.memory_finds_the_person(model, tokenizer, world, people)
+    assert found["name_alone"] == 100.0 and set(found) == {"name_alone", "question", "first_biography"}
