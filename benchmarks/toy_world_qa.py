@@ -1056,9 +1056,7 @@ def result_fields(settings: Settings, result: dict) -> list[str]:
         f"{key}={validity[key]}" for key in ("best_entity_em", "floor_entity", "best_literal_em", "floor_literal")
     ]
     fields += [f"{key}={value}" for key, value in result["gaps"].items()]
-    fields += [f"edmem_free_entity={scores['edmem_free']['em']['entity']}",
-               f"encdec_entity={scores['encdec']['em']['entity']}",
-               f"memory_hidden_drop={result['memory_hidden_drop']}"]  # fmt: skip
+    fields += [f"memory_hidden_drop={result['memory_hidden_drop']}"]
     for name, system in scores.items():
         fields += [f"{name}_{key}={system['em'][key]}" for key in ("entity", "literal")]
     fields += [f"{name}={int(holds)}" for name, holds in result["orderings"].items()]
