@@ -63,7 +63,8 @@ COMMANDS = [
 @pytest.mark.parametrize("command", COMMANDS)
 def test_every_option_has_a_help_text(command, capsys):
     text = _help([command, "--help"], capsys)
-    assert text.split("\n\n")[1].strip(), "a description under the usage line"
+    description = text.split("\n\n")[1].strip()
+    assert description and not description.startswith(("options:", "positional arguments:")), "a description"
     entries = _entries(text)
     assert "-h" in entries and len(entries) > 3
     assert _options_without_help(text) == []

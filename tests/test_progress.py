@@ -90,7 +90,7 @@ def test_edmem_pretrain_in_a_log_shows_progress_and_no_deepspeed_line(tmp_path):
     assert steps == [1, 2, 3, 4], run.stderr
     assert "pretrain: step 3/4 (75%), loss" in run.stderr and " left" in run.stderr
     assert "Setting accelerator" not in run.stdout + run.stderr
-    assert "\r" not in run.stderr  # no bar in a log
+    assert "\r" not in run.stderr and "Writing model shards" not in run.stderr  # no bar in a log, ours or theirs
 
 
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="DeepSpeed is not installed")
