@@ -21,24 +21,73 @@ def _help(argv: list[str], capsys) -> str:
     return capsys.readouterr().out
 
 
+def _entries(text: str) -> dict[str, str]:
+    """Each option's and positional argument's entry in an argparse help text: {its first name: its help, words
+    joined by single spaces}."""
+    entries = {}
+    for section in re.findall(r"\n(?:options|positional arguments):\n(.*?)(?=\n\n|\Z)", text, re.S):
+        for entry in re.split(r"\n  (?=\S)", "\n" + section.strip("\n")):
+            words = " ".join(entry.split())
+            if not words:
+                continue
+            name = words.split()[0].rstrip(",")
+            if name.startswith("-"):
+                words = re.sub(
+                    r"^(-[-\w]+(?: [A-Z_=]+(?![a-z])(?: \[[A-Z_]+ \.\.\.\])?| \[\w+\]| \{[\w,]+\})?,? ?)+", "", words
+                )
+            else:
+                words = words[len(name) :]
+            entries[name] = words.strip()
+    return entries
+
+
 def _options_without_help(text: str) -> list[str]:
     """Options whose entry in an argparse help text has nothing but the `(default: ...)` HfArgumentParser adds."""
-    entries = re.split(r"\n  (?=-)", text.split("\noptions:\n", 1)[1])
-    bare = []
-    for entry in entries:
-        words = " ".join(entry.split())
-        name = words.split()[0]
-        described = re.sub(r"^(-[-\w]+(?: [A-Z_]+(?: \[[A-Z_]+ \.\.\.\])?| \[\w+\]| \{[\w,]+\})?,? ?)+", "", words)
-        if not re.sub(r"\(default: .*\)$", "", described).strip():
-            bare.append(name)
-    return bare
+    return [
+        name for name, described in _entries(text).items() if not re.sub(r"\(default: .*\)$", "", described).strip()
+    ]
 
 
-@pytest.mark.parametrize("command", ["pretrain", "demo", "build-corpus", "write-preset", "evaluate"])
+COMMANDS = [
+    "pretrain",
+    "demo",
+    "build-corpus",
+    "train-tokenizer",
+    "write-preset",
+    "evaluate",
+    "add-entities",
+    "convert-original",
+]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
 def test_every_option_has_a_help_text(command, capsys):
     text = _help([command, "--help"], capsys)
-    assert text.split("\n\n")[1].strip(), "a description under the usage line"
+    description = text.split("\n\n")[1].strip()
+    assert description and not description.startswith(("options:", "positional arguments:")), "a description"
+    entries = _entries(text)
+    assert "-h" in entries and len(entries) > 3
     assert _options_without_help(text) == []
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_no_default_is_shown_where_there_is_none(command, capsys):
+    """Required options and options unset by default say nothing of a default, rather than `(default: None)`."""
+    text = " ".join(_help([command, "--help"], capsys).split())
+    assert "(default: None)" not in text and "(default: )" not in text and "(default: [])" not in text
+
+
+@pytest.mark.parametrize(
+    ("command", "option", "described"),
+    [
+        ("build-corpus", "heuristic_labels", "Label the hyperlinked mentions only (no search for unlinked ones)."),
+        ("pretrain", "adam_fused", "Use the foreach AdamW update instead of the fused kernel."),
+    ],
+)
+def test_each_no_switch_says_what_turning_off_does(command, option, described, capsys):
+    entries = _entries(_help([command, "--help"], capsys))
+    assert entries[f"--no_{option}"] == described != entries[f"--{option}"]
+    assert "(default:" not in entries[f"--no_{option}"]
 
 
 def test_required_options_are_shown_as_required(capsys):
@@ -50,6 +99,11 @@ def test_required_options_are_shown_as_required(capsys):
     assert "the following arguments are required: --dump, --out" in capsys.readouterr().err
     assert "--output_dir OUTPUT_DIR" in _help(["pretrain", "--help"], capsys).split("\n\n")[0]
     assert " --out OUT " in " ".join(_help(["demo", "--help"], capsys).split("\n\n")[0].split()) + " "
+    assert "[-h] --out OUT [--corpus" in " ".join(
+        _help(["train-tokenizer", "--help"], capsys).split("\n\n")[0].split()
+    )
+    for command, required in (("build-corpus", "--dump"), ("pretrain", "--output_dir"), ("train-tokenizer", "--out")):
+        assert "(default:" not in _entries(_help([command, "--help"], capsys))[required]
 
 
 def test_finetune_qa_help_shows_the_objective_and_the_choices(capsys):

@@ -269,7 +269,7 @@ def test_a_qa_record_checked_by_hand(authors_vocab, caplog):
     assert first["answers"] == ["Wilhelm Conrad Röntgen", "Wilhelm Röntgen"]
     assert first["mention_entities"] == [3601] and first["answer_entity"] == 56607
     ours = EntityVocab(["Wilhelm Röntgen", "Deadpool (film)"])  # by name; Nobel Prize in Physics is not in it
-    with caplog.at_level("WARNING", logger="edmem_hf.task_files"):
+    with caplog.at_level("INFO", logger="edmem_hf.task_files"):
         dataset = read_qa(path, ours)
     assert dataset[0]["mention_entities"] == [-100] and dataset[0]["answer_entity"] == 0
     assert dataset[0]["target_mentions"] == [[], [[0, 15, 0]]]  # the answer spelled as the entity's name
@@ -355,6 +355,47 @@ def test_bad_records_name_the_record_and_the_problem(tmp_path, caplog):
     assert "0 records read, skipped: 1 without an answer" in caplog.text
     with pytest.raises(ValueError, match="bad_records must be 'raise' or 'skip'"):
         read_qa(_write(tmp_path, outside), vocab, bad_records="drop")
+
+
+def test_a_files_reading_is_an_info_line_and_a_warning_only_when_something_is_wrong(tmp_path, caplog):
+    """A test file read with a vocabulary that lacks some of its entities (a small model's, or one built from
+    training data) is no fault: one INFO line that counts them. A WARNING when records are skipped, or when not one
+    linked entity is in the vocabulary (the wrong vocabulary)."""
+    records = [
+        {"id": "0", "question": "where is paris", "answer": ["France", "French Republic"], "link_offset": [9],
+         "link_length": [5], "link_target": ["11"], "entity_name": ["Paris"],
+         "answer_entity": [[12, "France"], [13, "Gaul"]]},  # Gaul: an answer entity no answer spells
+        {"id": "1", "question": "where is lyon", "answer": ["France"], "link_offset": [9], "link_length": [4],
+         "link_target": ["14"], "entity_name": ["Lyon"], "answer_entity": [[12, "France"]]},
+    ]  # fmt: skip
+    path = tmp_path / "edmem_toy-test.jsonl"
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    with caplog.at_level("INFO", logger="edmem_hf.task_files"):
+        read_qa(path, EntityVocab(["Paris", "France"]))
+    (record,) = caplog.records
+    assert record.levelname == "INFO"
+    assert "2 records read, skipped: none; 2 linked mentions, 1 of them with an entity not in the vocabulary" in (
+        record.message
+    )
+    assert "1 answer entities whose name no answer spells (not marked), 1 answer entities not in the vocabulary" in (
+        record.message
+    )
+    assert "2 entity answers" in record.message and "entities no answer spells" not in record.message
+    caplog.clear()
+    with caplog.at_level("INFO", logger="edmem_hf.task_files"):
+        read_qa(path, EntityVocab(["Berlin", "Germany"]))  # not one of the file's entities
+    (record,) = caplog.records
+    assert record.levelname == "WARNING"
+    assert "2 linked mentions, 2 of them with an entity not in the vocabulary" in record.message
+    assert record.message.endswith(
+        "not one linked entity is in the vocabulary: is it the vocabulary of this file's model?"
+    )
+    caplog.clear()
+    path.write_text(path.read_text() + json.dumps({**records[1], "id": "2", "answer": []}) + "\n")
+    with caplog.at_level("INFO", logger="edmem_hf.task_files"):
+        read_qa(path, EntityVocab(["Paris", "France"]))
+    (record,) = caplog.records
+    assert record.levelname == "WARNING" and "2 records read, skipped: 1 without an answer" in record.message
 
 
 def test_records_encode_for_qa_generation_and_the_static_setting():

@@ -1,7 +1,9 @@
+import json
+
 import pytest
 from transformers import AutoTokenizer
 
-from edmem_hf.tokenization import SPECIAL_TOKENS, cli_main, extend_tokenizer, train_tokenizer
+from edmem_hf.tokenization import SPECIAL_TOKENS, cli_main, extend_tokenizer, iter_texts, train_tokenizer
 
 TEXTS = ["Alice was born in Paris. She moved to Berlin and then back to Paris."] * 20
 
@@ -72,3 +74,58 @@ def test_cli(tmp_path):
     trained = AutoTokenizer.from_pretrained(tmp_path / "tok", local_files_only=True)
     assert trained.convert_ids_to_tokens([5, 6]) == ["<E_s>", "<E_e>"]
     assert cli_main(["--from", str(tmp_path / "tok"), "--out", str(tmp_path / "tok2")]) == 0
+
+
+QA_RECORDS = [
+    {"id": str(i), "question": f"where was {name} born?", "answer": [city], "link_offset": [10],
+     "link_length": [len(name)], "link_target": ["7"], "surface_name": [name], "entity_name": [name]}
+    for i, (name, city) in enumerate([("Alice Smith", "Paris"), ("Bob Jones", "Berlin"), ("Carol King", "Paris")] * 20)
+]  # fmt: skip
+GENERATION_RECORDS = [
+    {"id": str(i), "input": "Berlin is a city in Germany.", "output": ["This is true because Berlin is in Germany."],
+     "link_offset": [0], "link_length": [6], "link_target": ["9"], "surface_name": ["Berlin"], "entity_name": ["Berlin"]}
+    for i in range(40)
+]  # fmt: skip
+
+
+def _jsonl(path, records):
+    path.write_text("".join(json.dumps(record) + "\n" for record in records), encoding="utf-8")
+    return path
+
+
+def test_task_files_give_their_text_fields_not_their_json(tmp_path):
+    """`edmem train-tokenizer --corpus edmem_wq-train.jsonl` (docs/fine_tuning.md) trains on the questions and
+    answers of a QA file, the inputs and references of a generation file: never on the JSON around them."""
+    qa = _jsonl(tmp_path / "edmem_toy-train.jsonl", QA_RECORDS)
+    generation = _jsonl(tmp_path / "edmem_gen-dev.jsonl", GENERATION_RECORDS)
+    texts = list(iter_texts([qa, generation]))
+    assert texts[:2] == [" where was Alice Smith born?", " Paris"] and texts[-2:] == [
+        " Berlin is a city in Germany.",
+        " This is true because Berlin is in Germany.",
+    ]  # with the space before them that fine-tuning tokenises them with (`in_running_text`)
+    assert len(texts) == 2 * len(QA_RECORDS) + 2 * len(GENERATION_RECORDS)
+    out = tmp_path / "tok"
+    assert cli_main(["--corpus", str(qa), str(generation), "--out", str(out), "--vocab_size", "500"]) == 0
+    vocab = AutoTokenizer.from_pretrained(out, local_files_only=True).get_vocab()
+    assert {"Ġborn", "ĠParis", "ĠGermany"} <= set(vocab)  # the texts' words (each seen 20 times or more)
+    merged = [token for token in vocab if len(token) > 1 and token not in SPECIAL_TOKENS]
+    json_syntax = [token for token in merged if any(mark in token for mark in ('"', "{", "}", ":", "_", "link"))]
+    assert len(merged) > 20 and json_syntax == [], json_syntax  # no `{"`, `":`, `link_offset`, `surface_name`
+    # JSON lines under another name are read the same way
+    renamed = tmp_path / "questions.txt"
+    renamed.write_text(qa.read_text(encoding="utf-8"), encoding="utf-8")
+    assert list(iter_texts([renamed]))[:2] == [" where was Alice Smith born?", " Paris"]
+
+
+def test_other_json_is_refused_with_what_to_give(tmp_path, capsys):
+    sling = tmp_path / "sling_invocab-test.json"
+    sling.write_text(json.dumps({"0": {"Paris": ["Q90", "Paris", "7"]}}, indent=4), encoding="utf-8")
+    assert cli_main(["--corpus", str(sling), "--out", str(tmp_path / "tok")]) == 2
+    message = capsys.readouterr().err
+    assert f"{sling} is a JSON file, not text or a task file: give .txt files" in message
+    assert "the released task files (edmem_*.jsonl: their question and answers, or input and outputs)" in message
+    links = _jsonl(tmp_path / "links.jsonl", [{"id": "0", "answer": ["Paris"]}])
+    assert cli_main(["--corpus", str(links), "--out", str(tmp_path / "tok")]) == 2
+    message = capsys.readouterr().err
+    assert f"{links}, line 1: not a task file's record (a QA record has question and answer" in message
+    assert "give .txt files" in message and not (tmp_path / "tok").exists()

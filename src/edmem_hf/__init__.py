@@ -18,8 +18,11 @@ from .modeling_edmem import (
     EntityMemory,
     EntityMemoryAccess,
 )
+from .notices import quiet_third_party_notices
 
 __version__ = "0.1.0"
+
+quiet_third_party_notices()  # DeepSpeed's hardware warning where DeepSpeed is not in use; the Trainer's "share" line
 
 AutoConfig.register("edmem", EDMemConfig, exist_ok=True)
 AutoModel.register(EDMemConfig, EDMemModel, exist_ok=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from .notices import quiet_progress_bars_off_terminal
+
 COMMANDS = {
     "build-corpus": ("edmem_hf.corpus", "Build linked passages, entity vocabulary and aliases from a MediaWiki dump."),
     "train-tokenizer": ("edmem_hf.tokenization", "Train (or extend) a byte-level BPE tokenizer with entity markers."),
@@ -43,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"edmem: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     module = importlib.import_module(COMMANDS[name][0])
+    quiet_progress_bars_off_terminal()  # a log file gets no `Loading weights` / `Writing model shards` bars
     return int(module.cli_main(rest) or 0)
 
 

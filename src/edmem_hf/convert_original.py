@@ -309,7 +309,7 @@ def parse_set_options(items: list[str], parser: argparse.ArgumentParser) -> dict
 def cli_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="edmem convert-original", description=__doc__)
     parser.add_argument("checkpoint", help="the authors' pytorch_model.bin (or a .safetensors file)")
-    parser.add_argument("output_dir")
+    parser.add_argument("output_dir", help="the folder to write the converted model (and --tokenizer) to")
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="a config value (JSON), e.g. memory_top_k=50"
     )

@@ -29,8 +29,9 @@ import datasets
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from transformers import HfArgumentParser, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
+from .arguments import CommandArgumentParser
 from .collator import IGNORE_INDEX
 from .configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN
 from .dump import MalformedPageError, WikiPage, iter_pages, parse_page
@@ -103,7 +104,8 @@ class CorpusSettings:
     validation_fraction: float = field(default=0.005, metadata={"help": "Fraction of passages held out."})
     seed: int = field(default=42, metadata={"help": "Seed of the validation split."})
     heuristic_labels: bool = field(
-        default=True, metadata={"help": "Label unlinked mentions too (--no_heuristic_labels: only hyperlinks)."}
+        default=True,
+        metadata={"help": "Label unlinked mentions too: the entities' aliases found in the text of their pages."},
     )
     max_aliases_per_entity: int = field(default=10, metadata={"help": "Anchors per entity used by the heuristics."})
     require_existing_pages: bool = field(
@@ -810,10 +812,11 @@ class BuildCorpusArguments:
 
 def cli_main(argv: list[str] | None = None) -> int:
     """`edmem build-corpus`."""
-    parser = HfArgumentParser(
+    parser = CommandArgumentParser(
         [BuildCorpusArguments, CorpusSettings],
         prog="edmem build-corpus",
         description="Build EDMem pre-training passages, the entity vocabulary and the alias table from a MediaWiki dump.",
+        negations={"heuristic_labels": "Label the hyperlinked mentions only (no search for unlinked ones)."},
     )
     try:
         args, settings = parser.parse_args_into_dataclasses(args=sys.argv[1:] if argv is None else argv)

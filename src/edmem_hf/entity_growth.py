@@ -185,7 +185,8 @@ def cli_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dump", required=True, help="a MediaWiki XML dump (.xml or .xml.bz2) of the new pages")
     parser.add_argument("--out", required=True, help="where the grown model (and its tokenizer) is written")
     parser.add_argument("--tokenizer", help="defaults to --model")
-    parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--batch_size", type=int, default=32,
+                        help="passages encoded at once to read the memory's queries (default: 32)")  # fmt: skip
     parser.add_argument("--max_passages", type=int, default=32, help="passages read per entity")
     parser.add_argument("--estimator", choices=("mean_query", "fitted"), default="mean_query",
                         help="mean_query: the scaled mean memory query at the mentions, no gradient step; fitted: "

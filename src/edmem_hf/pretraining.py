@@ -151,7 +151,16 @@ class PretrainingArguments:
         default=None,
         metadata={"help": "Stop (without saving) after this many optimizer steps in this run: simulates a kill."},
     )
-    disable_tqdm: bool = field(default=False, metadata={"help": "No progress bar (for a log file)."})
+    disable_tqdm: bool = field(
+        default=False,
+        metadata={
+            "help": "No progress bar on a terminal: progress lines instead, as in a log that is not a terminal."
+        },
+    )
+    progress_seconds: float = field(
+        default=10.0,
+        metadata={"help": "Without a bar: a progress line (step, loss, time left) at most every N seconds."},
+    )
 
     def __post_init__(self) -> None:
         if self.mixed_precision not in ("no", "fp16", "bf16"):
@@ -857,14 +866,20 @@ class _PretrainingRun:
 
     def train(self) -> bool:
         """Trains up to `max_steps` optimizer steps; False if `--max_steps_this_run` stopped it first."""
-        from tqdm.auto import tqdm
+        from .progress import TrainingProgress
 
         args, accelerator, progress = self.args, self.accelerator, self.progress
         self.model.train()
         self._reset_window()
         steps_this_run = 0
-        disable = args.disable_tqdm or not accelerator.is_local_main_process
-        with tqdm(total=self.max_steps, initial=progress.global_step, desc="pretrain", disable=disable) as bar:
+        with TrainingProgress(
+            self.max_steps,
+            "pretrain",
+            progress.global_step,
+            enabled=accelerator.is_local_main_process,
+            bar=not args.disable_tqdm,
+            every_seconds=args.progress_seconds,
+        ) as bar:
             while progress.global_step < self.max_steps:
                 self.sampler.set_epoch(progress.epoch)
                 self.train_dl.set_epoch(progress.epoch)
@@ -877,8 +892,8 @@ class _PretrainingRun:
                     self.scheduler.step()
                     progress.global_step += 1
                     steps_this_run += 1
-                    bar.update(1)
-                    self._log_evaluate_save(bar)
+                    self._log_evaluate_save()
+                    bar.update(progress.global_step, self.last_train.get("loss"))
                     if progress.global_step >= self.max_steps:
                         break
                     if args.max_steps_this_run is not None and steps_this_run >= args.max_steps_this_run:
@@ -903,11 +918,10 @@ class _PretrainingRun:
         self.window[3] += 1
         self.window_tokens += batch["attention_mask"].sum().double()
 
-    def _log_evaluate_save(self, bar: Any) -> None:
+    def _log_evaluate_save(self) -> None:
         step, args = self.progress.global_step, self.args
         if step % args.logging_steps == 0 or step == self.max_steps:
             self._log_train()
-            bar.set_postfix(loss=f"{self.last_train['loss']:.3f}", lr=f"{self.last_train['learning_rate']:.2e}")
         if args.eval_steps > 0 and step % args.eval_steps == 0 and step < self.max_steps:
             self._evaluate()
         if step % args.save_steps == 0 or step == self.max_steps:
@@ -1062,10 +1076,12 @@ def pretrain(
 def cli_main(argv: Sequence[str] | None = None) -> int:
     """`edmem pretrain [options]`: parse PretrainingArguments and run `pretrain`."""
     from accelerate.state import PartialState
-    from transformers import HfArgumentParser
 
-    parser = HfArgumentParser(
+    from .arguments import CommandArgumentParser
+
+    parser = CommandArgumentParser(
         PretrainingArguments,
+        negations={"adam_fused": "Use the foreach AdamW update instead of the fused kernel."},
         prog="edmem pretrain",
         description="Pre-train EDMem on a corpus of `edmem build-corpus` with Accelerate (one CPU, N GPUs, several "
         "nodes; `accelerate launch -m edmem_hf.cli pretrain ...`), resuming from the last checkpoint after a crash.",

@@ -12,7 +12,7 @@ import json
 import logging
 import re
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ logger = logging.getLogger(__name__)
 BAD_RECORDS = ("raise", "skip")
 LINK_FIELDS = ("link_offset", "link_length", "link_target", "entity_name")
 ANSWER_LINK_FIELDS = ("answer_link_offset", "answer_link_length", "answer_link_target", "answer_entity_name")
+TEXT_FIELDS = (("question", "answer"), ("input", "output"))  # of a QA record, of a generation record
 _SPLIT = re.compile(r"-(train|dev|test)\.jsonl$")
 
 
@@ -40,17 +41,38 @@ def mark_mentions(text: str, mentions: Sequence[tuple[int, int, int]]) -> tuple[
     return "".join(marked).lstrip(" "), entities
 
 
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Records of a JSON-lines file; a line that is not JSON is an error naming the file and line."""
-    records = []
+def iter_jsonl(path: str | Path) -> Iterator[tuple[int, Any]]:
+    """`(line number, record)` of a JSON-lines file; a line that is not JSON is an error naming the file and line."""
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
             if line.strip():
                 try:
-                    records.append(json.loads(line))
+                    yield number, json.loads(line)
                 except json.JSONDecodeError as error:
                     raise ValueError(f"{path}, line {number}: not JSON ({error.msg})") from None
-    return records
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """Records of a JSON-lines file; a line that is not JSON is an error naming the file and line."""
+    return [record for _, record in iter_jsonl(path)]
+
+
+def task_file_texts(path: str | Path) -> Iterator[str]:
+    """The texts of a released task file, one string a field value: each record's `question` and `answer`s (QA)
+    or `input` and `output`s (generation), what a tokenizer for the task is trained on. A record with neither is
+    a ValueError naming the file and line (a `sling_invocab-*.json` or another JSON file is no task file)."""
+    for number, record in iter_jsonl(path):
+        fields = next((pair for pair in TEXT_FIELDS if isinstance(record, dict) and pair[0] in record), None)
+        if fields is None:
+            raise ValueError(
+                f"{path}, line {number}: not a task file's record (a QA record has question and answer, a generation "
+                "record input and output)"
+            )
+        for name in fields:
+            value = record.get(name)
+            for text in [value] if isinstance(value, str) else value or []:
+                if isinstance(text, str) and text.strip():
+                    yield text
 
 
 def _entity_id(vocab: EntityVocab, target: str | int, name: str) -> int:
@@ -114,15 +136,21 @@ class _Reader:
         return text, entities
 
     def log(self, kept: int, skipped: Mapping[str, int], extra: str = "") -> None:
+        """One INFO line of what the file gave; a WARNING when something is wrong: records were skipped, or not one
+        linked mention names an entity of the vocabulary (the wrong vocabulary for the file, or for its ids).
+        Entities a vocabulary lacks (a test file's, a small model's) and bad links left out on request are no
+        fault: they are counted in the line."""
         skipped_text = ", ".join(f"{count} {why}" for why, count in skipped.items() if count) or "none"
-        bad = self.counts["bad links left out"]
+        linked, unlabelled = self.counts["linked mentions"], self.counts["unlabelled"]
         message = (
-            f"{self.path}: {kept} records read, skipped: {skipped_text}; {self.counts['linked mentions']} linked "
-            f"mentions, {self.counts['unlabelled']} of them with an entity not in the vocabulary (markers kept, no "
-            f"label); {bad} bad links left out{extra}"
+            f"{self.path}: {kept} records read, skipped: {skipped_text}; {linked} linked mentions, {unlabelled} of "
+            f"them with an entity not in the vocabulary (markers kept, no label); {self.counts['bad links left out']} "
+            f"bad links left out{extra}"
         )
-        warn = self.counts["unlabelled"] or bad or any(skipped.values())
-        logger.log(logging.WARNING if warn else logging.INFO, message)
+        if linked and unlabelled == linked:
+            message += "; not one linked entity is in the vocabulary: is it the vocabulary of this file's model?"
+        wrong = any(skipped.values()) or (linked and unlabelled == linked)
+        logger.log(logging.WARNING if wrong else logging.INFO, message)
 
 
 # --- open-domain QA --------------------------------------------------------------------------------------------
@@ -237,7 +265,7 @@ def read_qa(
             else:
                 linked = []
             target_mentions, unmatched = _whole_answer_links(targets, linked)
-            counts["answer entities no answer spells"] += unmatched
+            counts["answer entities whose name no answer spells (not marked)"] += unmatched
             whole = [entity for _, entity in linked]
         answer_entities = list(dict.fromkeys(entity for entity in whole if entity != IGNORE_INDEX))
         counts["answer entities not in the vocabulary"] += sum(entity == IGNORE_INDEX for entity in whole)

@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import AutoTokenizer, HfArgumentParser, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+from .arguments import CommandArgumentParser
 from .configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN
 
 logger = logging.getLogger(__name__)
@@ -127,16 +128,19 @@ def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerBase:
 # --- command line ------------------------------------------------------------------------------------------
 
 
+TEXT_SOURCES = (
+    ".txt files (one document a line), directories of them, MediaWiki dumps (.xml, .xml.bz2) or the released task "
+    "files (edmem_*.jsonl: their question and answers, or input and outputs)"
+)
+
+
 @dataclass
 class TrainTokenizerArguments:
+    out: str = field(metadata={"help": "Directory to save the tokenizer to."})
     corpus: list[str] = field(
         default_factory=list,
-        metadata={
-            "help": "Text sources: a corpus directory written by build-corpus (its dump is not kept, so give text), "
-            "directories of .txt files, .txt files (one document per line), or MediaWiki dumps (.xml, .xml.bz2)."
-        },
+        metadata={"help": f"Text to train on: {TEXT_SOURCES}."},
     )
-    out: str = field(default="", metadata={"help": "Directory to save the tokenizer to (required)."})
     vocab_size: int = field(default=DEFAULT_VOCAB_SIZE, metadata={"help": "BPE vocabulary size (with specials)."})
     min_frequency: int = field(default=2, metadata={"help": "Minimum pair frequency for a merge."})
     from_pretrained: str | None = field(
@@ -149,7 +153,9 @@ class TrainTokenizerArguments:
 
 
 def iter_texts(sources: Iterable[str | os.PathLike]) -> Iterator[str]:
-    """Streams documents from text files, directories of .txt files and MediaWiki dumps."""
+    """Streams documents from text files, directories of .txt files, MediaWiki dumps and the released task files
+    (JSON lines: the texts of their fields, a space before each as fine-tuning tokenises them; never the JSON
+    itself); refuses other JSON."""
     for source in sources:
         path = Path(source)
         if path.is_dir():
@@ -165,6 +171,16 @@ def iter_texts(sources: Iterable[str | os.PathLike]) -> Iterator[str]:
             for parsed in iter_parsed_pages(path):
                 if parsed.text:
                     yield parsed.text
+        elif path.suffix == ".json":
+            raise ValueError(f"{path} is a JSON file, not text or a task file: give {TEXT_SOURCES}")
+        elif path.suffix == ".jsonl" or _opens_with_json(path):
+            from .task_features import in_running_text
+            from .task_files import task_file_texts
+
+            try:  # each with the space before it that fine-tuning tokenises it with
+                yield from map(in_running_text, task_file_texts(path))
+            except ValueError as err:
+                raise ValueError(f"{err}: the tokenizer is trained on text, give {TEXT_SOURCES}") from None
         else:
             with open(path, encoding="utf-8") as f:
                 for line in f:
@@ -172,19 +188,35 @@ def iter_texts(sources: Iterable[str | os.PathLike]) -> Iterator[str]:
                         yield line
 
 
+def _opens_with_json(path: Path) -> bool:
+    """Whether the first non-blank line of a file is a JSON object (JSON lines under another name)."""
+    with open(path, encoding="utf-8") as f:
+        first = next((line.strip() for line in f if line.strip()), "")
+    return first.startswith("{")
+
+
 def cli_main(argv: list[str] | None = None) -> int:
     """`edmem train-tokenizer`: trains a tokenizer on text, or extends a pretrained one (--from)."""
-    parser = HfArgumentParser(TrainTokenizerArguments, prog="edmem train-tokenizer")
+    parser = CommandArgumentParser(
+        TrainTokenizerArguments,
+        prog="edmem train-tokenizer",
+        description="Train a byte-level BPE tokenizer with the entity markers <E_s>, <E_e> and <mask> (BART's special "
+        "tokens and ids) on text, or add the markers to an existing tokenizer (--from).",
+    )
     (args,) = parser.parse_args_into_dataclasses(args=sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    if not args.out:
-        parser.error("--out is required")
     if not args.from_pretrained and not args.corpus:
         parser.error("give --corpus (text to train on) or --from (a tokenizer directory to extend)")
     if args.from_pretrained:
         tokenizer = extend_tokenizer(args.from_pretrained)
     else:
-        tokenizer = train_tokenizer(iter_texts(args.corpus), args.vocab_size, args.min_frequency, show_progress=True)
+        try:
+            tokenizer = train_tokenizer(
+                iter_texts(args.corpus), args.vocab_size, args.min_frequency, show_progress=True
+            )
+        except (ValueError, FileNotFoundError) as err:
+            print(f"edmem train-tokenizer: error: {err}", file=sys.stderr)
+            return 2
     tokenizer.save_pretrained(args.out)
     print(f"saved tokenizer ({len(tokenizer)} tokens) to {args.out}")
     return 0
