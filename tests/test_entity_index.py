@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from edmem_hf.entity_attention import chunked_top_k, entity_attention
+from edmem_hf.entity_growth import add_entities
 from edmem_hf.entity_index import DEFAULT_NPROBE, EntityIndex, default_num_lists
 from tiny_models import ES, load_benchmark, tiny_model, tiny_model_with_entities
 
@@ -126,7 +127,7 @@ def test_a_changed_table_is_refused_until_rebuilt(tmp_path):
     model.build_entity_index(cache_dir=tmp_path, num_lists=4, nprobe=4)
     batch = {"input_ids": torch.tensor([[0, ES, 10, 6, 11, 2]]), "decoder_input_ids": torch.tensor([[2, ES]])}
     new_row = torch.randn(1, model.config.entity_embed_dim) * 10
-    (new_id,) = model.add_entities(["Newcomer"], rows=new_row)
+    (new_id,) = add_entities(model, ["Newcomer"], rows=new_row)
     with torch.no_grad(), pytest.raises(ValueError, match="stale entity index.*build_entity_index"):
         model(**batch, entity_linking_top_k=5)
     index = model.build_entity_index(cache_dir=tmp_path, num_lists=4, nprobe=4)
