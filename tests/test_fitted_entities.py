@@ -87,10 +87,30 @@ def test_the_fit_is_deterministic_under_a_seed(setup):
 
 
 def test_initial_rows_may_be_given(setup):
+    """`rows=` is where the fit starts: the result is `fit_rows` run from those rows, not from the mean queries."""
+    from edmem_hf.entity_growth import _labelled_passage, fit_rows
+
     model, tokenizer, new, passages, _ = setup
-    rows = torch.zeros(2, model.config.entity_embed_dim)
-    fit_new_entities(model, new, passages, tokenizer, rows=rows, steps=3, learning_rate=0.05)
-    assert model.get_encoder().entity_embeddings.weight[-2:].abs().sum() > 0
+    state = _state(model)
+    rows = torch.randn(2, model.config.entity_embed_dim, generator=torch.Generator().manual_seed(3))
+    ids = fit_new_entities(model, new, passages, tokenizer, rows=rows, steps=3, learning_rate=0.05, seed=2)
+    fitted = model.get_encoder().entity_embeddings.weight[ids].detach()
+
+    def fit_from(start):
+        grown, _, _, _ = tiny_model_with_entities(20)
+        grown.load_state_dict(state)
+        if start is None:
+            add_entities(grown, new, passages, tokenizer)
+        else:
+            add_entities(grown, new, rows=start)
+        examples = [_labelled_passage(text, i, tokenizer, grown.config.entity_start_token_id, 64)
+                    for i, texts in zip(ids, passages) for text in texts]  # fmt: skip
+        fit_rows(grown, ids, examples, [], tokenizer, steps=3, learning_rate=0.05, seed=2)
+        return grown.get_encoder().entity_embeddings.weight[ids].detach()
+
+    assert torch.equal(fitted, fit_from(rows))
+    assert not torch.allclose(fitted, fit_from(None))  # from the mean queries it ends elsewhere
+    assert not torch.allclose(fitted, rows)  # and the fit moved them
 
 
 @pytest.mark.parametrize(
