@@ -7,7 +7,7 @@ on the questions about half of its people, as `toy_world_qa.py` does. Then the f
 out people's biographies among its pages, and they are added as `edmem add-entities` adds them
 (`new_entity_passages`), each way of writing the rows in turn:
 
-- `mean_query`: `model.add_entities` (the scaled mean memory query at their mentions, no gradient step);
+- `mean_query`: `entity_growth.add_entities` (the scaled mean memory query at their mentions, no gradient step);
 - `fitted`: `entity_growth.fit_new_entities` (those rows, then trained alone on the pre-training objective over
   the new passages, with trained people's passages as negatives; every other weight frozen);
 - `fitted_pretraining`: the mean-query rows trained alone (`entity_growth.fit_rows`) on the full world's
@@ -67,6 +67,7 @@ from edmem_hf import EDMemForConditionalGeneration, EntityVocab  # noqa: E402
 from edmem_hf.corpus import build_corpus  # noqa: E402
 from edmem_hf.dump import iter_parsed_pages  # noqa: E402
 from edmem_hf.entity_growth import (  # noqa: E402
+    add_entities,
     corpus_entity_ids,
     fit_new_entities,
     fit_rows,
@@ -154,7 +155,7 @@ def grow(model_dir: Path, new_dump: str, estimator: str, out: Path, held: list[s
     texts = [passages[name] for name in names]
     started = time.perf_counter()
     if estimator == "mean_query":
-        model.add_entities(names, texts, tokenizer)
+        add_entities(model, names, texts, tokenizer)
     elif estimator == "fitted":
         everyone, _ = new_entity_passages(pages, known=())
         chosen = random.Random(seed).sample(negatives_from, min(settings.negatives, len(negatives_from)))
@@ -162,7 +163,7 @@ def grow(model_dir: Path, new_dump: str, estimator: str, out: Path, held: list[s
         fit_new_entities(model, names, texts, tokenizer, negatives, steps=settings.fit_steps,
                          learning_rate=settings.fit_learning_rate, seed=seed)  # fmt: skip
     elif estimator == "fitted_pretraining":
-        ids = model.add_entities(names, texts, tokenizer)
+        ids = add_entities(model, names, texts, tokenizer)
         examples = pretraining_examples(new_world_corpus(new_dump, out.parent, model_dir, seed), model.entity_vocab)
         new, about_new, others = set(ids), [], []
         for example in examples:
@@ -172,7 +173,7 @@ def grow(model_dir: Path, new_dump: str, estimator: str, out: Path, held: list[s
     elif estimator == "random":
         rows = torch.randn(len(names), model.config.entity_embed_dim, generator=torch.Generator().manual_seed(seed))
         norm = model.get_encoder().entity_embeddings.weight.norm(dim=-1).mean()
-        model.add_entities(names, rows=rows / rows.norm(dim=-1, keepdim=True) * norm)
+        add_entities(model, names, rows=rows / rows.norm(dim=-1, keepdim=True) * norm)
     else:
         raise ValueError(f"unknown estimator {estimator!r}")
     seconds = round(time.perf_counter() - started, 2)
@@ -257,7 +258,7 @@ def _timed_addition(model, tokenizer, n: int, estimator: str, settings: GrowthSe
     passages = [[f"<E_s> {name} <E_e> was born in 1931. She studied history at a university."] for name in names]
     started = time.perf_counter()
     if estimator == "mean_query":
-        model.add_entities(names, passages, tokenizer, batch_size=256)
+        add_entities(model, names, passages, tokenizer, batch_size=256)
     else:
         fit_new_entities(model, names, passages, tokenizer, steps=settings.fit_steps,
                          learning_rate=settings.fit_learning_rate)  # fmt: skip

@@ -8,11 +8,11 @@ import pickle
 import pytest
 import torch
 from huggingface_hub import ModelCard
-from transformers import AutoModelForSeq2SeqLM
+from transformers import AutoModelForSeq2SeqLM, BartConfig, BartForConditionalGeneration
 
 from authors_reference import authors_encmem_forward, authors_forward, authors_greedy
 from conftest import shared_data_path
-from edmem_hf import EDMemForEntityLinking, EntityVocab
+from edmem_hf import EDMemEncDecForConditionalGeneration, EDMemForEntityLinking, EntityVocab
 from edmem_hf.cli import main as edmem
 from edmem_hf.convert_original import (
     AUTHORS_DEFAULTS,
@@ -167,6 +167,52 @@ def test_cli_writes_a_folder_that_loads_and_refuses_pickled_code(tmp_path, capsy
     assert "this must never run" not in capsys.readouterr().out
     assert edmem(["convert-original", str(malicious), str(tmp_path / "never")]) == 1
     assert "not a plain state dict" in capsys.readouterr().err and not (tmp_path / "never").exists()
+
+
+def _authors_encdec_baseline() -> BartForConditionalGeneration:
+    """The authors' EncDec baseline: a `BartForConditionalGeneration` (theirs from transformers 4.15, whose weights
+    and layout are 5.23's), tiny, every weight and the final-logits bias random."""
+    config = BartConfig(vocab_size=64, d_model=32, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4,
+                        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=48, max_position_embeddings=64)  # fmt: skip
+    torch.manual_seed(4)
+    bart = BartForConditionalGeneration(config)
+    with torch.no_grad():
+        for tensor in [*bart.parameters(), *bart.buffers()]:
+            tensor.copy_(torch.randn_like(tensor) * 0.3)
+    return bart.eval()
+
+
+def test_the_authors_encdec_baseline_converts_to_encdec(tmp_path, capsys):
+    """Their EncDec baseline is saved in BART's layout (`model.shared.weight`, ...): it converts to an
+    `EDMemEncDecForConditionalGeneration` computing BART's logits."""
+    bart = _authors_encdec_baseline()
+    checkpoint = tmp_path / "pytorch_model.bin"
+    torch.save(bart.state_dict(), checkpoint)  # with the tied copies: embed_tokens and lm_head
+    out = tmp_path / "encdec"
+    options = ["--set", "encoder_attention_heads=4", "--set", "decoder_attention_heads=4", "--set", "dropout=0.0"]
+    assert edmem(["convert-original", str(checkpoint), str(out), *options]) == 0
+    printed = capsys.readouterr().out
+    assert "converted EDMemEncDecForConditionalGeneration: 1+2 encoder and 1+2 decoder layers" in printed
+    assert "no entity memory" in printed and "entity names" not in printed
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(out).eval()
+    assert isinstance(loaded, EDMemEncDecForConditionalGeneration) and loaded.config.decoder_ffn_dim == 48
+    assert "no entity memory, free decoding only" in ModelCard.load(out / "README.md").text
+    batch = tiny_batch()  # mentions in the input: tokens like any other to a model without memory
+    decoder_input_ids = loaded.prepare_decoder_input_ids_from_labels(batch["labels"])
+    inputs = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    with torch.no_grad():
+        expected, ours = (
+            bart(**inputs, decoder_input_ids=decoder_input_ids),
+            loaded(**inputs, decoder_input_ids=decoder_input_ids),
+        )
+    torch.testing.assert_close(ours.logits, expected.logits, rtol=0, atol=1e-5)
+    # a copy that is not one, and names for a model without memory, are named
+    state_dict = bart.state_dict()
+    with pytest.raises(ValueError, match="lm_head.weight should be a copy of model.shared.weight"):
+        convert_state_dict({**state_dict, "lm_head.weight": state_dict["model.shared.weight"] + 1}, **TINY)
+    names = ["--task-data", str(tmp_path / "any.jsonl")]
+    assert edmem(["convert-original", str(checkpoint), str(tmp_path / "named"), *options, *names]) == 1
+    assert "the EncDec baseline (a BART): it has no entity memory to name" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("lower_encoder", [False, True])

@@ -1,4 +1,4 @@
-"""`model.add_entities`: new rows of the entity memory from text, without training (issue 18)."""
+"""`entity_growth.add_entities`: new rows of the entity memory from text, without training (issue 18)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import pytest
 import torch
 from transformers import AutoModelForSeq2SeqLM
 
-from edmem_hf import EDMemEncDecForConditionalGeneration, entity_growth
-from tiny_models import run_without_the_package, saved_model_and_unknown_people, tiny_model, tiny_model_with_entities
+from edmem_hf import EDMemEncDecForConditionalGeneration
+from edmem_hf.entity_growth import add_entities, memory_queries
+from tiny_models import saved_model_and_unknown_people, tiny_model, tiny_model_with_entities
 
 
 @pytest.fixture(autouse=True)
@@ -41,7 +42,7 @@ def _lower_layer_queries(model, tokenizer, text):
 def test_new_rows_are_the_mean_query_at_the_mentions(setup):
     model, tokenizer, new, passages = setup
     table = model.model.entity_embeddings.weight.detach().clone()
-    ids = model.add_entities(new, passages, tokenizer)
+    ids = add_entities(model, new, passages, tokenizer)
     assert ids == [20, 21] and model.config.entity_vocab_size == 22
     assert [model.entity_vocab.name_of(i) for i in ids] == new
     grown = model.model.entity_embeddings.weight
@@ -56,7 +57,7 @@ def test_new_rows_are_the_mean_query_at_the_mentions(setup):
 
 def test_a_grown_model_saves_loads_and_decodes_the_new_names(setup, tmp_path):
     model, tokenizer, new, passages = setup
-    ids = model.add_entities(new, passages, tokenizer)
+    ids = add_entities(model, new, passages, tokenizer)
     model.save_pretrained(tmp_path)
     loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
     assert loaded.config.entity_vocab_size == 22 and loaded.entity_vocab == model.entity_vocab
@@ -102,7 +103,7 @@ def test_a_grown_model_saves_loads_and_decodes_the_new_names(setup, tmp_path):
 def test_a_mask_grows_with_the_table(setup):
     model, tokenizer, new, passages = setup
     model.set_entity_mask(torch.arange(20) < 10)
-    model.add_entities(new, passages, tokenizer)
+    add_entities(model, new, passages, tokenizer)
     assert model._get_entity_mask("cpu").tolist() == [True] * 10 + [False] * 10 + [True, True]
 
 
@@ -122,32 +123,32 @@ def test_bad_input_names_the_entity(setup, names, passages, message):
         names = [model.entity_vocab.name_of(0)]
         passages = [[f"<E_s> {names[0]} <E_e>"]]
     with pytest.raises(ValueError, match=message):
-        model.add_entities(names, passages, tokenizer)
+        add_entities(model, names, passages, tokenizer)
     assert model.config.entity_vocab_size == 20  # nothing half done
 
 
 def test_rows_of_another_estimator_go_in_as_given(setup):
     model, tokenizer, new, passages = setup
     rows = torch.randn(2, model.config.entity_embed_dim)
-    ids = model.add_entities(new, rows=rows)
+    ids = add_entities(model, new, rows=rows)
     assert torch.equal(model.model.entity_embeddings.weight[ids], rows)
     with pytest.raises(ValueError, match="shape"):
-        model.add_entities(["another"], rows=rows)
+        add_entities(model, ["another"], rows=rows)
     with pytest.raises(ValueError, match="either passages with their tokenizer, or rows"):
-        model.add_entities(["another"], [["<E_s> another <E_e>"]], tokenizer, rows=rows[:1])
+        add_entities(model, ["another"], [["<E_s> another <E_e>"]], tokenizer, rows=rows[:1])
     with pytest.raises(ValueError, match="either passages with their tokenizer, or rows"):
-        model.add_entities(["another"], [["<E_s> another <E_e>"]])
+        add_entities(model, ["another"], [["<E_s> another <E_e>"]])
     assert model.config.entity_vocab_size == 22
 
 
 def test_memory_queries_are_unscaled_means(setup):
     model, tokenizer, _, passages = setup
-    queries = model.memory_queries(passages, tokenizer)
+    queries = memory_queries(model, passages, tokenizer)
     with torch.no_grad():
         expected = torch.cat([_lower_layer_queries(model, tokenizer, text) for text in passages[0]]).mean(0)
     torch.testing.assert_close(queries[0], expected, rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match=r"no marked mention in passages\[1\]"):
-        model.memory_queries([passages[0], ["nothing marked"]], tokenizer)
+        memory_queries(model, [passages[0], ["nothing marked"]], tokenizer)
 
 
 def test_encdec_has_no_memory_to_grow(setup):
@@ -155,9 +156,8 @@ def test_encdec_has_no_memory_to_grow(setup):
     config = tiny_model(vocab_size=len(tokenizer), entity_vocab_size=20).config
     config.variant = "encdec"
     model = EDMemEncDecForConditionalGeneration(config)
-    assert not hasattr(model, "add_entities") and not hasattr(model, "memory_queries")
     with pytest.raises(ValueError, match="EDMemEncDecForConditionalGeneration has no entity memory"):
-        entity_growth.add_entities(model, new, passages, tokenizer)
+        add_entities(model, new, passages, tokenizer)
 
 
 def test_edmem_add_entities_from_a_dump(setup, tmp_path, capsys):
@@ -186,21 +186,18 @@ def test_edmem_add_entities_from_a_dump(setup, tmp_path, capsys):
     assert torch.equal(table[: len(known)], model.model.entity_embeddings.weight.detach())
     rows = table[len(known) :]
     assert all(not torch.allclose(rows[i], rows[j]) for i in range(3) for j in range(i))  # three distinct rows
-    model.add_entities(sorted(people), [passages[name] for name in sorted(people)], tokenizer)
+    add_entities(model, sorted(people), [passages[name] for name in sorted(people)], tokenizer)
     torch.testing.assert_close(rows, model.model.entity_embeddings.weight.detach()[len(known) :])
 
 
-def test_growth_under_trust_remote_code_needs_the_package(setup, tmp_path):
-    """add_entities is not Hub custom code: a model loaded from its folder without the package says so."""
+def test_a_model_loaded_as_hub_code_grows_too(setup, tmp_path):
+    """Growth is this package's code, not the model's: a model loaded with `trust_remote_code=True` (the classes of
+    its folder's copy of the Hub files) grows the same rows."""
     model, tokenizer, new, passages = setup
     model.save_pretrained(tmp_path / "model")
-    script = f"""
-        from transformers import AutoModelForSeq2SeqLM
-        model = AutoModelForSeq2SeqLM.from_pretrained({str(tmp_path / "model")!r}, trust_remote_code=True)
-        try:
-            model.add_entities(["new"], rows=model.get_encoder().entity_embeddings.weight[:1])
-        except ImportError as error:
-            print(error)
-        """
-    message = run_without_the_package(script, tmp_path).stdout.strip().splitlines()[-1]
-    assert message.startswith("growing the entity memory needs the edmem-hf package")
+    remote = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "model", trust_remote_code=True).eval()
+    assert type(remote).__module__ != type(model).__module__  # the folder's copy, not edmem_hf.modeling_edmem
+    ids = add_entities(remote, new, passages, tokenizer)
+    assert ids == add_entities(model, new, passages, tokenizer) == [20, 21]
+    torch.testing.assert_close(remote.model.entity_embeddings.weight, model.model.entity_embeddings.weight)
+    assert remote.entity_vocab.names == model.entity_vocab.names

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from edmem_hf.entity_attention import chunked_top_k, entity_attention
+from edmem_hf.entity_growth import add_entities
 from edmem_hf.entity_index import DEFAULT_NPROBE, EntityIndex, default_num_lists
 from tiny_models import ES, load_benchmark, tiny_model, tiny_model_with_entities
 
@@ -28,6 +29,19 @@ def planted_table(num_entities: int = 20_000, dim: int = 32, queries: int = 6, k
         for rank, row in enumerate(planted[q].tolist()):
             table[row] = query[q] / query[q].norm() * (1.0 - 0.05 * rank)
     return table, query, planted
+
+
+def clustered_model(num_entities: int = 2_500, num_clusters: int = 64, seed: int = 0):
+    """A tiny EDMem in eval mode whose entity table is `num_clusters` tight clusters: the rows a query ranks highest
+    lie in the clusters whose centres it ranks highest, so an index that probes a few of its lists finds the exact
+    top-k, and its answers are exact search's for a reason other than probing every list."""
+    model = tiny_model(entity_vocab_size=num_entities).eval()
+    generator = torch.Generator().manual_seed(seed)
+    centres = torch.randn(num_clusters, model.config.entity_embed_dim, generator=generator)
+    noise = torch.randn(num_entities, model.config.entity_embed_dim, generator=generator)
+    with torch.no_grad():
+        model.model.entity_embeddings.weight.copy_(centres[torch.arange(num_entities) % num_clusters] + 0.01 * noise)
+    return model
 
 
 class SpyIndex:
@@ -60,6 +74,40 @@ def test_indexed_top_k_equals_exact_on_planted_rows():
         indexed = entity_attention(query, table, top_k=10, return_top_k=10, index=index)
     torch.testing.assert_close(indexed.read, exact.read)
     assert torch.equal(indexed.top_ids, exact.top_ids)
+
+
+@needs_faiss
+def test_a_bf16_table_gets_exact_search_scores_not_faiss_float32_ones():
+    """FAISS scores a float32 copy of the rows against the float32 query; exact search scores the bf16 table as the
+    model's matmul does (query cast to bf16, product rounded). The index only proposes candidates: their scores are
+    computed again from the live table, so scores and the memory read over them are exact search's, bit for bit."""
+    faiss = pytest.importorskip("faiss")
+    table, query, planted = planted_table()
+    table = table.to(torch.bfloat16)
+    index = EntityIndex.build(table, nprobe=4)
+    scores, ids = index.search(query, table, 10)
+    exact_scores, exact_ids = chunked_top_k(query, table, 10)
+    assert torch.equal(ids, exact_ids) and torch.equal(ids, planted)
+    assert torch.equal(scores, exact_scores)
+    # what the re-score corrects: FAISS's own scores of the same candidates are off by the bf16 rounding
+    faiss_scores = index.faiss_index.search(query.numpy(), 10, params=faiss.SearchParametersIVF(nprobe=4))[0]
+    assert (torch.from_numpy(faiss_scores) - exact_scores).abs().max() > 1e-3
+    exact = entity_attention(query, table, top_k=10, return_top_k=10)
+    with torch.no_grad():
+        indexed = entity_attention(query, table, top_k=10, return_top_k=10, index=index)
+    assert torch.equal(indexed.read, exact.read) and torch.equal(indexed.top_scores, exact.top_scores)
+
+
+@needs_faiss
+def test_the_index_searches_only_nprobe_of_its_lists():
+    """On an unstructured table (the index's worst case) one list of 64 misses most of the true top 10; all 64 find
+    them all: the lists restrict the search, and nprobe says how many are read."""
+    generator = torch.Generator().manual_seed(0)
+    table, queries = torch.randn(20_000, 32, generator=generator), torch.randn(16, 32, generator=generator)
+    index = EntityIndex.build(table, num_lists=64, nprobe=1)
+    assert index.recall(queries, table, k=10) < 0.5
+    index.nprobe = index.num_lists
+    assert index.recall(queries, table, k=10) == 1.0
 
 
 @needs_faiss
@@ -98,8 +146,9 @@ def test_mask_is_honoured():
 
 @needs_faiss
 def test_model_uses_the_index_at_inference_only():
-    model, _, _, _ = tiny_model_with_entities(40)
-    index = model.build_entity_index(use_cache=False, num_lists=4, nprobe=4)
+    model = clustered_model()
+    index = model.build_entity_index(use_cache=False, num_lists=64, nprobe=4)
+    assert index.nprobe < index.num_lists  # a few lists of many are read: not exhaustive by construction
     assert model.entity_index is index and model.model.decoder.memory.entity_index is index
     spy = SpyIndex(index)
     for module in model._index_users():
@@ -126,7 +175,7 @@ def test_a_changed_table_is_refused_until_rebuilt(tmp_path):
     model.build_entity_index(cache_dir=tmp_path, num_lists=4, nprobe=4)
     batch = {"input_ids": torch.tensor([[0, ES, 10, 6, 11, 2]]), "decoder_input_ids": torch.tensor([[2, ES]])}
     new_row = torch.randn(1, model.config.entity_embed_dim) * 10
-    (new_id,) = model.add_entities(["Newcomer"], rows=new_row)
+    (new_id,) = add_entities(model, ["Newcomer"], rows=new_row)
     with torch.no_grad(), pytest.raises(ValueError, match="stale entity index.*build_entity_index"):
         model(**batch, entity_linking_top_k=5)
     index = model.build_entity_index(cache_dir=tmp_path, num_lists=4, nprobe=4)
@@ -215,11 +264,18 @@ def test_generation_with_the_index_gives_the_exact_tokens(tmp_path):
 @needs_faiss
 def test_generate_option_builds_the_index(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path))
-    model, tokenizer, _, _ = tiny_model_with_entities(40)
-    inputs = tokenizer(["a <E_s> b <E_e>"], return_tensors="pt")
-    exact = model.generate(**inputs, max_new_tokens=4)
-    assert model.generate(**inputs, max_new_tokens=4, entity_index=True).equal(exact)
-    assert isinstance(model.entity_index, EntityIndex)
+    model = clustered_model()
+    inputs = {"input_ids": torch.tensor([[0, ES, 10, 6, 11, 2], [0, 12, ES, 13, 14, 6]])}
+    exact = model.generate(**inputs, max_new_tokens=4, output_attended_entities=True)
+    searches = []
+    search = EntityIndex.search
+    monkeypatch.setattr(
+        EntityIndex, "search", lambda self, *args: searches.append(len(args[0])) or search(self, *args)
+    )
+    assert model.generate(**inputs, max_new_tokens=4, output_attended_entities=True, entity_index=True).equal(exact)
+    index = model.entity_index
+    assert isinstance(index, EntityIndex) and searches  # built with the defaults, and searched
+    assert index.num_lists == default_num_lists(2_500) == 64 and index.nprobe == DEFAULT_NPROBE < index.num_lists
     with pytest.raises(ValueError, match="entity_index must be True, False or None"):
         model.generate(**inputs, max_new_tokens=4, entity_index="yes")
 

@@ -294,8 +294,11 @@ def test_bertscore_unavailable_is_one_line_and_the_rest_is_reported(tmp_path, ca
         bertscore_f1(COVERAGE_RECORDS, COVERAGE_PREDICTIONS, str(model))
 
 
-def test_bertscore_with_a_tiny_local_model(tmp_path):
-    bert_score = pytest.importorskip("bert_score")
+def test_bertscore_with_a_tiny_local_model(tmp_path, capsys):
+    """The score `edmem evaluate --bertscore-model` reports is bert-score's (idf, the model's last layer, best over
+    the references), computed with a tiny BERT built here (bert-score is in the test extra: no skip)."""
+    import bert_score
+
     model = str(_tiny_bert(tmp_path / "tiny_bert"))
     # A prediction equal to one of its references scores 100 (best over the references), the others less.
     records = [
@@ -308,6 +311,13 @@ def test_bertscore_with_a_tiny_local_model(tmp_path):
     )
     assert f1[0].item() == pytest.approx(1.0) and f1[1].item() == pytest.approx(1.0) and f1[2].item() < 0.99
     assert score == pytest.approx(100 * f1.mean().item())
+    # the command reports the same score beside the others
+    data, predicted = _write_generation_files(tmp_path)
+    scores, error = _evaluate_json_and_stderr(capsys, "--task", "wow", "--data", data, "--predictions", predicted,
+                                              "--bertscore-model", model)  # fmt: skip
+    assert "BERTScore not reported" not in error and scores["entity_coverage"] == pytest.approx(200 / 3)
+    assert scores["bertscore_f1"] == pytest.approx(bertscore_f1(COVERAGE_RECORDS, COVERAGE_PREDICTIONS, model))
+    assert 0 < scores["bertscore_f1"] < 100
 
 
 def test_evaluate_modules_by_path_give_the_same_numbers(tmp_path, monkeypatch):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from edmem_hf.entity_growth import fit_new_entities
+from edmem_hf.entity_growth import add_entities, fit_new_entities
 from tiny_models import saved_model_and_unknown_people, tiny_model_with_entities
 
 
@@ -46,7 +46,7 @@ def test_only_the_new_rows_change(setup):
     # the new rows moved away from where add_entities put them
     reference, _, _, _ = tiny_model_with_entities(20)
     reference.load_state_dict(before)
-    reference.add_entities(new, passages, tokenizer)
+    add_entities(reference, new, passages, tokenizer)
     start = reference.get_encoder().entity_embeddings.weight[trained:]
     assert not torch.allclose(table[trained:], start)
     assert model.entity_vocab.names[trained:] == new
@@ -59,7 +59,7 @@ def test_the_fit_lowers_the_pretraining_loss_of_the_new_passages(setup):
 
     grown, _, _, _ = tiny_model_with_entities(20)
     grown.load_state_dict(model.state_dict())
-    ids = grown.add_entities(new, passages, tokenizer)
+    ids = add_entities(grown, new, passages, tokenizer)
     examples = [{**_labelled_passage(text, i, tokenizer, grown.config.entity_start_token_id, 64), "example_index": n}
                 for n, (i, texts) in enumerate(zip(ids, passages)) for text in texts]  # fmt: skip
     batch = EDMemMaskingCollator(tokenizer, seed=1)(examples)
@@ -87,10 +87,30 @@ def test_the_fit_is_deterministic_under_a_seed(setup):
 
 
 def test_initial_rows_may_be_given(setup):
+    """`rows=` is where the fit starts: the result is `fit_rows` run from those rows, not from the mean queries."""
+    from edmem_hf.entity_growth import _labelled_passage, fit_rows
+
     model, tokenizer, new, passages, _ = setup
-    rows = torch.zeros(2, model.config.entity_embed_dim)
-    fit_new_entities(model, new, passages, tokenizer, rows=rows, steps=3, learning_rate=0.05)
-    assert model.get_encoder().entity_embeddings.weight[-2:].abs().sum() > 0
+    state = _state(model)
+    rows = torch.randn(2, model.config.entity_embed_dim, generator=torch.Generator().manual_seed(3))
+    ids = fit_new_entities(model, new, passages, tokenizer, rows=rows, steps=3, learning_rate=0.05, seed=2)
+    fitted = model.get_encoder().entity_embeddings.weight[ids].detach()
+
+    def fit_from(start):
+        grown, _, _, _ = tiny_model_with_entities(20)
+        grown.load_state_dict(state)
+        if start is None:
+            add_entities(grown, new, passages, tokenizer)
+        else:
+            add_entities(grown, new, rows=start)
+        examples = [_labelled_passage(text, i, tokenizer, grown.config.entity_start_token_id, 64)
+                    for i, texts in zip(ids, passages) for text in texts]  # fmt: skip
+        fit_rows(grown, ids, examples, [], tokenizer, steps=3, learning_rate=0.05, seed=2)
+        return grown.get_encoder().entity_embeddings.weight[ids].detach()
+
+    assert torch.equal(fitted, fit_from(rows))
+    assert not torch.allclose(fitted, fit_from(None))  # from the mean queries it ends elsewhere
+    assert not torch.allclose(fitted, rows)  # and the fit moved them
 
 
 @pytest.mark.parametrize(
@@ -152,7 +172,7 @@ def test_fit_rows_on_pretraining_examples_moves_the_new_rows_only(setup):
     model, tokenizer, new, passages, negatives = setup
     names = model.entity_vocab.names
     trained = _state(model)
-    ids = model.add_entities(new, passages, tokenizer)
+    ids = add_entities(model, new, passages, tokenizer)
     start = model.get_encoder().entity_embeddings.weight.detach().clone()
     before = _state(model)
     # a passage about a new entity that also mentions a trained one, both labelled, as build-corpus marks them
@@ -168,7 +188,7 @@ def test_fit_rows_on_pretraining_examples_moves_the_new_rows_only(setup):
     # deterministic under the seed
     again, _, _, _ = tiny_model_with_entities(20)
     again.load_state_dict(trained)
-    again.add_entities(new, rows=start[ids[0] :])
+    add_entities(again, new, rows=start[ids[0] :])
     fit_rows(again, ids, about_new, others, tokenizer, steps=4, learning_rate=0.05, seed=1)
     assert torch.equal(again.get_encoder().entity_embeddings.weight, table)
 
@@ -177,7 +197,7 @@ def test_fit_rows_names_bad_input(setup):
     from edmem_hf.entity_growth import fit_rows
 
     model, tokenizer, new, passages, _ = setup
-    ids = model.add_entities(new, passages, tokenizer)
+    ids = add_entities(model, new, passages, tokenizer)
     example = _labelled(tokenizer, f"<E_s> {new[0]} <E_e> x", [ids[0]])
     with pytest.raises(ValueError, match="must be the table's last rows"):
         fit_rows(model, [0], [example], [], tokenizer, steps=1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -278,6 +279,57 @@ def test_hub_files_import_only_each_other():
     }
     assert "hub_edmem.py" in shipped and "entity_growth.py" not in shipped
     assert set(get_imports(SRC / "model_card.py")) - sys.stdlib_module_names == {"huggingface_hub"}
+
+
+def _imports_of_ours(path: Path) -> set[str]:
+    """The modules of this package that `path` imports anywhere (at the top or inside a function), by name."""
+    package = path.relative_to(SRC.parent).with_suffix("").parts[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = ".".join(package[: len(package) - node.level + 1])
+            modules = [f"{base}.{node.module}"] if node.module else [f"{base}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            modules = [node.module or ""] + [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        else:
+            continue
+        found |= {module for module in modules if module.split(".")[0] == "edmem_hf"}
+    return found
+
+
+def test_no_import_circle_and_hub_files_import_nothing_else_of_ours():
+    """Each stage imports the ones before it, never back (the growth code imports the model file, not the reverse);
+    the Hub files import each other only, relatively, even inside a function."""
+    modules = {}
+    for path in SRC.rglob("*.py"):
+        name = ".".join(path.relative_to(SRC.parent).with_suffix("").parts).removesuffix(".__init__")
+        modules[name] = path
+    graph = {name: _imports_of_ours(path) & set(modules) - {name} for name, path in modules.items()}
+
+    def imports_itself_back(name: str) -> bool:
+        seen, todo = set(), list(graph[name])
+        while todo:
+            module = todo.pop()
+            if module == name:
+                return True
+            if module not in seen:
+                seen.add(module)
+                todo += graph[module]
+        return False
+
+    circles = [name for name in graph if name != "edmem_hf" and imports_itself_back(name)]
+    assert not circles, circles
+    shipped = [*get_relative_import_files_of("modeling_edmem"), SRC / "modeling_edmem.py"]
+    for path in shipped:
+        assert _imports_of_ours(path) <= {f"edmem_hf.{p.stem}" for p in shipped}, path
+        for node in ast.walk(ast.parse(path.read_text())):  # relatively: an absolute import fails as Hub code
+            if isinstance(node, ast.ImportFrom) and not node.level:
+                assert node.module.split(".")[0] != "edmem_hf", (path.name, node.module)
+            elif isinstance(node, ast.Import):
+                assert all(alias.name.split(".")[0] != "edmem_hf" for alias in node.names), path.name
+    assert "edmem_hf.modeling_edmem" in graph["edmem_hf.entity_growth"]
 
 
 def get_relative_import_files_of(module: str) -> list[Path]:

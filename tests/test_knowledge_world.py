@@ -11,6 +11,7 @@ import pytest
 from edmem_hf.dump import iter_parsed_pages
 from edmem_hf.knowledge_world import (
     PERSON_ATTRIBUTES,
+    PRONOUNS,
     TEMPLATES,
     KnowledgeWorldSettings,
     generate_knowledge_world,
@@ -67,6 +68,30 @@ def test_templates_are_varied_and_all_used():
     # the subject is named by full name, last name or pronoun
     joined = " ".join(texts)
     assert re.search(r"(^|\. )(He|She) ", joined) and re.search(r"(^|\. )(His|Her) ", joined)
+
+
+def test_every_template_of_every_attribute_is_used():
+    """In a world of modest size (60 people, 5 biographies each) every sentence template of every attribute appears:
+    each sentence is drawn from all of an attribute's templates, not from a few."""
+    world = generate_knowledge_world(KnowledgeWorldSettings(num_people=60, biographies=5), seed=0)
+    used: dict[str, set[int]] = {relation: set() for relation in RELATIONS}
+    for person in _people(world):
+        name, last = person.name, person.aliases[0]
+        subjects = [(name, f"{name}'s"), (last, f"{last}'s"), PRONOUNS[person.attributes["pronoun"]]]
+        for text in _biographies(world, person):
+            for relation, _, is_entity in PERSON_ATTRIBUTES:
+                value = person.attributes[relation]
+                value = f"[[{value}]]" if is_entity else value
+                found = set()
+                for index, template in enumerate(TEMPLATES[relation]):
+                    for subject, possessive in subjects:
+                        sentence = template.format(S=subject, s=subject, P=possessive, p=possessive, V=value)
+                        if sentence[0].upper() + sentence[1:] in text:
+                            found.add(index)
+                assert found, (relation, text)  # each fact in one of its templates
+                used[relation] |= found
+    unused = {relation: sorted(set(range(len(TEMPLATES[relation]))) - used[relation]) for relation in RELATIONS}
+    assert not any(unused.values()), unused
 
 
 def test_the_single_biography_switch_renders_one_fixed_biography():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import json
 import random
+import re
 
 import pytest
 import torch
@@ -171,6 +172,79 @@ def test_every_released_qa_file_reads(authors_vocab, name, count, bad, entity_an
     assert f"answer links from {source if source == 'the records' else path.parent / source}" in caplog.text
     assert f"{entity_answers} entity answers" in caplog.text
     assert all(e != -100 for entities in dataset["mention_entities"] for e in entities)
+
+
+# For each QA file: (answers with a marked span, marked spans), every span checked against the released links by
+# `test_every_released_qa_file_marks_its_answer_spans`
+ANSWER_SPANS = {
+    "openqa/nq/edmem_nq-dev.jsonl": (7003, 7003),
+    "openqa/nq/edmem_nq-test.jsonl": (3823, 3823),
+    "openqa/nq/entity_linking/el_nq-dev.jsonl": (6991, 6991),
+    "openqa/nq/entity_linking/el_nq-test.jsonl": (3823, 3823),
+    "openqa/wq/edmem_wq-train.jsonl": (6891, 7115),
+    "openqa/wq/edmem_wq-dev.jsonl": (761, 761),
+    "openqa/wq/edmem_wq-test.jsonl": (3961, 3961),
+    "openqa/wq/entity_linking/el_wq-train.jsonl": (6567, 6567),
+    "openqa/wq/entity_linking/el_wq-dev.jsonl": (754, 754),
+    "openqa/wq/entity_linking/el_wq-test.jsonl": (3961, 3961),
+}
+
+
+def _released_answer_links(record: dict, sling: dict | None) -> list[tuple[str, int]]:
+    """The answer entities a released record links, as (answer text, authors' id), read from the raw record: a
+    training file's spans, a test file's `answer_entity` (by name), or the `sling_invocab` file beside a dev file."""
+    if "answer_link_offset" in record:
+        return [
+            (answer[offset : offset + length], int(target))
+            for answer, offsets, lengths, targets in zip(
+                record["answer"],
+                record["answer_link_offset"],
+                record["answer_link_length"],
+                record["answer_link_target"],
+            )
+            for offset, length, target in zip(offsets, lengths, targets)
+        ]
+    if "answer_entity" in record:
+        return [(name, int(target)) for target, name in record["answer_entity"]]
+    links = (sling or {}).get(str(record["id"])) or {}
+    return [(answer, int(target)) for answer, (_, _, target) in links.items()]
+
+
+@pytest.mark.parametrize(("name", "count", "bad", "entity_answers", "source"), QA_FILES)
+def test_every_released_qa_file_marks_its_answer_spans(authors_vocab, name, count, bad, entity_answers, source):
+    """Each answer's marked spans are the released links: a training answer's spans at their offsets with their ids;
+    an answer spelling a linked entity's name (a test file's `answer_entity`, a dev file's `sling_invocab`) marked
+    whole with that entity's id, every such answer marked; `mark_mentions` wraps exactly those spans."""
+    path = shared_data_path(f"edmem_release/data/{name}")
+    sling = json.loads((path.parent / source).read_text()) if source != "the records" else None
+    rows = read_qa(path, authors_vocab, bad_records="skip")
+    records = {str(record["id"]): record for record in read_jsonl(path) if record.get("answer")}
+    for row in rows:
+        record = records[row["id"]]
+        linked = _released_answer_links(record, sling)
+        targets, mentions = row["targets"], row["target_mentions"]
+        for target, spans in zip(targets, mentions):
+            marked, ids = mark_mentions(target, [tuple(span) for span in spans])
+            assert re.findall(r"<E_s> (.*?) <E_e>", marked) == [target[s:e] for s, e, _ in spans], marked
+            assert ids == [entity for _, _, entity in spans]
+            if "answer_link_offset" in record:  # spans over parts of the answer, at the released offsets
+                assert all((target[s:e], entity) in linked for s, e, entity in spans), (row["id"], target, spans)
+                continue
+            for start, end, entity in spans:  # one span over the whole answer, the entity its name spells
+                assert (start, end) == (0, len(target)), (row["id"], target, spans)
+                assert any(n.casefold() == target.casefold() and i == entity for n, i in linked), (row["id"], target)
+        if "answer_link_offset" in record:  # every released span of every answer is marked (no bad link here)
+            assert sum(map(len, mentions)) == len(linked), row["id"]
+            continue
+        for (
+            linked_name,
+            _,
+        ) in linked:  # every answer spelling a linked entity's name is marked (exactly, else in any case)
+            spelling = [i for i, t in enumerate(targets) if t == linked_name]
+            spelling = spelling or [i for i, t in enumerate(targets) if t.casefold() == linked_name.casefold()]
+            assert all(mentions[i] for i in spelling), (row["id"], linked_name, targets, mentions)
+    per_answer = [spans for row_spans in rows["target_mentions"] for spans in row_spans]
+    assert (sum(map(bool, per_answer)), sum(map(len, per_answer))) == ANSWER_SPANS[name]
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,9 @@ from transformers import AutoTokenizer
 
 from edmem_hf import EDMemForConditionalGeneration, EntityVocab
 from edmem_hf.dump import iter_parsed_pages
-from edmem_hf.tasks import read_jsonl
+from edmem_hf.entity_growth import add_entities
+from edmem_hf.task_features import in_running_text
+from edmem_hf.tasks import exact_match, read_jsonl, read_qa
 from tiny_models import load_benchmark
 
 
@@ -79,7 +81,45 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     assert last.startswith(f"RESULT seeds=1 people_added={len(held)} ")
     for key in ("added_over_trained_em", "trained_em_change", "seconds_to_add_10_fitted", "seconds_to_add_10_mean"):
         assert f" {key}" in last
+    _a_grown_model_recalls_and_answers_on_a_case_built_to_succeed(bench, seed, tmp_path)
     # a rerun reuses the answers and times only what is asked and not yet measured
     assert bench.main([*argv[:-1], "20", "--timed-estimators", "mean_query", "--no-plots"]) == 0
     timed = json.loads((out / "seconds_to_add.json").read_text())["toy_model"]
     assert set(timed["mean_query"]) == {"10", "20"} and set(timed["fitted"]) == {"10"}
+
+
+def _a_grown_model_recalls_and_answers_on_a_case_built_to_succeed(bench, seed, tmp_path):
+    """The trained model grown with rows written from the very queries they will be asked with, measured as the
+    experiment measures: an added person whose row is the memory's query at the question's subject is the memory's
+    top entity there (`memory_hits`), and a new place whose row is the entity-linking head's query at that question
+    is the static answer, spelled and scored right. Before adding, neither."""
+    record = next(r for r in read_jsonl(seed / "edmem_toy-added.jsonl") if r["relation"] == "born_in")
+    person, asked = record["link_target"][0], tmp_path / "asked.jsonl"
+    asked.write_text(json.dumps(record) + "\n")
+    tokenizer = AutoTokenizer.from_pretrained(seed / "finetune")
+    model = EDMemForConditionalGeneration.from_pretrained(seed / "finetune").eval()
+    longest = 2 * model.model.entity_embeddings.weight.norm(dim=-1).max().item()  # the row outscores every other
+    assert bench.memory_hits(seed / "finetune", asked) == [False]
+    _, query = bench.subject_queries(model, tokenizer, asked)
+    add_entities(model, [person], rows=query / query.norm(dim=-1, keepdim=True) * longest)
+    question = tokenizer([in_running_text(read_qa(asked, model.entity_vocab)["question"][0])], return_tensors="pt")
+    place = "Newtown Vale"
+    (place_id,) = add_entities(model, [place], rows=torch.zeros(1, model.config.entity_embed_dim))
+    linking_queries = []
+    hook = model.entity_linking_head.query_proj.register_forward_hook(lambda m, i, out: linking_queries.append(out))
+    before, _ = model.link_entities(question.input_ids, question.attention_mask, top_k=1)
+    hook.remove()
+    assert before.tolist() != [[place_id]]
+    with torch.no_grad():
+        model.model.entity_embeddings.weight[place_id] = linking_queries[0][0] / linking_queries[0][0].norm() * longest
+    model.save_pretrained(tmp_path / "grown-built")
+    tokenizer.save_pretrained(tmp_path / "grown-built")
+
+    assert bench.memory_hits(tmp_path / "grown-built", asked) == [True]
+    grown = EDMemForConditionalGeneration.from_pretrained(tmp_path / "grown-built").eval()
+    answer = grown.generate(**question, entity_decoding="static", entity_candidates=1, tokenizer=tokenizer,
+                            max_new_tokens=12, return_dict_in_generate=True)  # fmt: skip
+    (mention,) = answer.entity_mentions[0]
+    assert (mention.entity_id, mention.entity_name) == (place_id, place)
+    text = tokenizer.decode(answer.sequences[0], skip_special_tokens=True)
+    assert exact_match(text, [place]) and not exact_match(text, record["answer"]), text

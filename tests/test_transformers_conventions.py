@@ -13,6 +13,7 @@ from edmem_hf import (
     EDMemForEntityLinking,
     EDMemModel,
 )
+from edmem_hf.modeling_edmem import EDMemDecoder, EDMemEncoder
 from tiny_models import EE, ES, N_ENTITIES, tiny_batch, tiny_config, tiny_model
 
 
@@ -216,3 +217,57 @@ def test_in_range_edge_config_values_build():
     config = tiny_config(memory_top_k=None, encoder_lower_layers=0, entity_vocab_size=1, memory_chunk_size=1)
     assert config.encoder_layers == 1 and config.memory_top_k is None
     assert tiny_config(variant="encdec", entity_start_token_id=None, entity_end_token_id=None).variant == "encdec"
+
+
+def test_the_generating_classes_list_generation_mixin_among_their_own_bases():
+    """Transformers' common test `test_inherits_generation_mixin`, and the first check of `can_generate()`: the class
+    itself lists a `GenerationMixin` (ours is `EDMemGenerationMixin`), not a base one level down."""
+    for model_class in (EDMemForConditionalGeneration, EDMemEncDecForConditionalGeneration):
+        assert "GenerationMixin" in str(model_class.__bases__), model_class.__bases__
+        assert model_class.can_generate()
+    for model_class in (EDMemModel, EDMemEncDecModel, EDMemEncMemModel, EDMemForEntityLinking):
+        assert not model_class.can_generate(), model_class
+
+
+@pytest.mark.parametrize("variant", ["edmem", "encdec"])
+def test_a_stack_saved_alone_loads_with_its_memory(tmp_path, variant):
+    """Transformers' common test `test_encoder_decoder_model_standalone` (BART's tester), with mentions in the input:
+    the encoder and the decoder saved alone and loaded with their own class compute what they computed in the model,
+    their memory reading the table it read there."""
+    model = tiny_model(seed=2, variant=variant).eval()
+    if variant == "edmem":
+        with torch.no_grad():  # rows far apart, so that what the memory reads shows in the hidden states
+            model.model.entity_embeddings.weight.normal_(0.0, 1.0)
+    batch = tiny_batch()
+    decoder_input_ids = model.prepare_decoder_input_ids_from_labels(batch["labels"].clamp_min(0))
+    with torch.no_grad():
+        outputs = model.model(batch["input_ids"], batch["attention_mask"], decoder_input_ids=decoder_input_ids)
+    encoder_output = outputs.encoder_last_hidden_state
+    parameters = [name for name, _ in model.named_parameters()]
+
+    model.get_encoder().save_pretrained(tmp_path / "encoder")
+    model.get_decoder().save_pretrained(tmp_path / "decoder")
+    encoder = EDMemEncoder.from_pretrained(tmp_path / "encoder").eval()
+    decoder = EDMemDecoder.from_pretrained(tmp_path / "decoder").eval()
+    with torch.no_grad():
+        encoded = encoder(batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+        decoded = decoder(
+            input_ids=decoder_input_ids,
+            encoder_hidden_states=encoder_output,
+            encoder_attention_mask=batch["attention_mask"],
+        ).last_hidden_state
+    torch.testing.assert_close(encoded, encoder_output, rtol=0, atol=1e-6)
+    torch.testing.assert_close(decoded, outputs.last_hidden_state, rtol=0, atol=1e-6)
+    # the model is as it was: one table, read by both stacks through a reference
+    assert [name for name, _ in model.named_parameters()] == parameters
+    if variant == "edmem":
+        table = model.model.entity_embeddings.weight
+        assert model.model.encoder.entity_embeddings.weight is table
+        assert torch.equal(encoder.entity_embeddings.weight, table) and encoder.memory is not None
+        # the memory's reads show: another table gives other hidden states
+        with torch.no_grad():
+            encoder.entity_embeddings.weight.normal_(0.0, 1.0)
+            other = encoder(batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+        assert (other - encoder_output).abs().max() > 1e-2
+    else:
+        assert encoder.memory is None and decoder.memory is None

@@ -1,10 +1,11 @@
 """`edmem convert-original`: the authors' checkpoints (github DM2-ND/EDMem) as an `EDMemForConditionalGeneration`
-(EDMem) or an `EDMemForEntityLinking` (EncMem).
+(EDMem), an `EDMemForEntityLinking` (EncMem) or an `EDMemEncDecForConditionalGeneration` (their EncDec baseline).
 
-Their layout names the stacks `Lower/Upper{Encoder,Decoder}` and keeps the entity table as an `nn.Linear` weight
-`(entity_dim, rows)`; ours is BART's layout with the memory between the lower and upper layers. Every width and
-depth is read from the shapes; the rest comes from overrides with the authors' values as defaults. Their entity ids
-are kept (all rows; 0 means "no entity" in their labels); names come from a names file or the released task files.
+Their EDMem layout names the stacks `Lower/Upper{Encoder,Decoder}` and keeps the entity table as an `nn.Linear`
+weight `(entity_dim, rows)`; ours is BART's layout with the memory between the lower and upper layers. Their EncDec
+baseline is a BART (`BartForConditionalGeneration`), whose layout is ours already. Every width and depth is read
+from the shapes; the rest comes from overrides with the authors' values as defaults. Their entity ids are kept (all
+rows; 0 means "no entity" in their labels); names come from a names file or the released task files.
 """
 
 from __future__ import annotations
@@ -23,7 +24,12 @@ from huggingface_hub.errors import StrictDataclassError
 from .configuration_edmem import EDMemConfig
 from .entity_vocab import AUTHORS_ID_SPACE, ENTITY_VOCAB_NAME, EntityVocab
 from .model_card import save_model_card
-from .modeling_edmem import EDMemForConditionalGeneration, EDMemForEntityLinking
+from .modeling_edmem import (
+    MODEL_WITH_HEADS,
+    EDMemEncDecForConditionalGeneration,
+    EDMemForConditionalGeneration,
+    EDMemForEntityLinking,
+)
 
 # What shapes cannot tell: bart-large's heads and dropouts, the authors' marker ids (50265, 50266 after
 # bart-large's vocabulary), their top-100 memory read, and their loss and dropout choices.
@@ -53,6 +59,14 @@ _COPIES = {
     "LMHead.decoder.bias": "LMHead.bias",
 }
 _IGNORED = {"LMLoss.weight"}
+# The EncDec baseline, a BART: its key of the token embeddings, and its copies of them.
+_BART_KEY = "model.shared.weight"
+_BART_COPIES = {
+    "model.encoder.embed_tokens.weight": _BART_KEY,
+    "model.decoder.embed_tokens.weight": _BART_KEY,
+    "lm_head.weight": _BART_KEY,
+}
+_BART_LAYER = re.compile(r"^model\.(encoder|decoder)\.layers\.(\d+)\.")
 _LAYER = re.compile(r"^(Lower|Upper)(Encoder|Decoder)\.layers\.(\d+)\.(.+)$")
 _ENCMEM_KEY = "LMHead.transform.dense.linear.weight"
 # In the authors' labels 0 means "no entity"; their entities start at row 10.
@@ -85,12 +99,47 @@ def _layer_counts(state_dict: Mapping[str, torch.Tensor]) -> dict[str, int]:
     return counts
 
 
+def is_bart_layout(state_dict: Mapping[str, torch.Tensor]) -> bool:
+    """Whether the state dict is a BART's (the authors' EncDec baseline) rather than in their EDMem layout."""
+    return _BART_KEY in state_dict and "shared.weight" not in state_dict
+
+
+def _bart_settings(state_dict: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """The EncDec baseline's widths and depths. It has no memory, so the split of each stack into lower and upper
+    layers changes nothing it computes; it is the paper's (a third of the layers lower: 4 + 8 for bart-large's 12)."""
+    vocab_size, d_model = state_dict[_BART_KEY].shape
+    settings: dict[str, Any] = dict(
+        variant="encdec",
+        vocab_size=vocab_size,
+        d_model=d_model,
+        max_position_embeddings=state_dict["model.encoder.embed_positions.weight"].shape[0] - 2,
+    )
+    for side in ("encoder", "decoder"):
+        layers = 1 + max((int(m[2]) for m in map(_BART_LAYER.match, state_dict) if m and m[1] == side), default=-1)
+        settings[f"{side}_lower_layers"] = layers // 3
+        settings[f"{side}_upper_layers"] = layers - layers // 3
+        if layers:
+            settings[f"{side}_ffn_dim"] = state_dict[f"model.{side}.layers.0.fc1.weight"].shape[0]
+    return settings
+
+
 def infer_config(state_dict: Mapping[str, torch.Tensor], **overrides: Any) -> EDMemConfig:
     """The `EDMemConfig` of an authors' state dict: widths and depths from the shapes, the rest from `overrides`
     over `AUTHORS_DEFAULTS`."""
+    if is_bart_layout(state_dict):
+        if "model.encoder.embed_positions.weight" not in state_dict:
+            raise ValueError("not a BART checkpoint: 'model.encoder.embed_positions.weight' is missing")
+        settings = {**_bart_settings(state_dict), **AUTHORS_DEFAULTS}
+        for marker in ("entity_start_token_id", "entity_end_token_id"):  # a BART without the markers has none
+            if settings[marker] >= settings["vocab_size"]:
+                settings[marker] = None
+        return EDMemConfig(**{**settings, **overrides})
     for key in ("shared.weight", "EntityEmbedding.weight", "LowerEncoder.embed_positions.weight"):
         if key not in state_dict:
-            raise ValueError(f"not an EDMem checkpoint in the authors' layout: {key!r} is missing")
+            raise ValueError(
+                f"not an EDMem checkpoint in the authors' layout: {key!r} is missing (nor a BART, their EncDec "
+                f"baseline: {_BART_KEY!r} is missing too)"
+            )
     vocab_size, d_model = state_dict["shared.weight"].shape
     entity_embed_dim, entity_vocab_size = state_dict["EntityEmbedding.weight"].shape
     settings: dict[str, Any] = dict(
@@ -148,30 +197,33 @@ def _our_key(key: str, config: EDMemConfig) -> str | None:
 
 def convert_state_dict(
     state_dict: Mapping[str, torch.Tensor], **config_overrides: Any
-) -> EDMemForConditionalGeneration | EDMemForEntityLinking:
-    """The model computing what the authors' checkpoint computed: an `EDMemForConditionalGeneration`, or an
-    `EDMemForEntityLinking` for their EncMem (recognised by its `LMHead.transform.*`).
+) -> EDMemForConditionalGeneration | EDMemForEntityLinking | EDMemEncDecForConditionalGeneration:
+    """The model computing what the authors' checkpoint computed: an `EDMemForConditionalGeneration`, an
+    `EDMemForEntityLinking` for their EncMem (recognised by its `LMHead.transform.*`), or an
+    `EDMemEncDecForConditionalGeneration` for their EncDec baseline (a BART: `model.shared.weight`, ...).
 
     Every unexpected key, missing weight, copy of a tied weight that differs from it, or shape that does not fit is
     a `ValueError` naming it. The entity id space is kept whole (all rows; in theirs 0 means no entity).
     """
     config = infer_config(state_dict, **config_overrides)
-    model = (EDMemForEntityLinking if config.variant == "encmem" else EDMemForConditionalGeneration)(config)
+    model = MODEL_WITH_HEADS[config.variant](config)
+    bart = is_bart_layout(state_dict)
+    copies = _BART_COPIES if bart else _COPIES
     expected = model.state_dict()
     converted: dict[str, torch.Tensor] = {}
     unexpected = []
     for key, tensor in state_dict.items():
         if key in _IGNORED:
             continue
-        if key in _COPIES:
-            original = state_dict.get(_COPIES[key])
+        if key in copies:
+            original = state_dict.get(copies[key])
             if original is None or not torch.equal(tensor, original):
-                raise ValueError(f"{key} should be a copy of {_COPIES[key]} (tied) but differs from it")
+                raise ValueError(f"{key} should be a copy of {copies[key]} (tied) but differs from it")
             continue
-        if key == "EntityEmbedding.weight":
+        if key == "EntityEmbedding.weight" and not bart:
             converted["model.entity_embeddings.weight"] = tensor.t()
             continue
-        ours = _our_key(key, config)
+        ours = key if bart else _our_key(key, config)
         if ours is None or ours not in expected:
             unexpected.append(key)
             continue
@@ -270,24 +322,31 @@ def authors_entity_vocab(num_rows: int, names: Mapping[int, str]) -> EntityVocab
 
 
 def write_model_card(
-    model: EDMemForConditionalGeneration | EDMemForEntityLinking, folder: str | Path, source: str
+    model: EDMemForConditionalGeneration | EDMemForEntityLinking | EDMemEncDecForConditionalGeneration,
+    folder: str | Path,
+    source: str,
 ) -> None:
     """The model's README.md card (`model.model_card`) saying what was converted, from where, with what, and how
     many entities have a name."""
     config = model.config
     settings = ", ".join(f"`{key}={getattr(config, key)!r}`" for key in AUTHORS_DEFAULTS)
     vocab = model.entity_vocab
-    names = (
-        "No entity names were given: entity decoding needs them (convert again with `--entity-names`)."
-        if vocab is None or vocab.num_unnamed == len(vocab)
-        else f"{len(vocab) - vocab.num_unnamed} of the {len(vocab)} rows have a name (`entity_vocab.json`); "
-        "the others take part in the memory but are never spelled."
-    )
+    if isinstance(model, EDMemEncDecForConditionalGeneration):
+        entities = "It is the EncDec baseline: no entity memory, free decoding only."
+    else:
+        names = (
+            "No entity names were given: entity decoding needs them (convert again with `--entity-names`)."
+            if vocab is None or vocab.num_unnamed == len(vocab)
+            else f"{len(vocab) - vocab.num_unnamed} of the {len(vocab)} rows have a name (`entity_vocab.json`); "
+            "the others take part in the memory but are never spelled."
+        )
+        entities = (
+            f"Entity ids are the authors' (every row of their table kept; in their labels 0 means no entity). {names}"
+        )
     notes = (
         f"Converted by `edmem convert-original` from `{source}`, a checkpoint of the authors' code "
         f"(github DM2-ND/EDMem): {_summary(config)}. Settings the weights could not tell were set to the authors' "
-        f"values or given with `--set`: {settings}. Entity ids are the authors' (every row of their table kept; in "
-        f"their labels 0 means no entity). {names}"
+        f"values or given with `--set`: {settings}. {entities}"
     )
     save_model_card(model.model_card(str(folder), notes=notes), folder)  # a README.md of the user's is kept
 
@@ -330,6 +389,8 @@ def cli_main(argv: list[str] | None = None) -> int:
     overrides = parse_set_options(args.set, parser)
     try:
         model = convert_state_dict(load_original_state_dict(args.checkpoint), **overrides)
+        if isinstance(model, EDMemEncDecForConditionalGeneration) and (args.entity_names or args.task_data):
+            raise ValueError("the checkpoint is the EncDec baseline (a BART): it has no entity memory to name")
         rows = model.config.entity_vocab_size
         if args.entity_names:
             model.entity_vocab = authors_entity_vocab(rows, read_entity_names(args.entity_names, rows))
@@ -345,6 +406,8 @@ def cli_main(argv: list[str] | None = None) -> int:
 
         AutoTokenizer.from_pretrained(args.tokenizer).save_pretrained(args.output_dir)
     print(f"converted {type(model).__name__}: {_summary(model.config)} -> {args.output_dir}")
+    if isinstance(model, EDMemEncDecForConditionalGeneration):
+        return 0
     vocab = model.entity_vocab
     named = 0 if vocab is None else len(vocab) - vocab.num_unnamed
     print(f"entity names: {named} of {model.config.entity_vocab_size} rows named ({ENTITY_VOCAB_NAME})")
@@ -357,6 +420,8 @@ def _summary(config: EDMemConfig) -> str:
     layers = f"{config.encoder_lower_layers}+{config.encoder_upper_layers} encoder"
     if config.variant != "encmem":
         layers += f" and {config.decoder_lower_layers}+{config.decoder_upper_layers} decoder"
+    if config.variant == "encdec":
+        return f"{layers} layers, d_model {config.d_model}, no entity memory (the EncDec baseline)"
     return (
         f"{layers} layers, d_model {config.d_model}, a {config.entity_vocab_size} x {config.entity_embed_dim} "
         "entity table"
@@ -370,6 +435,7 @@ __all__ = [
     "entity_labels_from_authors",
     "entity_names_from_task_files",
     "infer_config",
+    "is_bart_layout",
     "load_original_state_dict",
     "read_entity_names",
     "write_model_card",

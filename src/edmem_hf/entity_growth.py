@@ -1,8 +1,9 @@
 """New entities written into a trained model's memory, without training (docs/model.md, "New entities after
 training").
 
-`add_entities` appends rows to the entity table, each the mean of the memory's queries at the entity's marked
-mentions (`memory_queries`); the models' `add_entities` and `memory_queries` methods call these. `edmem
+`add_entities(model, ...)` appends rows to the entity table, each the mean of the memory's queries at the entity's
+marked mentions (`memory_queries(model, ...)`). It is this package's code, not Hub custom code: it takes any EDMem or
+EncMem model, one loaded with `trust_remote_code=True` too, and the model file does not import it. `edmem
 add-entities` finds the new entities of a MediaWiki dump, parsed as `edmem build-corpus` parses one
 (`dump.iter_parsed_pages`): an article whose title the model does not know is a new entity; its passages are the text
 around each of its mentions, marked `<E_s> ... <E_e>`: every link to it in the dump (through redirects) and each
@@ -22,6 +23,7 @@ from torch import nn
 
 from .configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN
 from .dump import ParsedPage, iter_parsed_pages
+from .modeling_edmem import MODEL_WITH_HEADS, EDMemForEntityLinking
 
 
 def _crop_around_first_mention(ids: list[int], start_id: int, max_length: int) -> list[int]:
@@ -201,7 +203,6 @@ def cli_main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     from .configuration_edmem import EDMemConfig
-    from .modeling_edmem import MODEL_WITH_HEADS
 
     model = MODEL_WITH_HEADS[EDMemConfig.from_pretrained(args.model).variant].from_pretrained(args.model)
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
@@ -220,7 +221,7 @@ def cli_main(argv: list[str] | None = None) -> int:
         ids = fit_new_entities(model, names, texts, tokenizer, {name: everyone[name] for name in chosen},
                                steps=args.fit_steps, learning_rate=args.fit_learning_rate, seed=args.seed)  # fmt: skip
     else:
-        ids = model.add_entities(names, texts, tokenizer, batch_size=args.batch_size)
+        ids = add_entities(model, names, texts, tokenizer, batch_size=args.batch_size)
     os.makedirs(args.out, exist_ok=True)
     model.save_pretrained(args.out)
     tokenizer.save_pretrained(args.out)
@@ -275,9 +276,9 @@ def fit_new_entities(
         raise ValueError(f"fit_new_entities: negative entity {unknown[0]!r} is not in the model's vocabulary")
     _check_fit_settings(steps, learning_rate, batch_size)
     if rows is None:
-        ids = model.add_entities(names, passages, tokenizer, max_length=max_length)
+        ids = add_entities(model, names, passages, tokenizer, max_length=max_length)
     else:
-        ids = model.add_entities(names, rows=rows)
+        ids = add_entities(model, names, rows=rows)
     start_id = model.config.entity_start_token_id
     max_length = min(max_length, model.config.max_position_embeddings)
     new = [_labelled_passage(text, i, tokenizer, start_id, max_length) for i, texts in zip(ids, passages)
@@ -350,7 +351,7 @@ def fit_rows(
         parameter.requires_grad_(False)
     optimizer = torch.optim.Adam([new_rows], lr=learning_rate)
     collator = EDMemMaskingCollator(tokenizer, seed=seed)
-    encoder_only = model.config.variant == "encmem"
+    encoder_only = isinstance(model, EDMemForEntityLinking)  # no decoder: no decoder entity labels
     rng = random.Random(seed)
     was_training = model.training
     model.train()  # the memory attends to every row in training (the top k only in eval)

@@ -416,14 +416,31 @@ def _token_embeddings(config: EDMemConfig) -> BartScaledWordEmbedding:
 
 
 class _EntityMemoryStack(EDMemPreTrainedModel):
-    """What the encoder and decoder share: an entity memory between their lower and upper layers when their model
-    gives them its entity table (EDMem, EncMem), none when it does not (the EncDec baseline)."""
+    """What the encoder and decoder share: an entity memory between their lower and upper layers, reading the entity
+    table their model gives them (EDMem, EncMem); none in the EncDec baseline. A stack built alone
+    (`EDMemEncoder(config)`, `EDMemEncoder.from_pretrained(folder)`) owns a table, and a stack saved alone saves the
+    table it reads, so that it loads again with its memory."""
 
     def _add_memory(self, entity_embeddings: nn.Embedding | None) -> None:
-        self.memory = EntityMemory(self.config) if entity_embeddings is not None else None
-        # The table is the model's: one parameter, saved once as its `entity_embeddings.weight`. The stack reads it
-        # through this reference, which is not registered as a submodule of the stack.
-        self.__dict__["entity_embeddings"] = entity_embeddings
+        alone = entity_embeddings is None and self.config.variant != "encdec"
+        self.memory = EntityMemory(self.config) if alone or entity_embeddings is not None else None
+        if alone:
+            self.entity_embeddings = nn.Embedding(self.config.entity_vocab_size, self.config.entity_embed_dim)
+        else:
+            # The table is the model's: one parameter, saved once as its `entity_embeddings.weight`. The stack reads
+            # it through this reference, which is not registered as a submodule of the stack.
+            self.__dict__["entity_embeddings"] = entity_embeddings
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """`PreTrainedModel.save_pretrained`; a stack of a model saves the model's table with it (as its own
+        `entity_embeddings.weight`)."""
+        if self.__dict__.get("entity_embeddings") is None:  # a table of its own, or none
+            return super().save_pretrained(save_directory, *args, **kwargs)
+        self._modules["entity_embeddings"] = self.__dict__.pop("entity_embeddings")
+        try:
+            return super().save_pretrained(save_directory, *args, **kwargs)
+        finally:
+            self.__dict__["entity_embeddings"] = self._modules.pop("entity_embeddings")
 
     def _read_memory(self, hidden_states, input_ids, entity_labels, output_attended_entities):
         """The memory access at each `<E_s>` of `input_ids`."""
@@ -757,34 +774,7 @@ class _EncoderDecoderModel(EDMemHubMixin, EDMemPreTrainedModel):
         )
 
 
-class _EntityGrowthMethods:
-    """`add_entities` and `memory_queries` where users call them, on the models that have a memory. The code is in
-    `edmem_hf.entity_growth` (this package's, not Hub custom code): a model loaded with `trust_remote_code=True`
-    grows its memory when the package is installed, and says so when it is not."""
-
-    def add_entities(self, names: list[str], passages: list[list[str]] | None = None, tokenizer=None, **kwargs):
-        """Appends entities to the memory, without training; returns their ids. See
-        `edmem_hf.entity_growth.add_entities` (docs/model.md, "New entities after training")."""
-        return _entity_growth().add_entities(self, names, passages, tokenizer, **kwargs)
-
-    def memory_queries(self, passages: list[list[str]], tokenizer, **kwargs) -> torch.Tensor:
-        """For each list of texts, the mean of the memory's queries at its marked mentions. See
-        `edmem_hf.entity_growth.memory_queries`."""
-        return _entity_growth().memory_queries(self, passages, tokenizer, **kwargs)
-
-
-def _entity_growth():
-    try:
-        from edmem_hf import entity_growth
-    except ImportError as error:
-        raise ImportError(
-            "growing the entity memory needs the edmem-hf package (its entity_growth module is not Hub custom code): "
-            "install it, then call add_entities / memory_queries again"
-        ) from error
-    return entity_growth
-
-
-class EDMemModel(_EntityGrowthMethods, _EncoderDecoderModel):
+class EDMemModel(_EncoderDecoderModel):
     """The bare EDMem encoder-decoder: hidden states and memory accesses, no heads. It owns the token embeddings
     (`shared`) and the entity table (`entity_embeddings`), one parameter read by both memories."""
 
@@ -803,7 +793,7 @@ class EDMemEncDecModel(_EncoderDecoderModel):
         super().__init__(config, entity_embeddings=None)
 
 
-class EDMemEncMemModel(_EntityGrowthMethods, EDMemHubMixin, EDMemPreTrainedModel):
+class EDMemEncMemModel(EDMemHubMixin, EDMemPreTrainedModel):
     """The bare EncMem (`variant="encmem"`): the encoder with its memory, no decoder. It owns the token embeddings
     (`shared`) and the entity table (`entity_embeddings`)."""
 
@@ -911,7 +901,7 @@ def _lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     )
 
 
-class _EDMemSeq2SeqLM(EDMemGenerationMixin, EDMemHubMixin, EDMemPreTrainedModel):
+class _EDMemSeq2SeqLM(EDMemHubMixin, EDMemPreTrainedModel):
     """What EDMem's and EncDec's models with an LM head share: BART's LM head (tied to the input embeddings) and
     final-logits bias, decoder inputs from the labels, and the entity-decoding defaults of the generation config."""
 
@@ -959,7 +949,7 @@ class _EDMemSeq2SeqLM(EDMemGenerationMixin, EDMemHubMixin, EDMemPreTrainedModel)
         return self.lm_head(hidden_states) + self.final_logits_bias.to(hidden_states.device)
 
 
-class EDMemForConditionalGeneration(_EntityGrowthMethods, _EDMemSeq2SeqLM):
+class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
     """EDMem with an LM head (tied to the input embeddings) and an entity-linking head on the decoder.
 
     `generate(entity_decoding="free" | "static" | "dynamic")` comes from `EDMemGenerationMixin`.
@@ -1091,7 +1081,7 @@ class EDMemForConditionalGeneration(_EntityGrowthMethods, _EDMemSeq2SeqLM):
         )
 
 
-class EDMemEncDecForConditionalGeneration(_EDMemSeq2SeqLM):
+class EDMemEncDecForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
     """The paper's EncDec baseline (`variant="encdec"`): EDMem's encoder-decoder and LM head without the entity
     memory, trained with the LM loss alone. It takes EDMem's batches: entity labels are accepted and not used.
     `generate` decodes freely (static and dynamic decoding need the entity-linking head)."""
@@ -1146,7 +1136,7 @@ class EDMemEncDecForConditionalGeneration(_EDMemSeq2SeqLM):
         return _lm_output(outputs, logits, loss=lm_loss, lm_loss=lm_loss)
 
 
-class EDMemForEntityLinking(_EntityGrowthMethods, EDMemHubMixin, EDMemPreTrainedModel):
+class EDMemForEntityLinking(EDMemHubMixin, EDMemPreTrainedModel):
     """The encoder-only EncMem variant (EaE-style auto-encoder): encoder + memory, an entity-linking head on the
     final encoder states and a BERT-style masked-LM head. Predicts the entity of every `<E_s>` in the input."""
 

@@ -600,7 +600,9 @@ def evaluate(model: Any, dataloader: Any, accelerator: Any) -> dict[str, float]:
 
 
 def _is_encoder_only(model: Any, accelerator: Any) -> bool:
-    return accelerator.unwrap_model(model).config.variant == "encmem"
+    from .modeling_edmem import EDMemForEntityLinking
+
+    return isinstance(accelerator.unwrap_model(model), EDMemForEntityLinking)
 
 
 def _model_inputs(batch: dict[str, torch.Tensor], encoder_only: bool) -> dict[str, torch.Tensor]:
