@@ -121,10 +121,11 @@ def tokenizer_settings(tokenizer: Any) -> dict[str, int]:
 
 
 def entity_vocab_from_task_files(paths: list[str | os.PathLike]) -> EntityVocab:
-    """An entity vocabulary of our own (ids 0..N-1, entities found by name) for the entities the authors' released
+    """An entity vocabulary of our own (ids 0..N-1, every row an entity) for the entities the authors' released
     task files link: the `link_target` / `entity_name` pairs of the inputs, as `edmem convert-original --task-data`
     reads them, and the `answer_link_target` / `answer_entity_name` pairs of the training answers, in the order of
-    the authors' ids."""
+    the authors' ids. Each row keeps its id in theirs (`authors_ids`): their files' ids map to its rows, also where
+    they name an entity otherwise (a test answer "lawyer" for the entity Lawyer)."""
     names = entity_names_from_task_files(paths)
     files = [f for path in map(Path, paths) for f in (sorted(path.rglob("*.jsonl")) if path.is_dir() else [path])]
     for file in files:
@@ -135,7 +136,11 @@ def entity_vocab_from_task_files(paths: list[str | os.PathLike]) -> EntityVocab:
                 for entity_ids, entity_names in zip(targets, answer_names):
                     for entity_id, name in zip(map(int, entity_ids), entity_names):
                         names.setdefault(entity_id, name)
-    return EntityVocab(list(dict.fromkeys(name for _, name in sorted(names.items()))))
+    rows: dict[str, int] = {}
+    for entity_id, name in sorted(names.items()):
+        if rows.setdefault(name, entity_id) != entity_id:
+            raise ValueError(f"the task files name two entities {name!r} (ids {rows[name]} and {entity_id})")
+    return EntityVocab(list(rows), authors_ids=list(rows.values()))
 
 
 def _preset_usage(folder: str, random_weights: bool) -> str:
