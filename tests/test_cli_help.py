@@ -29,7 +29,7 @@ def _options_without_help(text: str) -> list[str]:
     return bare
 
 
-@pytest.mark.parametrize("command", ["pretrain", "demo", "build-corpus", "write-preset", "evaluate"])
+@pytest.mark.parametrize("command", ["pretrain", "demo", "build-corpus", "write-preset", "evaluate", "finetune"])
 def test_every_option_has_a_help_text(command, capsys):
     text = _help([command, "--help"], capsys)
     assert text.split("\n\n")[1].strip(), "a description under the usage line"

@@ -8,7 +8,7 @@ tokens + `<E_s>`, `<E_e>` (50265, 50266).
 
 `edmem write-preset` writes a folder that loads offline; with `--tokenizer` and `--entity-vocab` (or `--task-data`)
 it is complete: the vocabulary size, marker and special token ids from the tokenizer, the entity count from the
-entity vocabulary, both saved beside the config, ready for `examples/finetune_qa.py`.
+entity vocabulary, both saved beside the config, ready for `edmem finetune`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from huggingface_hub.errors import StrictDataclassError
 
 from .configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN, EDMemConfig
 from .convert_original import AUTHORS_DEFAULTS, entity_names_from_task_files, parse_set_options
-from .entity_vocab import EntityVocab
+from .entity_vocab import AUTHORS_ID_SPACE, EntityVocab
 from .model_card import edmem_model_card, save_model_card
 from .modeling_edmem import EDMemForConditionalGeneration
 
@@ -285,7 +285,10 @@ def cli_main(argv: list[str] | None = None) -> int:
             f"{config.entity_end_token_id}"
         )
     if entity_vocab is not None:
-        print(f"  entity vocabulary: {len(entity_vocab)} entities (entity_vocab.json)")
+        ids = "the authors' ids" if entity_vocab.id_space == AUTHORS_ID_SPACE else f"ids 0..{len(entity_vocab) - 1}"
+        if entity_vocab.authors_ids is not None:
+            ids += ", each with its id in the authors' files"
+        print(f"  entity vocabulary: {len(entity_vocab)} entities (entity_vocab.json: {ids})")
     return 0
 
 
