@@ -64,3 +64,17 @@ def test_in_the_authors_ids_row_0_means_none():
         EntityVocab(["Paris"], id_space="mine")
     grown = EntityVocab(["Paris"], authors_ids=[12]).extended(["Lyon"])
     assert grown.authors_ids == [12, None] and EntityVocab.from_dict(grown.to_dict()) == grown
+
+
+def test_files_of_ours_may_name_the_entity_where_the_authors_give_its_id(tmp_path):
+    """The toy worlds' files give the entity's name as `link_target`: read by name, never as an id."""
+    record = {"id": "1", "question": "where was Ada born?", "answer": ["Paris"], "link_offset": [10]}
+    record |= {
+        "link_length": [3],
+        "link_target": ["Ada"],
+        "entity_name": ["Ada"],
+        "answer_entity": [["Paris", "Paris"]],
+    }
+    (tmp_path / "qa.jsonl").write_text(json.dumps(record) + "\n")
+    row = read_qa(tmp_path / "qa.jsonl", EntityVocab(["Paris", "Ada"], authors_ids=[11, 12]))[0]
+    assert row["mention_entities"] == [1] and row["answer_entity"] == 0

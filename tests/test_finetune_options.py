@@ -63,9 +63,8 @@ def test_defaults_follow_the_task_and_the_files_given(files, capsys):
     _, _, args, _, _ = finetuning.parse_arguments(argv=_argv(files, *validated))
     assert args.eval_strategy == IntervalStrategy.EPOCH and args.load_best_model_at_end  # the paper's
     _, data, args, _, task = finetuning.parse_arguments(argv=["--task", "creak", *_argv(files, *validated)])
-    assert args.metric_for_best_model == "rougeL" and data.max_source_length == 256 and task.read.__name__ == (
-        "read_generation"
-    )
+    assert args.metric_for_best_model == "rougeL" and data.max_source_length == 256
+    assert task.read.__name__ == "read_generation"
     _, _, args, _, task = finetuning.parse_arguments(argv=["--objective", "static_linking", *_argv(files)])
     assert task is finetuning.STATIC_LINKING and not args.predict_with_generate
     # one JSON file of arguments gets the same defaults, its task's too

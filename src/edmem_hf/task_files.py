@@ -69,8 +69,10 @@ def read_jsonl(path: str | Path, bad_line: Callable[[str], None] | None = None) 
 def _entity_id(vocab: EntityVocab, target: str | int, name: str) -> int:
     """The vocabulary's id of an entity the released files give by the authors' id `target` and `name`: through
     the authors' id (`EntityVocab.from_authors_id`: a table in their ids, or one of ours that kept them), else by
-    name; IGNORE_INDEX when the vocabulary does not hold it (their id 0, "none", is never an entity)."""
-    entity_id = vocab.from_authors_id(target)
+    name; IGNORE_INDEX when the vocabulary does not hold it (their id 0, "none", is never an entity). A `target`
+    that is not a number (files of ours may name the entity there) is looked up by name only."""
+    is_id = isinstance(target, int) or (isinstance(target, str) and target.strip().isdigit())
+    entity_id = vocab.from_authors_id(int(target)) if is_id else None
     if entity_id is None and vocab.id_space != AUTHORS_ID_SPACE and name in vocab:
         entity_id = vocab.id_of(name)
     return IGNORE_INDEX if entity_id is None else entity_id
