@@ -7,7 +7,7 @@ names, with independent attributes, each in several biographies of varied templa
 rendered as a MediaWiki dump; `edmem build-corpus` turns it into passages; EDMem, EncDec and EncMem are pre-trained
 from scratch by `edmem pretrain` with the same steps, widths and seed. Every person is in pre-training. The people
 are then cut in three groups: question answering is fine-tuned on the questions about half of them (all six
-forms; `examples/finetune_qa.py`, the stock Seq2SeqTrainer; EncMem with the authors' linking recipe); the
+forms; `edmem finetune`, the stock Seq2SeqTrainer; EncMem with the authors' linking recipe); the
 validation group's questions are asked to choose recipes and settings (`--no-test` asks nothing else); the test
 group's are read once a recipe. Exact match (`edmem evaluate`'s code), overall, on entity answers and on literal
 answers, beside the majority answer of each question form, with 95 % intervals that resample the seeds and then
@@ -46,8 +46,6 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from transformers import AutoTokenizer, Trainer, TrainingArguments  # noqa: E402
@@ -80,7 +78,7 @@ class Recipe:
     entity_loss_weight: float = 1.0  # lambda_EL in pre-training (`edmem pretrain --entity_loss_weight`)
     entity_loss_reduction: str = "labelled_accesses"  # `--entity_loss_reduction`
     number_mask_prob: float = 0.0  # dates and numbers as salient spans (`--number_mask_prob`)
-    finetune_entity_loss_weight: float = 1.0  # lambda_EL in fine-tuning (`finetune_qa.py --entity_loss_weight`)
+    finetune_entity_loss_weight: float = 1.0  # lambda_EL in fine-tuning (`edmem finetune --entity_loss_weight`)
 
     def pretraining_suffix(self, variant: str) -> str:
         """What sets this recipe's pre-training of `variant` apart from the paper's, as a folder suffix ("" when
@@ -301,9 +299,8 @@ def _finetune_argv(settings: Settings, seed: int) -> list[str]:
 
 def finetune_model(model_dir: Path, train_file: Path, out: Path, settings: Settings, seed: int,
                    entity_mask_file: Path | None = None, entity_loss_weight: float = 1.0) -> Path:  # fmt: skip
-    """`examples/finetune_qa.py` on the training questions (skipped when `out` has a model: a rerun goes on)."""
-    from finetune_common import run
-    from finetune_qa import QA
+    """`edmem finetune` on the training questions (skipped when `out` has a model: a rerun goes on)."""
+    from edmem_hf.finetuning import QA, run
 
     if not (out / "model.safetensors").exists():
         mask = ["--entity_mask_file", str(entity_mask_file)] if entity_mask_file else []
@@ -315,9 +312,8 @@ def finetune_model(model_dir: Path, train_file: Path, out: Path, settings: Setti
 
 def predict(model_dir: Path, test_file: Path, out: Path, mode: str, settings: Settings, seed: int,
             entity_mask_file: Path | None = None) -> Path:  # fmt: skip
-    """`examples/finetune_qa.py --do_predict` in one decoding mode; returns the predictions file (reused)."""
-    from finetune_common import run
-    from finetune_qa import QA
+    """`edmem finetune --do_predict` in one decoding mode; returns the predictions file (reused)."""
+    from edmem_hf.finetuning import QA, run
 
     path = out / f"{mode}_predictions.json"
     if not path.exists():

@@ -3,20 +3,15 @@
 from __future__ import annotations
 
 import re
-import sys
-from pathlib import Path
 
 import pytest
 
 from edmem_hf.cli import main as edmem
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-import finetune_qa  # noqa: E402
-
 
 def _help(argv: list[str], capsys) -> str:
     with pytest.raises(SystemExit) as exit_:
-        edmem(argv) if argv[0] != "finetune_qa.py" else finetune_qa.main(argv[1:])
+        edmem(argv)
     assert exit_.value.code == 0
     return capsys.readouterr().out
 
@@ -57,6 +52,7 @@ COMMANDS = [
     "evaluate",
     "add-entities",
     "convert-original",
+    "finetune",
 ]
 
 
@@ -106,7 +102,7 @@ def test_required_options_are_shown_as_required(capsys):
         assert "(default:" not in _entries(_help([command, "--help"], capsys))[required]
 
 
-def test_finetune_qa_help_shows_the_objective_and_the_choices(capsys):
-    text = " ".join(_help(["finetune_qa.py", "--help"], capsys).split())
-    assert "--objective {qa,static_linking}" in text and "train the static setting's linker" in text
+def test_finetune_help_shows_the_objective_and_the_choices(capsys):
+    text = " ".join(_help(["finetune", "--help"], capsys).split())
+    assert "--objective {qa,static_linking}" in text and "trains the static setting's linker" in text
     assert "--entity_decoding {free,static,dynamic}" in text and "--bad_records {raise,skip}" in text

@@ -11,6 +11,9 @@ Accelerate config that is not there fails here, naming the page, the block and t
   their own parsers, their `--config_file` read by Accelerate, and the `-m edmem_hf.cli` tail parsed as an edmem
   command. The README's set-up command (`bash scripts/bootstrap.sh && ... pytest`) is not run: it must be a line of
   `.ci/run`, which is what CI runs.
+- A page may set a shell variable to a folder (`WQ=$(realpath ...)`) and change to a working folder (`mkdir -p DIR
+  && cd DIR`): the variable is set to a folder of the test's and expanded in the commands after it (`$WQ/...`), and
+  the folder lines are not parsed.
 - Optional parts `[...]` are parsed too (each alternative of `[A | B]` on its own); `...` stands for options the page
   leaves out and is dropped. Placeholders (`MODEL`, `HOST`, `PATH`, file names) are passed as written: the parsers
   take them as strings.
@@ -33,6 +36,7 @@ import functools
 import importlib
 import itertools
 import json
+import os
 import re
 import runpy
 import shlex
@@ -50,6 +54,8 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(.*?)\n(.*?)^```", re.S | re.M)
 OPTIONAL = re.compile(r"\[([^\[\]]*)\]")
 NOT_CODE = {"text", "json"}  # figures and layouts, sample output: shown, not run
+ASSIGNMENT = re.compile(r"^([A-Za-z_]\w*)=")  # `NAME=value`: a shell variable a page sets
+FOLDER_COMMANDS = ("mkdir", "cd")  # the working folder of a page's commands
 
 
 class _Parsed(Exception):
@@ -89,6 +95,23 @@ def commands(page: Path) -> list[tuple[int, str]]:
             if line.strip():
                 found.append((number, " ".join(line.split())))
     return found
+
+
+def page_variables(page: Path) -> list[str]:
+    """The shell variables the page's commands set (`NAME=value`)."""
+    return [match.group(1) for _, command in commands(page) if (match := ASSIGNMENT.match(command))]
+
+
+def set_page_variables(page: Path, workdir: Path, monkeypatch) -> None:
+    """Each variable the page sets, as a folder in `workdir` (and `~` as `workdir`), for its commands to expand."""
+    monkeypatch.setenv("HOME", str(workdir))
+    for name in page_variables(page):
+        monkeypatch.setenv(name, str(workdir / name.lower()))
+
+
+def expanded(part: str) -> list[str]:
+    """The words of a command with its `$VARIABLES` and `~` expanded, as the shell does."""
+    return [os.path.expanduser(os.path.expandvars(word)) for word in shlex.split(part)]
 
 
 def expansions(command: str) -> list[str]:
@@ -166,9 +189,13 @@ def _launcher(program: str, argv: list[str]) -> None:
 def check(command: str) -> None:
     """Parses one command line with what it runs; returns when it parses."""
     for part in command.split(" && "):
-        words = shlex.split(part)
+        if ASSIGNMENT.match(part):  # a variable of the page, set by the test
+            continue
+        words = expanded(part)
         argv, elided = [word for word in words if word != "..."], "..." in words
         program, rest = argv[0], argv[1:]
+        if program in FOLDER_COMMANDS:
+            continue
         if program == "bash":  # the README's set-up: the script is there and .ci/run runs the same command
             _require((ROOT / rest[0]).is_file(), f"no script {rest[0]}")
             continue
@@ -230,6 +257,7 @@ def test_every_fenced_block_is_checked_or_not_code(page):
 def test_each_documented_command_parses(page, block, command, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    set_page_variables(page, tmp_path, monkeypatch)
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     _parse_only(monkeypatch)
     _at(page, block, command, lambda: check(command))
@@ -260,23 +288,27 @@ def _released_files(argv: list[str], workdir: Path) -> int:
     options = {word: value for word, value in itertools.pairwise([*argv, ""]) if word.startswith("--")}
     task = options["--task"]
 
-    def released(name: str) -> Path:
-        folder = shared_data_path("edmem_release")
+    def released(path: str) -> Path:
+        name, folder = Path(path).name, shared_data_path("edmem_release")
         found = [path for path in folder.rglob(name) if task in (part.lower() for part in path.parts)]
         _require(len(found) == 1, f"the release has no single {name} for the task {task}: {found}")
         return found[0]
 
+    def written(path: str) -> Path:
+        (workdir / path).parent.mkdir(parents=True, exist_ok=True)
+        return workdir / path
+
     with released(options["--data"]).open(encoding="utf-8") as f:
         records = [json.loads(line) for line in itertools.islice(f, RELEASED_RECORDS)]
-    (workdir / options["--data"]).write_text("".join(json.dumps(record) + "\n" for record in records))
+    written(options["--data"]).write_text("".join(json.dumps(record) + "\n" for record in records))
     ids = {record["id"] for record in records}
     for option in ("--predictions", "--answer-links"):  # {id: ...} objects, cut to the records kept
         if option in options:
             by_id = json.loads(released(options[option]).read_text(encoding="utf-8"))
-            (workdir / options[option]).write_text(json.dumps({i: v for i, v in by_id.items() if i in ids}))
+            written(options[option]).write_text(json.dumps({i: v for i, v in by_id.items() if i in ids}))
     if "--aliases" in options:  # entity2mention.json is not released
         names = {name for record in records for reference in record["output_entity_name"] for name in reference}
-        (workdir / options["--aliases"]).write_text(json.dumps({name: [name.lower()] for name in sorted(names)}))
+        written(options["--aliases"]).write_text(json.dumps({name: [name.lower()] for name in sorted(names)}))
     return len(records)
 
 
@@ -300,7 +332,8 @@ def test_the_evaluate_commands_run_on_the_released_files(case, tmp_path, monkeyp
     page, block, command = case
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    argv = shlex.split(command)[1:]
+    set_page_variables(page, tmp_path, monkeypatch)
+    argv = expanded(command)[1:]
     scores, err, count = _at(page, block, command, lambda: _evaluate(argv, tmp_path, capsys))
     assert scores["count"] == count
     if "--answer-links" in argv:

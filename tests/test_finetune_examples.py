@@ -1,5 +1,5 @@
-"""examples/finetune_qa.py and finetune_generation.py: 2-step Seq2SeqTrainer runs on a tiny model, generating in each
-decoding mode, with the task's metrics and a predictions file that `edmem evaluate` scores.
+"""`edmem finetune` (and the examples over it): 2-step Seq2SeqTrainer runs on a tiny model, generating in each
+decoding mode, with the task's metrics and a predictions file that `edmem evaluate` scores alike.
 
 The tiny model is first trained (a plain loop, a few seconds) until it answers the questions and writes the outputs
 of the files, so that every check below reads real, varied predictions: an empty or constant output fails them."""
@@ -20,12 +20,11 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from edmem_hf import EntityVocab
 from edmem_hf.cli import main as edmem
+from edmem_hf.finetuning import run as finetune
 from edmem_hf.tasks import EDMemSeq2SeqCollator, encode_generation_record, encode_qa_record, read_generation, read_qa
 from tiny_models import make_word_tokenizer, make_words, tiny_model
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-import finetune_generation  # noqa: E402
-import finetune_qa  # noqa: E402
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 WORDS = make_words(400)
 ENTITIES = [" ".join(WORDS[i : i + 2]) for i in range(0, 40, 2)]  # 20 two-word names
@@ -84,6 +83,10 @@ def folders(tmp_path_factory):
     start, end = tokenizer.convert_tokens_to_ids(["<E_s>", "<E_e>"])
     for name, make, count in (("qa", _qa_record, 24), ("generation", _generation_record, 16)):
         (root / f"{name}.jsonl").write_text("".join(json.dumps(make(i)) + "\n" for i in range(count)))
+    # the released split's shape (sling_invocab-*.json): here one question in four's answer is an entity, not the
+    # 18 whose answer is an entity of the model's vocabulary, so that the two splits cannot pass for each other
+    links = {f"q{i}": {ENTITIES[(i * 7 + 3) % 20]: ["Q1", "x", "11"]} if i % 4 == 1 else None for i in range(24)}
+    (root / "answer_links.json").write_text(json.dumps(links))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     model = tiny_model(vocab_size=len(tokenizer), entity_start_token_id=start, entity_end_token_id=end, dropout=0.0)
@@ -121,15 +124,17 @@ def _assert_real(predictions: dict[str, str], distinct: int) -> None:
 
 @pytest.mark.parametrize("mode", ["free", "static", "dynamic"])
 def test_qa_fine_tuning_in_each_decoding_mode(folders, tmp_path, mode, capsys):
-    data = folders / "qa.jsonl"
-    metrics = finetune_qa.main(_arguments(folders, tmp_path, data, ["--entity_decoding", mode]))
-    assert metrics["test_count"] == 24 and metrics["test_count_entity"] == 18
+    data, links = folders / "qa.jsonl", folders / "answer_links.json"
+    metrics = finetune(
+        argv=_arguments(folders, tmp_path, data, ["--entity_decoding", mode, "--test_answer_links", str(links)])
+    )
+    assert metrics["test_count"] == 24 and metrics["test_count_in_vocab_answer"] == 18  # the model's split
     assert json.loads((tmp_path / "eval_results.json").read_text())["eval_count"] == 24
     predictions = json.loads((tmp_path / f"{mode}_predictions.json").read_text())
     assert sorted(predictions) == sorted(f"q{i}" for i in range(24))
     _assert_real(predictions, distinct=10)
     # the trained model answers: the literal "1987" and the entity answers, in each mode
-    assert metrics["test_exact_match_non_entity"] == 100.0 and metrics["test_exact_match_entity"] >= 80.0
+    assert metrics["test_exact_match_other_answer"] == 100.0 and metrics["test_exact_match_in_vocab_answer"] >= 80.0
     spans = [span for text in predictions.values() for span in _spans(text)]
     assert len(spans) >= 15 and all(span in ENTITIES for span in spans)
     capsys.readouterr()
@@ -142,9 +147,13 @@ def test_qa_fine_tuning_in_each_decoding_mode(folders, tmp_path, mode, capsys):
         "--predictions",
         str(tmp_path / f"{mode}_predictions.json"),
     ]
-    assert edmem([*command, "--json"]) == 0
+    assert edmem([*command, "--answer-links", str(links), "--json"]) == 0
     scored = json.loads(capsys.readouterr().out)
-    assert scored["exact_match"] == pytest.approx(metrics["test_exact_match"])
+    # one name, one figure: the fine-tuning report's entity split is edmem evaluate's, on the same links
+    assert scored["count_entity"] == metrics["test_count_entity"] == 6 and scored["count_non_entity"] == 18
+    for name in ("exact_match", "exact_match_entity", "exact_match_non_entity"):
+        assert scored[name] == pytest.approx(metrics[f"test_{name}"]), name
+    assert "exact_match_in_vocab_answer" not in scored  # the model's split is the fine-tuning report's own
 
 
 @pytest.mark.parametrize("mode", ["free", "static", "dynamic"])
@@ -153,7 +162,7 @@ def test_the_entity_mask_file_hides_names_from_constrained_decoding(folders, tmp
     visible names; free decoding, unconstrained, still spells hidden ones (so the check can tell the two apart)."""
     data = folders / "qa.jsonl"
     extra = ["--entity_decoding", mode, "--entity_mask_file", str(folders / "memory_mask.pt")]
-    finetune_qa.main([a for a in _arguments(folders, tmp_path, data, extra) if a not in ("--do_train", "--do_eval")])
+    finetune(argv=[a for a in _arguments(folders, tmp_path, data, extra) if a not in ("--do_train", "--do_eval")])
     predictions = json.loads((tmp_path / f"{mode}_predictions.json").read_text())
     _assert_real(predictions, distinct=5)
     spans = [span for text in predictions.values() for span in _spans(text)]
@@ -169,7 +178,7 @@ def test_the_static_linker_trains_on_entity_answers_only_and_drives_static_decod
     data = folders / "qa.jsonl"
     linker = tmp_path / "linker"
     with caplog.at_level(logging.INFO, logger="transformers.trainer"):
-        finetune_qa.main(["--objective", "static_linking", *_arguments(folders, linker, data)])
+        finetune(argv=["--objective", "static_linking", *_arguments(folders, linker, data)])
     assert "Num examples = 18" in caplog.text  # the 18 questions whose answer is an entity
     assert math.isfinite(json.loads((linker / "eval_results.json").read_text())["eval_loss"])
     assert not (linker / "free_predictions.json").exists()  # the linker does not generate
@@ -187,7 +196,7 @@ def test_the_static_linker_trains_on_entity_answers_only_and_drives_static_decod
         linked[row["id"]] = model.entity_vocab.name_of(int(top[0, 0]))
     reader = tmp_path / "qa"
     extra = ["--entity_decoding", "static", "--entity_candidates", "1", "--static_linker", str(linker)]
-    metrics = finetune_qa.main(_arguments(folders, reader, data, extra))
+    metrics = finetune(argv=_arguments(folders, reader, data, extra))
     predictions = json.loads((reader / "static_predictions.json").read_text())
     assert metrics["test_count"] == 24
     _assert_real(predictions, distinct=5)
@@ -200,9 +209,7 @@ def test_the_static_linker_trains_on_entity_answers_only_and_drives_static_decod
 
 def test_generation_fine_tuning(folders, tmp_path):
     data = folders / "generation.jsonl"
-    metrics = finetune_generation.main(
-        ["--task", "wow", *_arguments(folders, tmp_path, data, ["--entity_decoding", "dynamic"])]
-    )
+    metrics = finetune(argv=["--task", "wow", *_arguments(folders, tmp_path, data, ["--entity_decoding", "dynamic"])])
     predictions = json.loads((tmp_path / "dynamic_predictions.json").read_text())
     assert sorted(predictions, key=int) == [str(i) for i in range(16)]
     _assert_real(predictions, distinct=12)
@@ -217,23 +224,81 @@ def test_generation_fine_tuning(folders, tmp_path):
 def test_qa_fine_tuning_runs_unchanged_under_torchrun(folders, tmp_path):
     """Two CPU processes (DDP over gloo): a training step, then predictions gathered in example order, the same as
     one process's (the distributed sampler pads 24 examples to 32)."""
-    script = Path(__file__).resolve().parents[1] / "examples" / "finetune_qa.py"
     data = folders / "qa.jsonl"
     trained = _arguments(folders, tmp_path / "trained", data, ["--entity_decoding", "dynamic"])
     predict_only = [a for a in _arguments(folders, tmp_path / "two", data) if a not in ("--do_train", "--do_eval")]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     logs = []
     for arguments in (trained, predict_only):
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(script), *arguments]
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "edmem_hf.cli"]
+        command += ["finetune", *arguments]
         result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
         assert result.returncode == 0, result.stderr[-3000:]
         logs.append(result.stdout + result.stderr)
     assert "Total train batch size (w. parallel, distributed & accumulation) = 16" in logs[0]  # 2 x 8
     assert json.loads((tmp_path / "trained" / "test_results.json").read_text())["test_count"] == 24
-    finetune_qa.main([a for a in _arguments(folders, tmp_path / "one", data) if a not in ("--do_train", "--do_eval")])
+    finetune(argv=[a for a in _arguments(folders, tmp_path / "one", data) if a not in ("--do_train", "--do_eval")])
     two = json.loads((tmp_path / "two" / "free_predictions.json").read_text())
     one = json.loads((tmp_path / "one" / "free_predictions.json").read_text())
     _assert_real(one, distinct=10)
     assert list(two) == list(one) == [f"q{i}" for i in range(24)] and two == one
     # each question's own answer (an order mixed up across processes would pair them wrongly)
     assert json.loads((tmp_path / "one" / "test_results.json").read_text())["test_exact_match"] >= 80.0
+
+
+def _train_briefly(folders, out, data, *extra):
+    return [
+        "--model_name_or_path", str(folders / "model"), "--output_dir", str(out), "--train_file", str(data),
+        "--do_train", "--max_steps", "1", "--per_device_train_batch_size", "4", "--save_strategy", "no",
+        "--report_to", "none", "--use_cpu", "--disable_tqdm", "true", *extra,
+    ]  # fmt: skip
+
+
+def test_a_line_that_is_not_a_json_record_is_a_bad_record(folders, tmp_path, capfd, caplog):
+    """By default one line naming the file and the line (no traceback); `--bad_records skip` skips it, counted."""
+    lines = (folders / "qa.jsonl").read_text().splitlines()
+    lines[3] = lines[3][:-9]  # a line cut short, as by an interrupted copy
+    data = tmp_path / "train.jsonl"
+    data.write_text("\n".join(lines) + "\n")
+    argv = ["finetune", *_train_briefly(folders, tmp_path / "out", data)]
+    capfd.readouterr()
+    assert edmem(argv) == 1
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and err.count("\n") <= 2, err
+    assert f"edmem finetune: {data}, line 4: not JSON at column" in err and "--bad_records skip" in err
+    with caplog.at_level(logging.INFO, logger="edmem_hf.task_files"):
+        assert edmem([*argv, "--bad_records", "skip"]) == 0
+    assert f"{data}: skipped: line 4: not JSON" in caplog.text
+    assert "23 records read, skipped: 1 lines not a JSON record" in caplog.text
+    (tmp_path / "list.jsonl").write_text('{"id": "1", "question": "q", "answer": ["a"]}\n[1, 2]\n')
+    assert edmem(["finetune", *_train_briefly(folders, tmp_path / "out", tmp_path / "list.jsonl")]) == 1
+    assert f"{tmp_path / 'list.jsonl'}, line 2: a JSON list, not an object" in capfd.readouterr().err
+
+
+def test_the_training_log_counts_the_records_used(folders, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="edmem_hf.task_files")
+    caplog.set_level(logging.INFO, logger="transformers.trainer")
+    finetune(argv=_train_briefly(folders, tmp_path, folders / "qa.jsonl", "--max_train_samples", "8"))
+    read = [record.getMessage() for record in caplog.records if record.name == "edmem_hf.task_files"]
+    assert len(read) == 1 and "the first 8 of its 24 records read (limit 8)" in read[0]
+    assert "8 linked mentions" in read[0] and "6 entity answers" in read[0]  # of the 8 (the file has 24 and 18)
+    assert "Num examples = 8" in caplog.text
+
+
+def test_the_examples_are_the_command(folders, tmp_path):
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        import finetune_generation
+        import finetune_qa
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    data = folders / "qa.jsonl"
+    for runner, out in ((finetune_qa.main, "example"), (lambda argv: finetune(argv=argv), "command")):
+        runner([a for a in _arguments(folders, tmp_path / out, data) if a not in ("--do_train", "--do_eval")])
+    example, command = (
+        json.loads((tmp_path / out / "free_predictions.json").read_text()) for out in ("example", "command")
+    )
+    _assert_real(command, distinct=10)
+    assert example == command
+    with pytest.raises(SystemExit, match="--task must name a generation task"):
+        finetune_generation.main(_arguments(folders, tmp_path, data))

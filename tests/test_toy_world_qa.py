@@ -7,20 +7,16 @@ from __future__ import annotations
 import bz2
 import json
 import re
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from edmem_hf import EntityVocab
 from edmem_hf.evaluation import evaluate_files
+from edmem_hf.finetuning import run as finetune
 from edmem_hf.knowledge_world import KnowledgeWorldSettings, generate_knowledge_world, split_people
 from edmem_hf.tasks import IGNORE_INDEX, read_jsonl, read_qa
 from tiny_models import load_benchmark, make_word_tokenizer, tiny_model
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-import finetune_qa  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -202,7 +198,7 @@ def test_entity_mask_file_is_the_authors_format(bench, tmp_path):
     assert 0 < len(visible) < len(names) // 2
 
     def spelled(out, *extra) -> list[str]:
-        finetune_qa.main([
+        finetune(argv=[
             "--model_name_or_path", str(tmp_path / "model"), "--output_dir", str(out), "--test_file", str(data),
             "--do_predict", "--entity_decoding", "dynamic", "--entity_candidates", "3", "--max_target_length", "24",
             "--per_device_eval_batch_size", "32", "--eval_strategy", "no", "--save_strategy", "no",

@@ -16,6 +16,10 @@ COMMANDS = {
         "Convert the authors' EDMem checkpoint to this package's format.",
     ),
     "write-preset": ("edmem_hf.presets", "Write the edmem-base or edmem-large preset as a folder that loads offline."),
+    "finetune": (
+        "edmem_hf.finetuning",
+        "Fine-tune on the paper's QA or generation tasks (the released files) with Seq2SeqTrainer; predict.",
+    ),
     "evaluate": (
         "edmem_hf.evaluation",
         "Score predictions: exact match (QA); ROUGE, unigram F1, entity coverage, BERTScore (generation).",

@@ -22,7 +22,7 @@ import torch
 from huggingface_hub.errors import StrictDataclassError
 
 from .configuration_edmem import EDMemConfig
-from .entity_vocab import AUTHORS_ID_SPACE, ENTITY_VOCAB_NAME, EntityVocab
+from .entity_vocab import AUTHORS_FIRST_ENTITY, AUTHORS_ID_SPACE, AUTHORS_NO_ENTITY, ENTITY_VOCAB_NAME, EntityVocab
 from .model_card import save_model_card
 from .modeling_edmem import (
     MODEL_WITH_HEADS,
@@ -69,8 +69,6 @@ _BART_COPIES = {
 _BART_LAYER = re.compile(r"^model\.(encoder|decoder)\.layers\.(\d+)\.")
 _LAYER = re.compile(r"^(Lower|Upper)(Encoder|Decoder)\.layers\.(\d+)\.(.+)$")
 _ENCMEM_KEY = "LMHead.transform.dense.linear.weight"
-# In the authors' labels 0 means "no entity"; their entities start at row 10.
-AUTHORS_NO_ENTITY, AUTHORS_FIRST_ENTITY = 0, 10
 
 
 def load_original_state_dict(path: str | Path) -> dict[str, torch.Tensor]:

@@ -140,9 +140,7 @@ def add_entities(
     table.num_embeddings = table.weight.shape[0]
     first = model.config.entity_vocab_size
     model.config.entity_vocab_size = first + len(names)
-    vocab = model.entity_vocab
-    model.entity_vocab = type(vocab)(vocab.names + list(names), vocab.aliases + [[] for _ in names],
-                                     vocab.counts + [0 for _ in names], vocab.id_space)  # fmt: skip
+    model.entity_vocab = model.entity_vocab.extended(names)
     mask = model._get_entity_mask("cpu")
     if mask is not None:
         model.set_entity_mask(torch.cat([mask, torch.ones(len(names), dtype=torch.bool)]))

@@ -10,7 +10,7 @@ import string
 import sys
 import unicodedata
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,12 +76,18 @@ def strip_markers(text: str) -> str:
 
 
 def qa_scores(
-    records: Sequence[Mapping[str, Any]], predictions: Mapping[str, str], answer_links: Mapping | None = None
+    records: Sequence[Mapping[str, Any]],
+    predictions: Mapping[str, str],
+    answer_links: Mapping | None = None,
+    in_vocab_answers: Collection[str] | None = None,
 ) -> dict[str, float]:
     """Exact match in percent, best over each question's answers (SQuAD normalisation, markers removed).
 
     With `answer_links` (the released `sling_invocab-*.json`: id -> null when the answer is not an entity), also
-    the exact match on entity and non-entity answers separately, as in the paper's Table 2.
+    the exact match on entity and non-entity answers separately, as in the paper's Table 2: `exact_match_entity`,
+    `exact_match_non_entity` and their counts. With `in_vocab_answers` (the ids of the questions whose answer is an
+    entity of a model's vocabulary), the exact match on those and on the others: `exact_match_in_vocab_answer`,
+    `exact_match_other_answer` and their counts (a split of the model's, not the paper's).
     """
     ids = [str(r["id"]) for r in records]
     _check_ids(ids, predictions)
@@ -91,10 +97,19 @@ def qa_scores(
         unlinked = [i for i in ids if i not in answer_links]
         if unlinked:
             raise ValueError(f"answer links miss {len(unlinked)} ids (first: {', '.join(unlinked[:5])})")
-        for name, keep in (("entity", True), ("non_entity", False)):
-            group = [hits[i] for i in ids if (answer_links[i] is not None) == keep]
-            scores[f"exact_match_{name}"] = 100 * sum(group) / len(group) if group else float("nan")
-            scores[f"count_{name}"] = len(group)
+        scores |= _split(hits, {i for i in ids if answer_links[i] is not None}, "entity", "non_entity")
+    if in_vocab_answers is not None:
+        scores |= _split(hits, set(in_vocab_answers), "in_vocab_answer", "other_answer")
+    return scores
+
+
+def _split(hits: Mapping[str, bool], members: set[str], name: str, other: str) -> dict[str, float]:
+    """Exact match and count of the questions in `members` (`exact_match_<name>`) and of the others."""
+    scores: dict[str, float] = {}
+    for suffix, keep in ((name, True), (other, False)):
+        group = [hit for i, hit in hits.items() if (i in members) == keep]
+        scores[f"exact_match_{suffix}"] = 100 * sum(group) / len(group) if group else float("nan")
+        scores[f"count_{suffix}"] = len(group)
     return scores
 
 

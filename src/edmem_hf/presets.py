@@ -8,7 +8,7 @@ tokens + `<E_s>`, `<E_e>` (50265, 50266).
 
 `edmem write-preset` writes a folder that loads offline; with `--tokenizer` and `--entity-vocab` (or `--task-data`)
 it is complete: the vocabulary size, marker and special token ids from the tokenizer, the entity count from the
-entity vocabulary, both saved beside the config, ready for `examples/finetune_qa.py`.
+entity vocabulary, both saved beside the config, ready for `edmem finetune`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from huggingface_hub.errors import StrictDataclassError
 
 from .configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN, EDMemConfig
 from .convert_original import AUTHORS_DEFAULTS, entity_names_from_task_files, parse_set_options
-from .entity_vocab import EntityVocab
+from .entity_vocab import AUTHORS_ID_SPACE, EntityVocab
 from .model_card import edmem_model_card, save_model_card
 from .modeling_edmem import EDMemForConditionalGeneration
 
@@ -121,10 +121,11 @@ def tokenizer_settings(tokenizer: Any) -> dict[str, int]:
 
 
 def entity_vocab_from_task_files(paths: list[str | os.PathLike]) -> EntityVocab:
-    """An entity vocabulary of our own (ids 0..N-1, entities found by name) for the entities the authors' released
+    """An entity vocabulary of our own (ids 0..N-1, every row an entity) for the entities the authors' released
     task files link: the `link_target` / `entity_name` pairs of the inputs, as `edmem convert-original --task-data`
     reads them, and the `answer_link_target` / `answer_entity_name` pairs of the training answers, in the order of
-    the authors' ids."""
+    the authors' ids. Each row keeps its id in theirs (`authors_ids`): their files' ids map to its rows, also where
+    they name an entity otherwise (a test answer "lawyer" for the entity Lawyer)."""
     names = entity_names_from_task_files(paths)
     files = [f for path in map(Path, paths) for f in (sorted(path.rglob("*.jsonl")) if path.is_dir() else [path])]
     for file in files:
@@ -135,7 +136,11 @@ def entity_vocab_from_task_files(paths: list[str | os.PathLike]) -> EntityVocab:
                 for entity_ids, entity_names in zip(targets, answer_names):
                     for entity_id, name in zip(map(int, entity_ids), entity_names):
                         names.setdefault(entity_id, name)
-    return EntityVocab(list(dict.fromkeys(name for _, name in sorted(names.items()))))
+    rows: dict[str, int] = {}
+    for entity_id, name in sorted(names.items()):
+        if rows.setdefault(name, entity_id) != entity_id:
+            raise ValueError(f"the task files name two entities {name!r} (ids {rows[name]} and {entity_id})")
+    return EntityVocab(list(rows), authors_ids=list(rows.values()))
 
 
 def _preset_usage(folder: str, random_weights: bool) -> str:
@@ -280,7 +285,10 @@ def cli_main(argv: list[str] | None = None) -> int:
             f"{config.entity_end_token_id}"
         )
     if entity_vocab is not None:
-        print(f"  entity vocabulary: {len(entity_vocab)} entities (entity_vocab.json)")
+        ids = "the authors' ids" if entity_vocab.id_space == AUTHORS_ID_SPACE else f"ids 0..{len(entity_vocab) - 1}"
+        if entity_vocab.authors_ids is not None:
+            ids += ", each with its id in the authors' files"
+        print(f"  entity vocabulary: {len(entity_vocab)} entities (entity_vocab.json: {ids})")
     return 0
 
 

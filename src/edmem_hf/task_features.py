@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-from .configuration_edmem import ENTITY_START_TOKEN, IGNORE_INDEX
+from .configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN, IGNORE_INDEX
+from .entity_vocab import AUTHORS_FIRST_ENTITY, AUTHORS_ID_SPACE, EntityVocab
 from .generation_edmem import static_linking_decoder_input
 from .task_files import mark_mentions
 
@@ -205,6 +206,86 @@ class EDMemSeq2SeqCollator:
         return batch
 
 
+def _marked_names(text: str, what: str) -> list[str]:
+    """The text each `<E_s> ... <E_e>` of `text` marks, stripped, in order; a ValueError when the markers do not
+    pair up."""
+    before, *mentions = text.split(ENTITY_START_TOKEN)
+    if ENTITY_END_TOKEN in before or any(part.count(ENTITY_END_TOKEN) != 1 for part in mentions):
+        raise ValueError(f"{what}: its {ENTITY_START_TOKEN} and {ENTITY_END_TOKEN} markers do not pair up: {text!r}")
+    return [part.split(ENTITY_END_TOKEN)[0].strip() for part in mentions]
+
+
+def _mention_entities(
+    text: str, given: Sequence[int | str | None] | None, vocab: EntityVocab | None, what: str
+) -> list[int]:
+    """The entity id of each mention of a marked text: from `given` (ids, names of `vocab`, None for no label), or
+    without it the marked text as a name of `vocab` (no labels without a vocabulary)."""
+    names = _marked_names(text, what)
+    if given is None:
+        if vocab is None:
+            return [IGNORE_INDEX] * len(names)
+        unknown = [name for name in names if name not in vocab]
+        if unknown:
+            raise ValueError(
+                f"{what}: the mention {unknown[0]!r} is not a name of the entity vocabulary: give each mention's "
+                "entity (an id, a name, or None for no label)"
+            )
+        given = names
+    if len(given) != len(names):
+        raise ValueError(f"{what}: {len(names)} marked mentions but {len(given)} entities given")
+    entities = []
+    for entity in given:
+        if entity is None:
+            entities.append(IGNORE_INDEX)
+        elif isinstance(entity, str):
+            if vocab is None or entity not in vocab:
+                raise ValueError(f"{what}: the entity {entity!r} is not a name of the entity vocabulary")
+            entities.append(vocab.id_of(entity))
+        else:
+            entity = int(entity)
+            first = AUTHORS_FIRST_ENTITY if vocab is not None and vocab.id_space == AUTHORS_ID_SPACE else 0
+            if entity < first or (vocab is not None and entity >= len(vocab)):
+                raise ValueError(f"{what}: {entity} is not an entity id of the vocabulary (None: no label)")
+            entities.append(entity)
+    return entities
+
+
+def marked_batch(
+    texts: Sequence[str],
+    tokenizer: Any,
+    targets: Sequence[str] | None = None,
+    entities: Sequence[Sequence[int | str | None]] | None = None,
+    target_entities: Sequence[Sequence[int | str | None]] | None = None,
+    entity_vocab: EntityVocab | None = None,
+    max_length: int = 1024,
+) -> dict[str, torch.Tensor]:
+    """A model batch from texts whose mentions are marked `<E_s> ... <E_e>`: `input_ids`, `attention_mask` and
+    `entity_labels` (each mention's entity at its `<E_s>`, -100 elsewhere), and with `targets` (marked the same
+    way) `labels` and `decoder_entity_labels`, padded as `EDMemSeq2SeqCollator` pads them: what `model(**batch)`
+    trains on. (`generate` takes its `input_ids` and `attention_mask`.)
+
+    A text's mentions get their entities from `entities` (per text, one per mention in order: an id, a name of
+    `entity_vocab`, or None for no label), or without it from `entity_vocab`, each mention's text being the name of
+    its entity (an error naming a mention that is not); without either they have no labels. The same for `targets`
+    with `target_entities`. Texts are tokenised as in fine-tuning (`in_running_text`), to `max_length` tokens.
+    """
+    if isinstance(texts, str) or (targets is not None and isinstance(targets, str)):
+        raise TypeError("marked_batch takes a list of texts (and of targets), not one string")
+    if targets is not None and len(targets) != len(texts):
+        raise ValueError(f"{len(texts)} texts but {len(targets)} targets")
+    features = []
+    for i, text in enumerate(texts):
+        given = None if entities is None else entities[i]
+        labels = _mention_entities(text, given, entity_vocab, f"text {i}")
+        feature = _encode_input(text, labels, tokenizer, max_length, f"text {i}")
+        if targets is not None:
+            given = None if target_entities is None else target_entities[i]
+            labels = _mention_entities(targets[i], given, entity_vocab, f"target {i}")
+            feature |= _encode_target(targets[i], labels, tokenizer, max_length, f"target {i}")
+        features.append(feature)
+    return EDMemSeq2SeqCollator(tokenizer.pad_token_id)(features)
+
+
 __all__ = [
     "EDMemSeq2SeqCollator",
     "QAExample",
@@ -213,4 +294,5 @@ __all__ = [
     "encode_qa_example",
     "encode_qa_record",
     "encode_static_linking_record",
+    "marked_batch",
 ]

@@ -12,7 +12,7 @@ import json
 import logging
 import re
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,20 +41,33 @@ def mark_mentions(text: str, mentions: Sequence[tuple[int, int, int]]) -> tuple[
     return "".join(marked).lstrip(" "), entities
 
 
-def iter_jsonl(path: str | Path) -> Iterator[tuple[int, Any]]:
-    """`(line number, record)` of a JSON-lines file; a line that is not JSON is an error naming the file and line."""
+class BadRecordError(ValueError):
+    """A record of a task file that cannot be read as it is (a line that is not JSON, a bad link); the message names
+    the file and the line or record."""
+
+
+def iter_jsonl(path: str | Path, bad_line: Callable[[str], None] | None = None) -> Iterator[tuple[int, Any]]:
+    """`(line number, record)` of each JSON object of a JSON-lines file. A line that is not one is a `BadRecordError`
+    naming the file and line, or, with `bad_line`, is left out and `bad_line` called with what is wrong with it."""
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
             if line.strip():
                 try:
-                    yield number, json.loads(line)
+                    record = json.loads(line)
+                    problem = None if isinstance(record, dict) else f"a JSON {type(record).__name__}, not an object"
                 except json.JSONDecodeError as error:
-                    raise ValueError(f"{path}, line {number}: not JSON ({error.msg})") from None
+                    problem = f"not JSON at column {error.colno} ({error.msg.removesuffix(' at')})"
+                if problem is None:
+                    yield number, record
+                elif bad_line is None:
+                    raise BadRecordError(f"{path}, line {number}: {problem}")
+                else:
+                    bad_line(f"line {number}: {problem}")
 
 
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Records of a JSON-lines file; a line that is not JSON is an error naming the file and line."""
-    return [record for _, record in iter_jsonl(path)]
+def read_jsonl(path: str | Path, bad_line: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """Records (JSON objects) of a JSON-lines file (see `iter_jsonl`)."""
+    return [record for _, record in iter_jsonl(path, bad_line)]
 
 
 def task_file_texts(path: str | Path) -> Iterator[str]:
@@ -62,7 +75,7 @@ def task_file_texts(path: str | Path) -> Iterator[str]:
     or `input` and `output`s (generation), what a tokenizer for the task is trained on. A record with neither is
     a ValueError naming the file and line (a `sling_invocab-*.json` or another JSON file is no task file)."""
     for number, record in iter_jsonl(path):
-        fields = next((pair for pair in TEXT_FIELDS if isinstance(record, dict) and pair[0] in record), None)
+        fields = next((pair for pair in TEXT_FIELDS if pair[0] in record), None)
         if fields is None:
             raise ValueError(
                 f"{path}, line {number}: not a task file's record (a QA record has question and answer, a generation "
@@ -76,17 +89,21 @@ def task_file_texts(path: str | Path) -> Iterator[str]:
 
 
 def _entity_id(vocab: EntityVocab, target: str | int, name: str) -> int:
-    """The vocabulary's id of a linked entity, by the authors' id for a table in their id space, by name otherwise;
-    IGNORE_INDEX when the vocabulary does not hold it."""
-    if vocab.id_space == AUTHORS_ID_SPACE:
-        entity_id = int(target)
-        return entity_id if 0 < entity_id < len(vocab) else IGNORE_INDEX
-    return vocab.id_of(name) if name in vocab else IGNORE_INDEX
+    """The vocabulary's id of an entity the released files give by the authors' id `target` and `name`: through
+    the authors' id (`EntityVocab.from_authors_id`: a table in their ids, or one of ours that kept them), else by
+    name; IGNORE_INDEX when the vocabulary does not hold it (their id 0, "none", is never an entity). A `target`
+    that is not a number (files of ours may name the entity there) is looked up by name only."""
+    is_id = isinstance(target, int) or (isinstance(target, str) and target.strip().isdigit())
+    entity_id = vocab.from_authors_id(int(target)) if is_id else None
+    if entity_id is None and vocab.id_space != AUTHORS_ID_SPACE and name in vocab:
+        entity_id = vocab.id_of(name)
+    return IGNORE_INDEX if entity_id is None else entity_id
 
 
 class _Reader:
-    """What a reader does with the links of one file: maps them to the vocabulary's ids, checks them (a bad link
-    raises, or with `bad_records="skip"` is left out and counted), and counts what it read for one log line."""
+    """What a reader does with one file: reads its lines and maps its links to the vocabulary's ids, checking both
+    (a line that is not JSON or a bad link raises, or with `bad_records="skip"` is left out and counted), and
+    counts what it read for one log line."""
 
     def __init__(self, path: str | Path, vocab: EntityVocab, bad_records: str):
         if bad_records not in BAD_RECORDS:
@@ -95,14 +112,30 @@ class _Reader:
         self.counts: Counter[str] = Counter()
 
     def bad(self, message: str) -> None:
-        """A bad link: a ValueError naming the file, or (skip) a log line and a count."""
+        """A bad link: a `BadRecordError` naming the file, or (skip) a log line and a count."""
         if self.bad_records == "raise":
-            raise ValueError(
+            raise BadRecordError(
                 f"{self.path}: {message} (pass bad_records='skip', or --bad_records skip, to leave such links out "
                 "and keep the record)"
             )
         logger.info("%s: left out: %s", self.path, message)
         self.counts["bad links left out"] += 1
+
+    def records(self) -> list[dict[str, Any]]:
+        """The file's records (counted); a line that is not JSON is a `BadRecordError` naming the file and line, or
+        (skip) a log line and a count."""
+
+        def bad_line(message: str) -> None:
+            if self.bad_records == "raise":
+                raise BadRecordError(
+                    f"{self.path}, {message} (pass bad_records='skip', or --bad_records skip, to skip such lines)"
+                )
+            logger.info("%s: skipped: %s", self.path, message)
+            self.counts["lines not a JSON record"] += 1
+
+        records = read_jsonl(self.path, bad_line)
+        self.counts["records"] = len(records)
+        return records
 
     def links(self, where: str, text: str, lists: Sequence[Sequence[Any]], names: Sequence[str]):
         """`(start, end, entity id)` of the links given as parallel `lists` (offsets, lengths, targets, names) over
@@ -135,17 +168,21 @@ class _Reader:
         self.counts["unlabelled"] += entities.count(IGNORE_INDEX)
         return text, entities
 
-    def log(self, kept: int, skipped: Mapping[str, int], extra: str = "") -> None:
-        """One INFO line of what the file gave; a WARNING when something is wrong: records were skipped, or not one
-        linked mention names an entity of the vocabulary (the wrong vocabulary for the file, or for its ids).
-        Entities a vocabulary lacks (a test file's, a small model's) and bad links left out on request are no
-        fault: they are counted in the line."""
+    def log(self, kept: int, skipped: Mapping[str, int], extra: str = "", limit: int | None = None) -> None:
+        """One INFO line of what the file gave (with a `limit`, the first `kept` of the file's records); a WARNING
+        when something is wrong: records or lines were skipped, or not one linked mention names an entity of the
+        vocabulary (the wrong vocabulary for the file, or for its ids). Entities a vocabulary lacks (a test file's,
+        a small model's) and bad links left out on request are no fault: they are counted in the line."""
+        skipped = {**skipped, "lines not a JSON record": self.counts["lines not a JSON record"]}
         skipped_text = ", ".join(f"{count} {why}" for why, count in skipped.items() if count) or "none"
         linked, unlabelled = self.counts["linked mentions"], self.counts["unlabelled"]
+        read = f"{kept} records read"
+        if limit is not None:
+            read = f"the first {kept} of its {self.counts['records']} records read (limit {limit})"
         message = (
-            f"{self.path}: {kept} records read, skipped: {skipped_text}; {linked} linked mentions, {unlabelled} of "
-            f"them with an entity not in the vocabulary (markers kept, no label); {self.counts['bad links left out']} "
-            f"bad links left out{extra}"
+            f"{self.path}: {read}, skipped: {skipped_text}; {linked} linked mentions, {unlabelled} of them with an "
+            f"entity not in the vocabulary (markers kept, no label); {self.counts['bad links left out']} bad links "
+            f"left out{extra}"
         )
         if linked and unlabelled == linked:
             message += "; not one linked entity is in the vocabulary: is it the vocabulary of this file's model?"
@@ -193,6 +230,7 @@ def read_qa(
     entity_vocab: EntityVocab,
     bad_records: str = "raise",
     answer_links: str | Path | None = "auto",
+    limit: int | None = None,
 ) -> Any:
     """A released open-domain QA file (`edmem_*.jsonl`, or the static setting's `el_*.jsonl`) as a
     `datasets.Dataset` with one row a question:
@@ -219,12 +257,14 @@ def read_qa(
     A bad link (outside its text, overlapping the link before it, or lists of different lengths) is a ValueError
     naming the file, the record and the link, or with `bad_records="skip"` is left out, counted and logged: its
     record is kept (9 of the 45,779 released records link one span twice; WebQuestions test record 37 is one).
-    Records without an answer are skipped. One line is logged per file with what was read.
+    A line that is not JSON is a bad record too: an error naming the file and line, or (skip) left out and
+    counted. Records without an answer are skipped. With `limit`, the first `limit` questions are read. One line is
+    logged per file with what was read (with a limit, the counts are those of the questions read).
     """
     from datasets import Dataset
 
     reader = _Reader(path, entity_vocab, bad_records)
-    records = read_jsonl(path)
+    records = reader.records()
     in_records = any(
         any(name in record for name in (*ANSWER_LINK_FIELDS, "answer_entity", "entity")) for record in records
     )
@@ -233,6 +273,8 @@ def read_qa(
     sling = _read_answer_link_triples(answer_links) if answer_links is not None and not in_records else None
     rows, skipped, counts = [], Counter({"without an answer": 0}), Counter()
     for record in records:
+        if len(rows) == limit:
+            break
         if not record.get("answer"):
             skipped["without an answer"] += 1
             continue
@@ -286,7 +328,7 @@ def read_qa(
         )
     source = "the records" if in_records else (str(answer_links) if sling is not None else "none")
     extra = f"; answer links from {source}: " + ", ".join(f"{count} {what}" for what, count in counts.items())
-    reader.log(len(rows), skipped, extra)
+    reader.log(len(rows), skipped, extra, limit)
     features = _qa_features()  # typed, so that a file without answer links (or records) reads all the same
     return Dataset.from_dict({name: [row[name] for row in rows] for name in features}, features=features)
 
@@ -311,30 +353,35 @@ def _qa_features() -> Any:
 # --- entity-intensive generation -------------------------------------------------------------------------------
 
 
-def read_generation(path: str | Path, entity_vocab: EntityVocab, bad_records: str = "raise") -> Any:
+def read_generation(
+    path: str | Path, entity_vocab: EntityVocab, bad_records: str = "raise", limit: int | None = None
+) -> Any:
     """A released generation file (CREAK, WoW, ELI5, MSMARCO `edmem_*.jsonl`) as a `datasets.Dataset`: `id`,
     `input` with `<E_s>`/`<E_e>` around its linked mentions, `outputs` (the references), `mention_entities` (-100
     when `entity_vocab` does not hold the entity), `input_entity_names` and `output_entity_names` (one list per
     reference, for entity coverage).
 
-    Bad links as for `read_qa`. Records without a reference are skipped; what was read is logged.
+    Bad links and lines that are not JSON as for `read_qa`. Records without a reference are skipped. With `limit`,
+    the first `limit` records are read. What was read is logged.
     """
     from datasets import Dataset
 
     reader = _Reader(path, entity_vocab, bad_records)
     rows, skipped = [], {"without a reference": 0}
-    for record in read_jsonl(path):
+    for record in reader.records():
+        if len(rows) == limit:
+            break
         outputs = record.get("output")
         outputs = [outputs] if isinstance(outputs, str) else list(outputs or [])
         if not outputs:
             skipped["without a reference"] += 1
             continue
         if "input" not in record:
-            raise ValueError(f"{path}: record {record.get('id')!r} has no 'input' field: not a generation file")
+            raise BadRecordError(f"{path}: record {record.get('id')!r} has no 'input' field: not a generation file")
         text, entities = reader.marked(record, "input")
         output_names = record.get("output_entity_name", [[] for _ in outputs])
         if len(output_names) != len(outputs):
-            raise ValueError(
+            raise BadRecordError(
                 f"{path}: record {record.get('id')!r}: {len(outputs)} references but {len(output_names)} "
                 "output_entity_name lists"
             )
@@ -348,7 +395,7 @@ def read_generation(path: str | Path, entity_vocab: EntityVocab, bad_records: st
                 "output_entity_names": [list(names) for names in output_names],
             }
         )
-    reader.log(len(rows), skipped)
+    reader.log(len(rows), skipped, limit=limit)
     return Dataset.from_list(rows)
 
 
@@ -362,7 +409,7 @@ def _read_answer_link_triples(path: str | Path) -> dict[str, list[tuple[str, str
     with open(path, encoding="utf-8") as f:
         data = json.load(f)
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected an object mapping question ids to null or {{answer: [qid, name, id]}}")
+        raise BadRecordError(f"{path}: expected an object mapping question ids to null or {{answer: [qid, name, id]}}")
     links: dict[str, list[tuple[str, str, str]] | None] = {}
     for question_id, answers in data.items():
         if answers is None:
@@ -370,7 +417,7 @@ def _read_answer_link_triples(path: str | Path) -> dict[str, list[tuple[str, str
             continue
         items = list(answers.items()) if isinstance(answers, dict) else [(None, answers)]
         if not all(isinstance(triple, list) and len(triple) == 3 for _, triple in items):
-            raise ValueError(
+            raise BadRecordError(
                 f"{path}: question {question_id!r}: expected {{answer: [qid, name, id]}} or [qid, name, id], "
                 f"got {answers!r}"
             )
@@ -398,6 +445,7 @@ def read_answer_links(path: str | Path, entity_vocab: EntityVocab | None = None)
 
 __all__ = [
     "BAD_RECORDS",
+    "BadRecordError",
     "default_answer_links",
     "mark_mentions",
     "read_answer_links",

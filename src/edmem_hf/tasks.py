@@ -1,7 +1,7 @@
 """The paper's fine-tuning tasks in one import: the readers of the released task files (`task_files.py`), their
 rows as training features with the collator (`task_features.py`), and exact match (`evaluation.py`).
 
-    from edmem_hf.tasks import read_qa, encode_qa_record, EDMemSeq2SeqCollator, exact_match
+    from edmem_hf.tasks import read_qa, encode_qa_record, EDMemSeq2SeqCollator, exact_match, marked_batch
 """
 
 from __future__ import annotations
@@ -17,8 +17,10 @@ from .task_features import (
     encode_qa_record,
     encode_static_linking_record,
     in_running_text,
+    marked_batch,
 )
 from .task_files import (
+    BadRecordError,
     default_answer_links,
     mark_mentions,
     read_answer_links,
@@ -29,6 +31,7 @@ from .task_files import (
 
 __all__ = [
     "IGNORE_INDEX",
+    "BadRecordError",
     "EDMemSeq2SeqCollator",
     "QAExample",
     "ResampledRows",
@@ -40,6 +43,7 @@ __all__ = [
     "exact_match",
     "in_running_text",
     "mark_mentions",
+    "marked_batch",
     "normalize_answer",
     "read_answer_links",
     "read_generation",
