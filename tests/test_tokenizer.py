@@ -99,11 +99,12 @@ def test_task_files_give_their_text_fields_not_their_json(tmp_path):
     qa = _jsonl(tmp_path / "edmem_toy-train.jsonl", QA_RECORDS)
     generation = _jsonl(tmp_path / "edmem_gen-dev.jsonl", GENERATION_RECORDS)
     texts = list(iter_texts([qa, generation]))
-    assert texts[:2] == [" where was Alice Smith born?", " Paris"] and texts[-2:] == [
-        " Berlin is a city in Germany.",
-        " This is true because Berlin is in Germany.",
-    ]  # with the space before them that fine-tuning tokenises them with (`in_running_text`)
-    assert len(texts) == 2 * len(QA_RECORDS) + 2 * len(GENERATION_RECORDS)
+    # a record's fields, then the entity names it carries (entity decoding spells them), each with the space before
+    # it that fine-tuning tokenises it with (`in_running_text`)
+    assert texts[:4] == [" where was Alice Smith born?", " Paris", " Alice Smith", " Alice Smith"]
+    assert texts[-4:] == [" Berlin is a city in Germany.", " This is true because Berlin is in Germany.", " Berlin",
+                          " Berlin"]  # fmt: skip
+    assert len(texts) == 4 * len(QA_RECORDS) + 4 * len(GENERATION_RECORDS)
     out = tmp_path / "tok"
     assert cli_main(["--corpus", str(qa), str(generation), "--out", str(out), "--vocab_size", "500"]) == 0
     vocab = AutoTokenizer.from_pretrained(out, local_files_only=True).get_vocab()

@@ -10,7 +10,7 @@ from typing import Any
 from transformers import HfArgumentParser
 
 
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+class CommandHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """`(default: X)` only where there is a default to show: not on a required option (it has none), on an option
     left unset by default (`None`, empty: its help says what happens then) or on a `--no_X` switch."""
 
@@ -27,7 +27,7 @@ class CommandArgumentParser(HfArgumentParser):
     turning it off does), or "Turn --X off." where none is given."""
 
     def __init__(self, dataclass_types: Any, negations: Mapping[str, str] | None = None, **kwargs: Any):
-        kwargs.setdefault("formatter_class", _HelpFormatter)
+        kwargs.setdefault("formatter_class", CommandHelpFormatter)
         super().__init__(dataclass_types, **kwargs)
         negations = dict(negations or {})
         switches = [action for action in self._actions if isinstance(action, argparse._StoreFalseAction)]
@@ -37,4 +37,4 @@ class CommandArgumentParser(HfArgumentParser):
             raise ValueError(f"negations of no boolean option that is on by default: {sorted(negations)}")
 
 
-__all__ = ["CommandArgumentParser"]
+__all__ = ["CommandArgumentParser", "CommandHelpFormatter"]

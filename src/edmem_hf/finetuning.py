@@ -32,12 +32,12 @@ from transformers import (
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
     EarlyStoppingCallback,
-    HfArgumentParser,
     Seq2SeqTrainer,
     Seq2SeqTrainingArguments,
     set_seed,
 )
 
+from .arguments import CommandArgumentParser, CommandHelpFormatter
 from .configuration_edmem import IGNORE_INDEX
 from .evaluation import GENERATION_TASKS, QA_TASKS, generation_scores, qa_scores, strip_generation
 from .generation_edmem import ENTITY_DECODING_MODES
@@ -238,13 +238,13 @@ def task_of(task: str, objective: str = "qa") -> Task:
     return STATIC_LINKING if objective == "static_linking" else QA
 
 
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """HfArgumentParser's defaults in the help, and the description as written."""
+class _HelpFormatter(CommandHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """The `edmem` commands' defaults in the help, and the description as written."""
 
 
-class _Parser(HfArgumentParser):
-    """An `HfArgumentParser` whose errors show a one-line usage that points to `--help` (the usage of every Trainer
-    option is over a hundred lines); `--help` shows them all."""
+class _Parser(CommandArgumentParser):
+    """The `edmem` commands' parser, whose errors show a one-line usage that points to `--help` (the usage of every
+    Trainer option is over a hundred lines); `--help` shows them all."""
 
     def format_usage(self) -> str:
         return f"usage: {self.prog} [options] (all of them: {self.prog} --help)\n"

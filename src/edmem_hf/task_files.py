@@ -25,6 +25,7 @@ BAD_RECORDS = ("raise", "skip")
 LINK_FIELDS = ("link_offset", "link_length", "link_target", "entity_name")
 ANSWER_LINK_FIELDS = ("answer_link_offset", "answer_link_length", "answer_link_target", "answer_entity_name")
 TEXT_FIELDS = (("question", "answer"), ("input", "output"))  # of a QA record, of a generation record
+NAME_FIELDS = ("entity_name", "surface_name", "answer_entity", "output_entity_name")  # the entity names they carry
 _SPLIT = re.compile(r"-(train|dev|test)\.jsonl$")
 
 
@@ -72,8 +73,9 @@ def read_jsonl(path: str | Path, bad_line: Callable[[str], None] | None = None) 
 
 def task_file_texts(path: str | Path) -> Iterator[str]:
     """The texts of a released task file, one string a field value: each record's `question` and `answer`s (QA)
-    or `input` and `output`s (generation), what a tokenizer for the task is trained on. A record with neither is
-    a ValueError naming the file and line (a `sling_invocab-*.json` or another JSON file is no task file)."""
+    or `input` and `output`s (generation), and the entity names it carries (`NAME_FIELDS`, which entity decoding
+    spells), what a tokenizer for the task is trained on. A record with neither question nor input is a ValueError
+    naming the file and line (a `sling_invocab-*.json` or another JSON file is no task file)."""
     for number, record in iter_jsonl(path):
         fields = next((pair for pair in TEXT_FIELDS if pair[0] in record), None)
         if fields is None:
@@ -86,6 +88,18 @@ def task_file_texts(path: str | Path) -> Iterator[str]:
             for text in [value] if isinstance(value, str) else value or []:
                 if isinstance(text, str) and text.strip():
                     yield text
+        for name in NAME_FIELDS:
+            yield from _strings(record.get(name))
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """The non-empty strings in a field value nested in lists (`[[id, name], ...]`, `[[names], ...]`), ids left out."""
+    if isinstance(value, str):
+        if value.strip() and not value.isdigit():
+            yield value
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
 
 
 def _entity_id(vocab: EntityVocab, target: str | int, name: str) -> int:
