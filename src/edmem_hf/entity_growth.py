@@ -25,8 +25,8 @@ from torch import nn
 
 from .configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN
 from .dump import ParsedPage, iter_parsed_pages
-from .modeling_edmem import MODEL_WITH_HEADS, EDMemForEntityLinking
 from .entity_writer import writer_input_ids
+from .modeling_edmem import MODEL_WITH_HEADS, EDMemForEntityLinking
 
 # How `add_entities` writes a new row: with the model's writer of entity rows, or as the mean memory query.
 ESTIMATORS = ("writer", "mean_query")

@@ -31,14 +31,17 @@ class EntityPassages:
         self.offsets = np.searchsorted(pairs[0], np.arange(num_entities + 1))
 
     @classmethod
-    def from_dataset(cls, dataset: Any, num_entities: int) -> EntityPassages:
-        """From a `datasets.Dataset` with an `entity_labels` column (entity ids, -100 where none), read as Arrow."""
+    def from_dataset(cls, dataset: Any, num_entities: int, id_map: np.ndarray | None = None) -> EntityPassages:
+        """From a `datasets.Dataset` with an `entity_labels` column (entity ids, -100 where none), read as Arrow;
+        `id_map[i]` is the id of the dataset's entity `i` in the model's ids (-100: unknown), when they differ."""
         column = dataset.with_format("arrow")[:]["entity_labels"].combine_chunks()
-        labels = column.flatten().to_numpy()
+        labels = column.flatten().to_numpy().astype(np.int64)
         lengths = np.diff(column.offsets.to_numpy())
         passage = np.repeat(np.arange(len(lengths)), lengths)
+        if id_map is not None:
+            labels = np.where(labels >= 0, np.asarray(id_map)[labels.clip(min=0)], labels)
         keep = (labels >= 0) & (labels < num_entities)
-        return cls(passage[keep], labels[keep].astype(np.int64), num_entities)
+        return cls(passage[keep], labels[keep], num_entities)
 
     def of(self, entity: int) -> np.ndarray:
         """The indices of the passages that mention `entity`, ascending."""
@@ -91,6 +94,27 @@ class WriterCollator:
             raise ValueError(f"{len(self.names)} entity names for a table of {self.config.entity_vocab_size} rows")
         draws = np.random.default_rng([self.seed, 0x57121]).random(self.config.entity_vocab_size)
         self.written_only = draws < self.written_only_share
+
+    @classmethod
+    def from_corpus(cls, base: Callable, corpus_dir: str, model: Any, tokenizer: Any, **settings) -> WriterCollator:
+        """`base` extended with rows written from the train passages of an `edmem build-corpus` folder, its entities
+        matched to the model's by name (fine-tuning; `settings`: the dataclass's options, `written_only_share` 0
+        unless given)."""
+        import os
+
+        from datasets import load_from_disk
+
+        from .entity_vocab import EntityVocab
+
+        if model.entity_vocab is None:
+            raise ValueError("writing rows needs the model's entity_vocab: the writer reads names")
+        vocab = model.entity_vocab
+        corpus_names = EntityVocab.load(corpus_dir).names
+        id_map = np.array([vocab.id_of(n) if n is not None and n in vocab else IGNORE_INDEX for n in corpus_names])
+        passages = load_from_disk(os.path.join(corpus_dir, "passages"))["train"]
+        index = EntityPassages.from_dataset(passages, model.config.entity_vocab_size, id_map)
+        settings.setdefault("written_only_share", 0.0)
+        return cls(base, passages, index, vocab.names, tokenizer, model.config, **settings)
 
     def name_ids(self, entity: int) -> list[int]:
         """The tokens of `entity`'s name, as they follow `<E_s>` in running text."""
