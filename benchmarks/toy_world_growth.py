@@ -117,6 +117,7 @@ class GrowthSettings:
     timed_additions: tuple[int, ...] = (1_000, 100_000)
     timed_estimators: tuple[str, ...] = ("mean_query", "fitted", "writer")
     time_the_base_shape: bool = True
+    estimators: tuple[str, ...] = ESTIMATORS  # the default EDMem's ways of writing rows (mean_query always)
     writer: bool = True  # also EDMem with a writer of entity rows (pre-trained and fine-tuned reading written rows)
     written_row_share: float = 0.5
     written_only_share: float = 0.2
@@ -460,7 +461,7 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
     logger.info("seed %d: pre-trained and fine-tuned without %d people (%.0f s)", seed, len(held),
                 time.perf_counter() - started)  # fmt: skip
     models, seconds = {"before": finetuned}, {}
-    for estimator in ESTIMATORS:
+    for estimator in dict.fromkeys((DEFAULT_ESTIMATOR, *settings.estimators)):
         models[estimator], seconds[estimator] = grow(finetuned, data["new_dump"], estimator, out / f"grown-{estimator}",
                                                      held, settings, seed, data["train_people"])  # fmt: skip
     if settings.writer:
@@ -596,6 +597,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-base-shape", action="store_true", help="skip timing at the edmem-base shape")
     parser.add_argument("--timed-estimators", nargs="+", choices=GrowthSettings.timed_estimators,
                         help="override the estimators timed (default: all)")  # fmt: skip
+    parser.add_argument("--estimators", nargs="+", choices=ESTIMATORS,
+                        help="the default EDMem's ways of writing rows to run (default: all; mean_query always)")  # fmt: skip
     parser.add_argument("--writer", action=argparse.BooleanOptionalAction,
                         help="also EDMem with a writer of entity rows (default: on)")  # fmt: skip
     parser.add_argument("--written-row-share", type=float, help="the writer's training: share of written rows")
@@ -609,6 +612,8 @@ def main(argv: list[str] | None = None) -> int:
             settings = replace(settings, **{key: getattr(args, key)})
     if args.timed_additions is not None:
         settings = replace(settings, timed_additions=tuple(args.timed_additions))
+    if args.estimators:
+        settings = replace(settings, estimators=tuple(args.estimators))
     if args.timed_estimators:
         settings = replace(settings, timed_estimators=tuple(args.timed_estimators))
     if args.no_base_shape:

@@ -11,10 +11,23 @@ import torch
 from huggingface_hub.errors import StrictDataclassClassValidationError
 from transformers import AutoModelForSeq2SeqLM
 
-from edmem_hf import EDMemForConditionalGeneration
+from edmem_hf import EDMemForConditionalGeneration, EntityVocab
 from edmem_hf.entity_attention import WrittenRows, dense_entity_attention, entity_attention
 from edmem_hf.entity_writer import writer_input_ids
-from tiny_models import BOS, EE, EOS, ES, PAD, run_without_the_package, tiny_batch, tiny_config, tiny_model
+from tiny_models import (
+    BOS,
+    EE,
+    EOS,
+    ES,
+    PAD,
+    make_word_tokenizer,
+    make_words,
+    run_without_the_package,
+    saved_model_and_unknown_people,
+    tiny_batch,
+    tiny_config,
+    tiny_model,
+)
 
 # Two writer inputs `<s> <E_s> name <E_e> passage </s>` over the tiny vocabulary, the second padded.
 WRITER_INPUTS = torch.tensor([[BOS, ES, 10, 11, EE, 12, 13, 14, EOS], [BOS, ES, 15, EE, 16, 17, EOS, PAD, PAD]])
@@ -187,3 +200,67 @@ def test_the_writer_is_saved_loaded_and_runs_as_hub_code_without_the_package(tmp
     header, rows = run_without_the_package(script, tmp_path).stdout.strip().splitlines()[-2:]
     assert header.startswith("transformers_modules") and header.endswith("[]")
     assert torch.allclose(torch.tensor(json.loads(rows)), expected, atol=1e-6)
+
+
+# --- growth with the writer ------------------------------------------------------------------------------------
+
+
+def test_add_entities_writes_each_row_as_the_mean_of_its_texts_rows():
+    """Batched and padded (texts sorted by length, several entities a batch), each new row is the mean of the rows
+    the writer makes of `<s> <E_s> name <E_e> text </s>` for each of its texts, one at a time and unpadded."""
+    tokenizer = make_word_tokenizer(bart_template=True)
+    words = make_words(400)
+    start, end = tokenizer.convert_tokens_to_ids(["<E_s>", "<E_e>"])
+    model = tiny_model(seed=6, vocab_size=len(tokenizer), entity_vocab_size=5, entity_start_token_id=start,
+                       entity_end_token_id=end, entity_row_writer=True).eval()  # fmt: skip
+    model.entity_vocab = EntityVocab(words[:5])
+    names = [f"{words[10]} {words[11]}", words[12], words[13]]
+    texts = [[" ".join(words[20:30]), f"{words[31]} <E_s> {names[0]} <E_e> {words[32]}"], [words[40]],
+             [" ".join(words[50:53]), " ".join(words[53:70]), words[71]]]  # fmt: skip
+    table = model.model.entity_embeddings.weight.detach().clone()
+    ids = model.add_entities(names, texts, tokenizer, batch_size=2)  # the writer: the default of a writer model
+    assert ids == [5, 6, 7]
+    grown = model.model.entity_embeddings.weight.detach()
+    assert torch.equal(grown[:5], table)
+    for i, (name, own) in enumerate(zip(names, texts)):
+        rows = []
+        for text in own:
+            passage = [t for t in tokenizer(text, add_special_tokens=False).input_ids if t not in (start, end)]
+            marked = tokenizer(f"<E_s> {name} <E_e>", add_special_tokens=False).input_ids
+            rows.append(model.write_entity_rows(torch.tensor([[tokenizer.bos_token_id, *marked, *passage, EOS]])))
+        torch.testing.assert_close(grown[5 + i], torch.cat(rows).mean(0), atol=1e-5, rtol=1e-5)
+    mean_query = tiny_model(seed=6, vocab_size=len(tokenizer), entity_vocab_size=5, entity_start_token_id=start,
+                            entity_end_token_id=end, entity_row_writer=True).eval()  # fmt: skip
+    mean_query.entity_vocab = EntityVocab(words[:5])
+    mean_query.add_entities(names[1:2], [[f"<E_s> {names[1]} <E_e> {words[40]}"]], tokenizer, estimator="mean_query")
+    expected = mean_query.memory_queries([[f"<E_s> {names[1]} <E_e> {words[40]}"]], tokenizer)[0]
+    assert torch.allclose(torch.nn.functional.cosine_similarity(mean_query.model.entity_embeddings.weight[5],
+                                                                expected, dim=0), torch.tensor(1.0))  # fmt: skip
+    with pytest.raises(ValueError, match="no writer of entity rows"):
+        tiny_model(vocab_size=len(tokenizer)).add_entities(["x y"], [["x y"]], tokenizer, estimator="writer")
+
+
+def test_edmem_add_entities_writes_with_the_models_writer(tmp_path, capsys):
+    from edmem_hf.cli import main
+    from edmem_hf.dump import iter_parsed_pages
+    from edmem_hf.entity_growth import new_entity_passages, writer_inputs, written_rows
+
+    tokenizer = make_word_tokenizer(bart_template=True)
+    model, people, known, dump = saved_model_and_unknown_people(tokenizer, tmp_path, entity_row_writer=True)
+    assert (
+        main(["add-entities", "--model", str(tmp_path / "model"), "--dump", dump, "--out", str(tmp_path / "grown")])
+        == 0
+    )
+    assert f"added 3 entities (ids {len(known)}..{len(known) + 2})" in capsys.readouterr().out
+    grown = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "grown").eval()
+    assert grown.entity_writer is not None and grown.entity_vocab.names == known + sorted(people)
+    passages, _ = new_entity_passages(iter_parsed_pages(dump), known)
+    names = sorted(people)
+    expected = written_rows(model.eval(), writer_inputs(model, names, [passages[n] for n in names], tokenizer))
+    torch.testing.assert_close(grown.model.entity_embeddings.weight.detach()[len(known) :], expected)
+    plain = tmp_path / "plain"
+    saved_model_and_unknown_people(tokenizer, plain)
+    failed = ["add-entities", "--model", str(plain / "model"), "--dump", dump, "--out", str(plain / "grown"),
+              "--estimator", "writer"]  # fmt: skip
+    with pytest.raises(ValueError, match="no writer of entity rows"):
+        main(failed)
