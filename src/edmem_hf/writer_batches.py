@@ -141,9 +141,9 @@ class WriterCollator:
             written_only = bool(self.written_only[entity])
             if not (written_only or rng.random() < self.written_row_share):
                 continue
-            candidates = [p for p in self.entity_passages.of(entity).tolist() if p not in read]
-            if candidates:
-                (first if written_only else then).append((entity, candidates[rng.integers(len(candidates))]))
+            passage = _passage_not_read(self.entity_passages.of(entity), read, rng)
+            if passage is not None:
+                (first if written_only else then).append((entity, passage))
         return dict((first + then)[: self.max_written_rows])
 
     def __call__(self, examples: Sequence[dict]) -> dict[str, torch.Tensor]:
@@ -169,6 +169,18 @@ class WriterCollator:
                 ids.append(entity)
                 inputs.append([self.writer_input(entity, passage) for passage in passages])
         return ids, inputs
+
+
+def _passage_not_read(passages: np.ndarray, read: set[int], rng: np.random.Generator) -> int | None:
+    """One of `passages` drawn uniformly among those not in `read`, or None: a few draws from all of them when most
+    are not read (an entity of a million passages is not listed each batch), else from the list of the others."""
+    if len(passages) > 4 * len(read):
+        for _ in range(8):
+            passage = int(passages[rng.integers(len(passages))])
+            if passage not in read:
+                return passage
+    others = [passage for passage in passages.tolist() if passage not in read]
+    return others[rng.integers(len(others))] if others else None
 
 
 __all__ = ["EntityPassages", "WriterCollator"]
