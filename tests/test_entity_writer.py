@@ -13,6 +13,7 @@ from transformers import AutoModelForSeq2SeqLM
 
 from edmem_hf import EDMemForConditionalGeneration, EntityVocab
 from edmem_hf.entity_attention import WrittenRows, dense_entity_attention, entity_attention
+from edmem_hf.entity_growth import add_entities, memory_queries
 from edmem_hf.entity_writer import writer_input_ids
 from tiny_models import (
     BOS,
@@ -218,7 +219,7 @@ def test_add_entities_writes_each_row_as_the_mean_of_its_texts_rows():
     texts = [[" ".join(words[20:30]), f"{words[31]} <E_s> {names[0]} <E_e> {words[32]}"], [words[40]],
              [" ".join(words[50:53]), " ".join(words[53:70]), words[71]]]  # fmt: skip
     table = model.model.entity_embeddings.weight.detach().clone()
-    ids = model.add_entities(names, texts, tokenizer, batch_size=2)  # the writer: the default of a writer model
+    ids = add_entities(model, names, texts, tokenizer, batch_size=2)  # the writer: the default of a writer model
     assert ids == [5, 6, 7]
     grown = model.model.entity_embeddings.weight.detach()
     assert torch.equal(grown[:5], table)
@@ -232,12 +233,12 @@ def test_add_entities_writes_each_row_as_the_mean_of_its_texts_rows():
     mean_query = tiny_model(seed=6, vocab_size=len(tokenizer), entity_vocab_size=5, entity_start_token_id=start,
                             entity_end_token_id=end, entity_row_writer=True).eval()  # fmt: skip
     mean_query.entity_vocab = EntityVocab(words[:5])
-    mean_query.add_entities(names[1:2], [[f"<E_s> {names[1]} <E_e> {words[40]}"]], tokenizer, estimator="mean_query")
-    expected = mean_query.memory_queries([[f"<E_s> {names[1]} <E_e> {words[40]}"]], tokenizer)[0]
+    add_entities(mean_query, names[1:2], [[f"<E_s> {names[1]} <E_e> {words[40]}"]], tokenizer, estimator="mean_query")
+    expected = memory_queries(mean_query, [[f"<E_s> {names[1]} <E_e> {words[40]}"]], tokenizer)[0]
     assert torch.allclose(torch.nn.functional.cosine_similarity(mean_query.model.entity_embeddings.weight[5],
                                                                 expected, dim=0), torch.tensor(1.0))  # fmt: skip
     with pytest.raises(ValueError, match="no writer of entity rows"):
-        tiny_model(vocab_size=len(tokenizer)).add_entities(["x y"], [["x y"]], tokenizer, estimator="writer")
+        add_entities(tiny_model(vocab_size=len(tokenizer)), ["x y"], [["x y"]], tokenizer, estimator="writer")
 
 
 def test_edmem_add_entities_writes_with_the_models_writer(tmp_path, capsys):
