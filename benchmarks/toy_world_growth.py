@@ -15,11 +15,20 @@ out people's biographies among its pages, and they are added as `edmem add-entit
   person links to among them), those that mention a new person against the others;
 - `random` (a control with no information, at the trained rows' norm).
 
+Beside it, EDMem with a writer of entity rows (`EDMemConfig.entity_row_writer`; off with `--no-writer`), pre-trained
+and fine-tuned reading rows written from other passages (`writer_batches.WriterCollator`), grown by
+`add_entities` with its writer (`writer`; before adding: `writer_before`).
+
 Scored by `edmem evaluate`'s code, free and static decoding: *added*, the six questions about each added person;
 *trained*, the questions about the test-half people (read in pre-training, never fine-tuned on), before and after
-adding. *Memory recall* is how often the memory's top entity at the question's marked subject is the subject.
-The ceiling is continued pre-training: the grown pre-trained model pre-trained further on the full world, then
-fine-tuned as before (skipped in `--quick`). Time to add 1,000 (and 100,000) entities is measured.
+adding. *Memory recall* is how often the memory's top entity at the question's marked subject is the subject. The
+*floor* is the majority answer of each question form. The ceiling is continued pre-training: the grown pre-trained
+model pre-trained further on the full world, then fine-tuned as before (skipped in `--quick`). Where each model keeps
+what it knows (`diagnostics`, for the default EDMem with mean-query rows and for the writer): *row swap*, two trained
+people's rows swapped, the share of their answers that follow the row; *oracle read*, the added people's questions
+with the encoder's memory read forced onto the subject's new row (EM with finding solved); *rewrite*, the trained
+people's rows replaced by rows written from their passages (their EM kept). Time to add 1,000 (and 100,000) entities
+is measured.
 
     python benchmarks/toy_world_growth.py --quick --out runs/growth-quick
     python benchmarks/toy_world_growth.py --out runs/growth
@@ -29,6 +38,7 @@ A rerun with the same `--out` reuses what is done. Ends with one line `RESULT ke
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import random
@@ -51,6 +61,7 @@ from toy_world_qa import (  # noqa: E402
     em,
     experiment_parser,
     finetune_model,
+    majority_answers,
     memory_hits,
     predict,
     pretrain_variant,
@@ -71,9 +82,13 @@ from edmem_hf.entity_growth import (  # noqa: E402
     corpus_entity_ids,
     fit_new_entities,
     fit_rows,
+    memory_queries,
     new_entity_passages,
     pretraining_examples,
+    write_rows_into_table,
+    writer_inputs,
 )
+from edmem_hf.evaluation import strip_generation  # noqa: E402
 from edmem_hf.knowledge_world import (  # noqa: E402
     KnowledgeWorldSettings,
     generate_knowledge_world,
@@ -82,12 +97,13 @@ from edmem_hf.knowledge_world import (  # noqa: E402
 )
 from edmem_hf.pretraining import PretrainingArguments, build_config, load_corpus, pretrain  # noqa: E402
 from edmem_hf.task_features import in_running_text  # noqa: E402
-from edmem_hf.tasks import read_jsonl, read_qa  # noqa: E402
+from edmem_hf.tasks import EDMemSeq2SeqCollator, encode_qa_record, exact_match, read_jsonl, read_qa  # noqa: E402
 from edmem_hf.toy_world import write_mediawiki_dump  # noqa: E402
 
 logger = logging.getLogger("toy_world_growth")
-ESTIMATORS = ("mean_query", "fitted", "fitted_pretraining", "random")
-DEFAULT_ESTIMATOR = "mean_query"  # what `edmem add-entities` uses; the RESULT line's headline is its
+ESTIMATORS = ("mean_query", "fitted", "fitted_pretraining", "random")  # of the default EDMem
+DEFAULT_ESTIMATOR = "mean_query"  # what `edmem add-entities` uses for a model without a writer
+WRITER = "writer"  # EDMem with a writer of entity rows, grown with it; `writer_before`: that model before adding
 
 
 @dataclass
@@ -99,8 +115,13 @@ class GrowthSettings:
     negatives: int = 64  # trained people whose passages are the fit's negatives
     continued_steps: int = 1000  # continued pre-training on the full world, the ceiling (0: none)
     timed_additions: tuple[int, ...] = (1_000, 100_000)
-    timed_estimators: tuple[str, ...] = ("mean_query", "fitted")
+    timed_estimators: tuple[str, ...] = ("mean_query", "fitted", "writer")
     time_the_base_shape: bool = True
+    estimators: tuple[str, ...] = ESTIMATORS  # the default EDMem's ways of writing rows (mean_query always)
+    writer: bool = True  # also EDMem with a writer of entity rows (pre-trained and fine-tuned reading written rows)
+    written_row_share: float = 0.5
+    written_only_share: float = 0.2
+    writer_in_finetuning: bool = True  # fine-tuning reads written rows too (`--writer_corpus` of finetune_qa.py)
 
 
 QUICK = GrowthSettings(qa=QA_QUICK, fit_steps=150, continued_steps=0, timed_additions=(1_000,),
@@ -154,8 +175,8 @@ def grow(model_dir: Path, new_dump: str, estimator: str, out: Path, held: list[s
     names = held
     texts = [passages[name] for name in names]
     started = time.perf_counter()
-    if estimator == "mean_query":
-        add_entities(model, names, texts, tokenizer)
+    if estimator in ("mean_query", WRITER):
+        add_entities(model, names, texts, tokenizer, estimator=estimator)
     elif estimator == "fitted":
         everyone, _ = new_entity_passages(pages, known=())
         chosen = random.Random(seed).sample(negatives_from, min(settings.negatives, len(negatives_from)))
@@ -220,19 +241,21 @@ def continue_pretraining(pretrained: Path, new_dump: str, out: Path, settings: G
 
 
 def time_additions(
-    model_dir: Path, sizes: tuple[int, ...], settings: GrowthSettings, record: Path, base_shape: bool
-) -> dict[str, dict[str, dict[str, float]]]:
+    model_dir: Path, sizes: tuple[int, ...], settings: GrowthSettings, record: Path, base_shape: bool,
+    writer_dir: Path | None = None,
+) -> dict[str, dict[str, dict[str, float]]]:  # fmt: skip
     """Seconds to add n new names (one passage each: a biography sentence, the name swapped in), by shape (the toy
-    model of `model_dir`; the `edmem-base` preset's, random weights and a 1M-row table), estimator and n. Each
-    figure is kept in `record` as soon as it is measured, and not measured again."""
+    model of `model_dir`, or of `writer_dir` for the writer; the `edmem-base` preset's, random weights and a 1M-row
+    table), estimator and n. Each figure is kept in `record` as soon as it is measured, and not measured again."""
     seconds = json.loads(record.read_text()) if record.exists() else {}
     shapes = ("toy_model", "edmem_base_shape") if base_shape else ("toy_model",)
     for shape in shapes:
         for n in sizes:
             for estimator in settings.timed_estimators:
-                if str(n) in seconds.get(shape, {}).get(estimator, {}):
+                if str(n) in seconds.get(shape, {}).get(estimator, {}) or (estimator == WRITER and not writer_dir):
                     continue
-                model, tokenizer = _model_to_grow(model_dir, shape)
+                writer = estimator == WRITER
+                model, tokenizer = _model_to_grow(writer_dir if writer else model_dir, shape, writer)
                 figure = _timed_addition(model, tokenizer, n, estimator, settings)
                 seconds.setdefault(shape, {}).setdefault(estimator, {})[str(n)] = figure
                 record.write_text(json.dumps(seconds, indent=1))
@@ -240,14 +263,16 @@ def time_additions(
     return seconds
 
 
-def _model_to_grow(model_dir: Path, shape: str):
-    """The fine-tuned toy model, or a model of the `edmem-base` preset's shape (random weights, 1M-row table)."""
+def _model_to_grow(model_dir: Path, shape: str, writer: bool = False):
+    """The fine-tuned toy model, or a model of the `edmem-base` preset's shape (random weights, 1M-row table; with a
+    writer of entity rows when timing it)."""
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if shape == "toy_model":
         return EDMemForConditionalGeneration.from_pretrained(model_dir), tokenizer
     size = 1_000_010
     with tempfile.TemporaryDirectory() as scratch:
-        config = build_config(PretrainingArguments(output_dir=scratch, preset="edmem-base"), tokenizer, size)
+        arguments = PretrainingArguments(output_dir=scratch, preset="edmem-base", entity_row_writer=writer or None)
+        config = build_config(arguments, tokenizer, size)
     model = EDMemForConditionalGeneration(config)
     model.entity_vocab = EntityVocab([f"Entity {i}" for i in range(size)], [[] for _ in range(size)], [0] * size)
     return model, tokenizer
@@ -257,8 +282,8 @@ def _timed_addition(model, tokenizer, n: int, estimator: str, settings: GrowthSe
     names = [f"Newcomer {i}" for i in range(n)]
     passages = [[f"<E_s> {name} <E_e> was born in 1931. She studied history at a university."] for name in names]
     started = time.perf_counter()
-    if estimator == "mean_query":
-        add_entities(model, names, passages, tokenizer, batch_size=256)
+    if estimator in ("mean_query", WRITER):
+        add_entities(model, names, passages, tokenizer, estimator=estimator, batch_size=256)
     else:
         fit_new_entities(model, names, passages, tokenizer, steps=settings.fit_steps,
                          learning_rate=settings.fit_learning_rate)  # fmt: skip
@@ -309,6 +334,124 @@ def rows_alone_ceiling(model_dir: Path, files: dict[str, Path]) -> dict[str, flo
     return result
 
 
+# --- where the knowledge is: the diagnostics ----------------------------------------------------------------------
+
+
+@torch.no_grad()
+def answer_questions(model, tokenizer, data_file: Path, subjects_only: bool = False) -> dict[str, str]:
+    """Free greedy answers `{id: text}` to the questions of `data_file`, as `predict` makes them (the question
+    encoded by `encode_qa_record`, 17 tokens at most, the markers kept). With `subjects_only`, the encoder's memory
+    reads each question's subject's row and nothing else (the oracle read: the decoder's memory and the linking head
+    see the whole table), one subject at a time."""
+    rows = read_qa(data_file, model.entity_vocab)
+    collator = EDMemSeq2SeqCollator(tokenizer.pad_token_id)
+    encoder = model.get_encoder()
+    groups: dict[int, list[int]] = {}
+    for i, entities in enumerate(rows["mention_entities"]):
+        groups.setdefault(entities[0] if subjects_only else -1, []).append(i)
+    answers = {}
+    model.eval()
+    try:
+        for subject, members in groups.items():
+            if subjects_only:
+                encoder._entity_mask = torch.arange(model.config.entity_vocab_size) == subject
+            for begin in range(0, len(members), 64):
+                chosen = members[begin : begin + 64]
+                batch = collator(
+                    [{"input_ids": encode_qa_record(rows[i], tokenizer, 64)["input_ids"]} for i in chosen]
+                )
+                generated = model.generate(**batch, max_length=17, num_beams=1, entity_decoding="free")
+                for i, text in zip(chosen, tokenizer.batch_decode(generated)):
+                    answers[rows[i]["id"]] = strip_generation(text, tokenizer)
+    finally:
+        encoder._entity_mask = model._get_entity_mask("cpu")
+    return answers
+
+
+def em_of(answers: dict[str, str], data_file: Path) -> float:
+    """Exact match in percent of `answers` on the questions of `data_file`."""
+    records = list(read_jsonl(data_file))
+    return round(100 * sum(exact_match(answers[r["id"]], r["answer"]) for r in records) / len(records), 2)
+
+
+def row_swap(model_dir: Path, data_file: Path, seed: int) -> dict[str, float]:
+    """The trained people of `data_file` in random pairs, each pair's rows swapped: of their questions whose two
+    answers differ, the share answered with the partner's answer (`follow`: the fact is read from the row) and with
+    their own (`kept`: the fact is in the layers, keyed by the name)."""
+    model = EDMemForConditionalGeneration.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    records = list(read_jsonl(data_file))
+    people = sorted({r["link_target"][0] for r in records})
+    random.Random(seed).shuffle(people)
+    partner = {}
+    for a, b in zip(people[0::2], people[1::2]):
+        partner[a], partner[b] = b, a
+    table = model.get_encoder().entity_embeddings.weight
+    ids = torch.tensor([model.entity_vocab.id_of(p) for p in partner])
+    with torch.no_grad():
+        table[ids] = table[torch.tensor([model.entity_vocab.id_of(partner[p]) for p in partner])].clone()
+    answers = answer_questions(model, tokenizer, data_file)
+    gold = {(r["link_target"][0], r["relation"]): r["answer"] for r in records}
+    follow = kept = counted = 0
+    for r in records:
+        person = r["link_target"][0]
+        if person not in partner or exact_match(gold[(partner[person], r["relation"])][0], r["answer"]):
+            continue
+        counted += 1
+        follow += exact_match(answers[r["id"]], gold[(partner[person], r["relation"])])
+        kept += exact_match(answers[r["id"]], r["answer"])
+    return {"follow": round(100 * follow / max(counted, 1), 2), "kept": round(100 * kept / max(counted, 1), 2),
+            "questions": counted}  # fmt: skip
+
+
+def oracle_read(model_dir: Path, data_file: Path) -> dict[str, float]:
+    """EM on the added people's questions as answered (`plain`) and with the encoder's memory read forced onto the
+    subject's row (`oracle`): with finding solved, a miss is the row's content or its reading."""
+    model = EDMemForConditionalGeneration.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return {"plain": em_of(answer_questions(model, tokenizer, data_file), data_file),
+            "oracle": em_of(answer_questions(model, tokenizer, data_file, subjects_only=True), data_file)}  # fmt: skip
+
+
+def rewrite(model_dir: Path, data_file: Path, new_dump: str, estimator: str) -> dict[str, float]:
+    """EM on the trained people's questions of `data_file` as answered (`plain`) and with their rows replaced by
+    rows written from their passages in the full world's dump (`rewritten`), by `estimator` (the writer, or the
+    scaled mean query)."""
+    model = EDMemForConditionalGeneration.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    plain = em_of(answer_questions(model, tokenizer, data_file), data_file)
+    people = sorted({r["link_target"][0] for r in read_jsonl(data_file)})
+    passages, _ = new_entity_passages(iter_parsed_pages(new_dump), known=())
+    texts = [passages[person] for person in people]
+    ids = [model.entity_vocab.id_of(person) for person in people]
+    table = model.get_encoder().entity_embeddings.weight
+    if estimator == WRITER:
+        write_rows_into_table(model, ids, writer_inputs(model, people, texts, tokenizer))
+    else:
+        means = memory_queries(model, texts, tokenizer)
+        with torch.no_grad():
+            table[torch.tensor(ids)] = means / means.norm(dim=-1, keepdim=True) * table.norm(dim=-1).mean()
+    return {"plain": plain, "rewritten": em_of(answer_questions(model, tokenizer, data_file), data_file)}
+
+
+def diagnostics(trained: Path, grown: Path, estimator: str, files: dict[str, Path], new_dump: str, seed: int,
+                out: Path) -> dict[str, dict[str, float]]:  # fmt: skip
+    """The three diagnostics of a trained model and of it grown by `estimator` (kept in `out`, not run again)."""
+    if out.exists():
+        return json.loads(out.read_text())
+    result = {"row_swap": row_swap(trained, files["test"], seed), "oracle_read": oracle_read(grown, files["added"]),
+              "rewrite": rewrite(trained, files["test"], new_dump, estimator)}  # fmt: skip
+    out.write_text(json.dumps(result, indent=1))
+    return result
+
+
+def floors(files: dict[str, Path], out: Path) -> dict[str, float]:
+    """EM of the majority answer of each question form (from the fine-tuning questions) on each split."""
+    return {split: em(question_hits(files[split], files[f"{split}_links"],
+                                    majority_answers(files["train"], files[split], out / f"majority-{split}.json")))["all"]
+            for split in ("added", "test")}  # fmt: skip
+
+
 def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
     started = time.perf_counter()
     data = make_worlds(settings, seed, out)
@@ -318,9 +461,18 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
     logger.info("seed %d: pre-trained and fine-tuned without %d people (%.0f s)", seed, len(held),
                 time.perf_counter() - started)  # fmt: skip
     models, seconds = {"before": finetuned}, {}
-    for estimator in ESTIMATORS:
+    for estimator in dict.fromkeys((DEFAULT_ESTIMATOR, *settings.estimators)):
         models[estimator], seconds[estimator] = grow(finetuned, data["new_dump"], estimator, out / f"grown-{estimator}",
                                                      held, settings, seed, data["train_people"])  # fmt: skip
+    if settings.writer:
+        writer = pretrain_variant("edmem", data["corpus"], out / "pretrain-writer", settings.qa, seed,
+                                  entity_row_writer=True, written_row_share=settings.written_row_share,
+                                  written_only_share=settings.written_only_share)  # fmt: skip
+        options = ("--writer_corpus", str(data["corpus"])) if settings.writer_in_finetuning else ()
+        models[f"{WRITER}_before"] = finetune_model(writer, files["train"], out / "finetune-writer", settings.qa, seed,
+                                                    options=options)  # fmt: skip
+        models[WRITER], seconds[WRITER] = grow(models[f"{WRITER}_before"], data["new_dump"], WRITER,
+                                               out / f"grown-{WRITER}", held, settings, seed, data["train_people"])  # fmt: skip
     if settings.continued_steps:
         continued = continue_pretraining(
             pretrained, data["new_dump"], out / "pretrain-continued", settings, seed, held
@@ -340,6 +492,12 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
             figures["memory_recall"] = round(100 * sum(hits) / len(hits), 2)
             results.setdefault(split, {})[name] = figures
     results["rows_alone"] = rows_alone_ceiling(finetuned, files)
+    results["floor"] = floors(files, out)
+    results["diagnostics"] = {"default": diagnostics(finetuned, models[DEFAULT_ESTIMATOR], DEFAULT_ESTIMATOR, files,
+                                                     data["new_dump"], seed, out / "diagnostics-default.json")}  # fmt: skip
+    if settings.writer:
+        results["diagnostics"][WRITER] = diagnostics(models[f"{WRITER}_before"], models[WRITER], WRITER, files,
+                                                     data["new_dump"], seed, out / f"diagnostics-{WRITER}.json")  # fmt: skip
     sizes = {split: sum(1 for _ in open(files[split], encoding="utf-8")) for split in ("train", "test", "added")}
     # this call's time: what a rerun with the same --out reuses (pre-training, fine-tuning) costs nothing here
     return {"seed": seed, "held_out": held, "questions": sizes, "results": results, "seconds_to_add": seconds,
@@ -373,6 +531,8 @@ def plot(summary: dict, out: Path) -> Path:
             ("added", "mean_query", "added, mean query"), ("added", "fitted", "added, fitted rows"),
             ("added", "fitted_pretraining", "added, rows fitted on pre-training passages"),
             ("added", "continued_pretraining", "added, continued pre-training"),
+            ("added", "writer", "added, rows by the writer (EDMem with a writer)"),
+            ("test", "writer_before", "trained, EDMem with a writer"),
             ("test", "before", "trained test-half people, before"), ("test", "fitted", "trained, after fitted rows")]  # fmt: skip
     bars = [bar for bar in bars if bar[1] in summary[bar[0]]]
     groups = [("free", "all"), ("free", "entity"), ("free", "literal"), ("static", "entity"), ("memory_recall", None)]
@@ -395,6 +555,40 @@ def plot(summary: dict, out: Path) -> Path:
     return path
 
 
+def headline_figures(summary: dict, writer: bool) -> dict:
+    """The issue's figures, for the writer (or, without it, the default EDMem with its default estimator): the added
+    people's EM over the trained people's, above the floor (`(added - floor) / (trained - floor)`, each split's
+    majority-answer EM its floor) and with it; the added people's memory recall; the trained people's EM change on
+    adding; the share of answers that follow a swapped row (also for the default EDMem); and the trained people's
+    EM lost to training the writer (the default EDMem's less the writer's, before adding)."""
+
+    def mean(*path: str) -> float:
+        node = summary
+        for key in path:
+            node = node[key]
+        return node["mean"]
+
+    system, before = (WRITER, f"{WRITER}_before") if writer else (DEFAULT_ESTIMATOR, "before")
+    trained, added = mean("test", before, "free", "all"), mean("added", system, "free", "all")
+    floor_added, floor_trained = mean("floor", "added"), mean("floor", "test")
+    diagnostics = summary["diagnostics"]
+    figures = {
+        "estimator": system,
+        "added_over_trained_em": round((added - floor_added) / (trained - floor_trained), 3)
+        if trained > floor_trained else float("nan"),
+        "added_over_trained_em_with_floor": round(added / trained, 3) if trained else float("nan"),
+        "added_recall": mean("added", system, "memory_recall"),
+        "trained_em_change": round(mean("test", system, "free", "all") - trained, 2),
+        "trained_em": trained,
+        "added_em": added,
+        "row_swap_follow": diagnostics["writer" if writer else "default"]["row_swap"]["follow"]["mean"],
+        "row_swap_follow_default": diagnostics["default"]["row_swap"]["follow"]["mean"],
+    }  # fmt: skip
+    if writer:
+        figures["writer_cost_on_trained_em"] = round(mean("test", "before", "free", "all") - trained, 2)
+    return figures
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = experiment_parser(__doc__.split("\n")[0], "runs/toy-world-growth")
     parser.add_argument("--fit-steps", type=int, help="override the fitted estimator's steps")
@@ -402,16 +596,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timed-additions", type=int, nargs="*", help="override the sizes timed (none: no timing)")
     parser.add_argument("--no-base-shape", action="store_true", help="skip timing at the edmem-base shape")
     parser.add_argument("--timed-estimators", nargs="+", choices=GrowthSettings.timed_estimators,
-                        help="override the estimators timed (default: both)")  # fmt: skip
+                        help="override the estimators timed (default: all)")  # fmt: skip
+    parser.add_argument("--estimators", nargs="+", choices=ESTIMATORS,
+                        help="the default EDMem's ways of writing rows to run (default: all; mean_query always)")  # fmt: skip
+    parser.add_argument("--writer", action=argparse.BooleanOptionalAction,
+                        help="also EDMem with a writer of entity rows (default: on)")  # fmt: skip
+    parser.add_argument("--written-row-share", type=float, help="the writer's training: share of written rows")
+    parser.add_argument("--written-only-share", type=float, help="the writer's training: written-only entities")
     args = parser.parse_args(argv)
     quiet_logging()
     settings = QUICK if args.quick else GrowthSettings()
     settings = replace(settings, qa=with_overrides(settings.qa, args))
-    for key in ("fit_steps", "continued_steps"):
+    for key in ("fit_steps", "continued_steps", "writer", "written_row_share", "written_only_share"):
         if getattr(args, key) is not None:
             settings = replace(settings, **{key: getattr(args, key)})
     if args.timed_additions is not None:
         settings = replace(settings, timed_additions=tuple(args.timed_additions))
+    if args.estimators:
+        settings = replace(settings, estimators=tuple(args.estimators))
     if args.timed_estimators:
         settings = replace(settings, timed_estimators=tuple(args.timed_estimators))
     if args.no_base_shape:
@@ -420,18 +622,12 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     runs = [run_seed(settings, seed, out / f"seed-{seed}") for seed in settings.qa.seeds]
     summary = summarise(runs)
-    trained = summary["test"]["before"]["free"]["all"]["mean"]
-    added = summary["added"][DEFAULT_ESTIMATOR]["free"]["all"]["mean"]
-    headline = {
-        "estimator": DEFAULT_ESTIMATOR,
-        "added_over_trained_em": round(added / trained, 3) if trained else float("nan"),
-        "trained_em_change": round(summary["test"][DEFAULT_ESTIMATOR]["free"]["all"]["mean"] - trained, 2),
-    }
+    headline = headline_figures(summary, settings.writer)
     result = {"settings": asdict(settings), "headline": headline, "runs": runs, "summary": summary}
     (out / "results.json").write_text(json.dumps(result, indent=1))  # the answers, before the timing
     first = out / f"seed-{settings.qa.seeds[0]}"
     timing = time_additions(first / "finetune", settings.timed_additions, settings, out / "seconds_to_add.json",
-                            settings.time_the_base_shape)  # fmt: skip
+                            settings.time_the_base_shape, first / "finetune-writer" if settings.writer else None)  # fmt: skip
     result["seconds_to_add"] = timing
     (out / "results.json").write_text(json.dumps(result, indent=1))
     if not args.no_plots:
@@ -441,10 +637,13 @@ def main(argv: list[str] | None = None) -> int:
     def figure(split: str, name: str, mode: str, kind: str = "all") -> float:
         return summary[split][name][mode][kind]["mean"]
 
-    fields = [f"seeds={len(runs)}", f"people_added={len(runs[0]['held_out'])}",
-              f"added_questions={runs[0]['questions']['added']}", f"trained_questions={runs[0]['questions']['test']}",
-              f"estimator={DEFAULT_ESTIMATOR}", f"added_over_trained_em={headline['added_over_trained_em']}",
-              f"trained_em_change={headline['trained_em_change']}", f"trained_em={trained}"]  # fmt: skip
+    fields = [
+        f"seeds={len(runs)}",
+        f"people_added={len(runs[0]['held_out'])}",
+        f"added_questions={runs[0]['questions']['added']}",
+        f"trained_questions={runs[0]['questions']['test']}",
+    ]
+    fields += [f"{key}={value}" for key, value in headline.items()]  # fmt: skip
     for name in summary["added"]:
         fields += [f"added_em_{name}={figure('added', name, 'free')}",
                    f"added_em_entity_{name}={figure('added', name, 'free', 'entity')}",
@@ -453,6 +652,10 @@ def main(argv: list[str] | None = None) -> int:
         fields += [f"trained_em_{name}={figure('test', name, 'free')}",
                    f"trained_memory_recall_{name}={summary['test'][name]['memory_recall']['mean']}"]  # fmt: skip
     fields += [f"{key}={value['mean']}" for key, value in summary["rows_alone"].items()]
+    fields += [f"floor_em_{split}={value['mean']}" for split, value in summary["floor"].items()]
+    for system, figures in summary["diagnostics"].items():
+        fields += [f"{name}_{key}_{system}={value['mean']}" for name, group in figures.items()
+                   for key, value in group.items()]  # fmt: skip
     for shape, estimators in timing.items():
         for estimator, sizes in estimators.items():
             at = "" if shape == "toy_model" else "_at_edmem_base_shape"

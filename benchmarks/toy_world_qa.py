@@ -226,7 +226,8 @@ def make_world(settings: Settings, seed: int, out: Path, varied: bool = True) ->
 
 
 def pretrain_variant(variant: str, corpus: Path, out: Path, settings: Settings, seed: int,
-                     ffn_dim: int | None = None, recipe: Recipe = PAPER) -> Path:  # fmt: skip
+                     ffn_dim: int | None = None, recipe: Recipe = PAPER, **options) -> Path:  # fmt: skip
+    """`edmem pretrain` of `variant` at the settings' widths and schedule (`options`: more `PretrainingArguments`)."""
     d = settings.d_model
     linking = {} if variant == "encdec" else dict(entity_loss_weight=recipe.entity_loss_weight,
                                                   entity_loss_reduction=recipe.entity_loss_reduction)  # fmt: skip
@@ -250,6 +251,7 @@ def pretrain_variant(variant: str, corpus: Path, out: Path, settings: Settings, 
             number_mask_prob=recipe.number_mask_prob,
             **linking,
             **pretraining_schedule(settings, settings.pretrain_steps, seed),
+            **options,
         )
     )
     return out
@@ -298,15 +300,17 @@ def _finetune_argv(settings: Settings, seed: int) -> list[str]:
 
 
 def finetune_model(model_dir: Path, train_file: Path, out: Path, settings: Settings, seed: int,
-                   entity_mask_file: Path | None = None, entity_loss_weight: float = 1.0) -> Path:  # fmt: skip
-    """`edmem finetune` on the training questions (skipped when `out` has a model: a rerun goes on)."""
+                   entity_mask_file: Path | None = None, entity_loss_weight: float = 1.0,
+                   options: tuple[str, ...] = ()) -> Path:  # fmt: skip
+    """`edmem finetune` on the training questions (skipped when `out` has a model: a rerun goes on); `options`: more
+    of its command-line options."""
     from edmem_hf.finetuning import QA, run
 
     if not (out / "model.safetensors").exists():
         mask = ["--entity_mask_file", str(entity_mask_file)] if entity_mask_file else []
         mask += ["--entity_loss_weight", str(entity_loss_weight)]
         argv = ["--model_name_or_path", str(model_dir), "--output_dir", str(out), "--do_train"]
-        run(QA, argv + ["--train_file", str(train_file)] + _finetune_argv(settings, seed) + mask)
+        run(QA, argv + ["--train_file", str(train_file)] + _finetune_argv(settings, seed) + mask + list(options))
     return out
 
 

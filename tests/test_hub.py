@@ -268,6 +268,7 @@ def test_hub_files_import_only_each_other():
             "configuration_edmem",
             "modeling_edmem",
             "entity_attention",
+            "entity_writer",
             "entity_index",
             "generation_edmem",
             "entity_trie",

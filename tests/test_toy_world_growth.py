@@ -52,18 +52,27 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
         predictions = json.loads((seed / model_dir / "predict-added-free" / "free_predictions.json").read_text())
         texts = [predictions[r["id"]].replace("<E_s>", "").replace("<E_e>", "").strip() for r in added]
         assert len(texts) == 6 * len(held) and all(texts)  # an answer to every question before it is scored
-    assert set(result["summary"]["added"]) == {"before", *bench.ESTIMATORS}
+    assert set(result["summary"]["added"]) == {"before", *bench.ESTIMATORS, "writer_before", "writer"}
     # before adding, the memory cannot hold a new subject
     assert result["summary"]["added"]["before"]["memory_recall"]["mean"] == 0.0
+    assert result["summary"]["added"]["writer_before"]["memory_recall"]["mean"] == 0.0
+    for trained_dir, estimators in (("finetune", bench.ESTIMATORS), ("finetune-writer", ["writer"])):
+        trained = EDMemForConditionalGeneration.from_pretrained(seed / trained_dir)
+        size = trained.config.entity_vocab_size
+        for estimator in estimators:
+            grown = EDMemForConditionalGeneration.from_pretrained(seed / f"grown-{estimator}")
+            assert grown.entity_vocab.names == trained.entity_vocab.names + held
+            # only the new rows differ from the trained model; every other weight is the trained one
+            for key, value in trained.state_dict().items():
+                other = grown.state_dict()[key]
+                assert torch.equal(other[:size] if "entity_embeddings" in key else other, value), key
+    assert trained.entity_writer is not None and trained.config.entity_row_writer
+    # the three diagnostics, for the default EDMem and for the writer
+    for system in ("default", "writer"):
+        figures = result["runs"][0]["results"]["diagnostics"][system]
+        assert figures["row_swap"]["questions"] > 0 and 0 <= figures["row_swap"]["follow"] <= 100
+        assert set(figures["oracle_read"]) == {"plain", "oracle"} and set(figures["rewrite"]) == {"plain", "rewritten"}
     trained = EDMemForConditionalGeneration.from_pretrained(seed / "finetune")
-    size = trained.config.entity_vocab_size
-    for estimator in bench.ESTIMATORS:
-        grown = EDMemForConditionalGeneration.from_pretrained(seed / f"grown-{estimator}")
-        assert grown.entity_vocab.names == trained.entity_vocab.names + held
-        # only the new rows differ from the trained model; every other weight is the trained one
-        for key, value in trained.state_dict().items():
-            other = grown.state_dict()[key]
-            assert torch.equal(other[:size] if "entity_embeddings" in key else other, value), key
     fitted = EDMemForConditionalGeneration.from_pretrained(seed / "grown-fitted").model.entity_embeddings.weight
     mean = EDMemForConditionalGeneration.from_pretrained(seed / "grown-mean_query").model.entity_embeddings.weight
     assert not torch.allclose(fitted[size:], mean[size:])
@@ -79,13 +88,17 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     assert 0.0 <= bound["added_recall_with_rows_from_their_questions"] <= 100.0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith(f"RESULT seeds=1 people_added={len(held)} ")
-    for key in ("added_over_trained_em", "trained_em_change", "seconds_to_add_10_fitted", "seconds_to_add_10_mean"):
+    for key in ("added_over_trained_em", "trained_em_change", "seconds_to_add_10_fitted", "seconds_to_add_10_mean",
+                "added_over_trained_em_with_floor", "added_recall", "row_swap_follow", "writer_cost_on_trained_em",
+                "seconds_to_add_10_writer", "estimator=writer"):  # fmt: skip
         assert f" {key}" in last
     _a_grown_model_recalls_and_answers_on_a_case_built_to_succeed(bench, seed, tmp_path)
     # a rerun reuses the answers and times only what is asked and not yet measured
     assert bench.main([*argv[:-1], "20", "--timed-estimators", "mean_query", "--no-plots"]) == 0
     timed = json.loads((out / "seconds_to_add.json").read_text())["toy_model"]
-    assert set(timed["mean_query"]) == {"10", "20"} and set(timed["fitted"]) == {"10"}
+    assert (
+        set(timed["mean_query"]) == {"10", "20"} and set(timed["fitted"]) == {"10"} and set(timed["writer"]) == {"10"}
+    )
 
 
 def _a_grown_model_recalls_and_answers_on_a_case_built_to_succeed(bench, seed, tmp_path):

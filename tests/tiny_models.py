@@ -182,18 +182,18 @@ def tiny_model_with_entities(num_entities: int = 20, words: list[str] | None = N
 
 
 def saved_model_and_unknown_people(
-    tokenizer, folder: Path
+    tokenizer, folder: Path, **overrides
 ) -> tuple[EDMemForConditionalGeneration, list[str], list[str], str]:
-    """A tiny EDMem saved in `folder / "model"` knowing every entity of a 30-entity toy world but three people, and
-    that world's full dump: `(model, people, known, dump)`, for `edmem add-entities`."""
+    """A tiny EDMem (config `overrides` applied) saved in `folder / "model"` knowing every entity of a 30-entity toy
+    world but three people, and that world's full dump: `(model, people, known, dump)`, for `edmem add-entities`."""
     from edmem_hf.toy_world import generate_toy_world, write_mediawiki_dump
 
     world = generate_toy_world(30, seed=0)
     people = [e.name for e in world.entities if e.type == "person"][:3]
     known = [e.name for e in world.entities if e.name not in people]
     start, end = tokenizer.convert_tokens_to_ids(["<E_s>", "<E_e>"])
-    model = tiny_model(vocab_size=len(tokenizer), entity_vocab_size=len(known), entity_start_token_id=start)
-    model.config.entity_end_token_id = end
+    model = tiny_model(vocab_size=len(tokenizer), entity_vocab_size=len(known), entity_start_token_id=start,
+                       entity_end_token_id=end, **overrides)  # fmt: skip
     model.entity_vocab = EntityVocab(known)
     model.save_pretrained(folder / "model")
     tokenizer.save_pretrained(folder / "model")

@@ -58,6 +58,10 @@ class EDMemConfig(PreTrainedConfig):
             `"upper"` (the final encoder output, as in the authors' runs) or `"lower"` (the lower encoder layers'
             output before the memory is merged: the authors' `lower_encoder` option). The upper decoder layers
             always attend to the final output.
+        entity_row_writer (`bool`): give the model a writer of entity rows (`entity_writer.EntityRowWriter`): a
+            head on the encoder's lower layers that turns a text about an entity, `<E_s> name <E_e> passage`, into a
+            row of the entity table, for entities added after training and for training that reads written rows
+            (docs/model.md, "Entities written from text"). Off: the paper's model, unchanged.
     """
 
     model_type = "edmem"
@@ -101,6 +105,7 @@ class EDMemConfig(PreTrainedConfig):
     entity_end_token_id: int | None = 50266
     variant: str = "edmem"
     lower_decoder_attends_to: str = "upper"
+    entity_row_writer: bool = False
     use_cache: bool = True
     pad_token_id: int | None = 1
     bos_token_id: int | None = 0
@@ -146,6 +151,8 @@ class EDMemConfig(PreTrainedConfig):
                         raise ValueError(
                             f"{name} and {other} are both {getattr(self, name)}: a marker needs its own id"
                         )
+        if self.entity_row_writer and self.variant != "edmem":
+            raise ValueError(f"entity_row_writer is built on the full EDMem (variant 'edmem'), not {self.variant!r}")
         for name in ("memory_dropout", "upper_input_dropout"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")

@@ -1,6 +1,8 @@
 """Softmax attention of mention queries over an entity table too large for an `(M, N)` score matrix.
 
-`dense_entity_attention` is the reference formula; `entity_attention` computes it in chunks, tested equal.
+`dense_entity_attention` is the reference formula; `entity_attention` computes it in chunks, tested equal. Both
+take `WrittenRows`: rows that stand in for some entities' table rows for one forward pass (rows written from text by
+`entity_writer.EntityRowWriter`), read beside the table without a copy of it.
 """
 
 from __future__ import annotations
@@ -15,13 +17,27 @@ from .configuration_edmem import IGNORE_INDEX
 TOP_K_SCORE_BUDGET = 1 << 24
 
 
+class WrittenRows(NamedTuple):
+    """Rows that replace the table rows of some entities in one forward pass: `ids` `(K,)` distinct entity ids,
+    `rows` `(K, d)` their rows (written from text, with gradients). The table itself is not touched."""
+
+    ids: torch.Tensor
+    rows: torch.Tensor
+
+
 def dense_entity_attention(
-    queries: torch.Tensor, table: torch.Tensor, entity_mask: torch.Tensor | None = None
+    queries: torch.Tensor,
+    table: torch.Tensor,
+    entity_mask: torch.Tensor | None = None,
+    written_rows: WrittenRows | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The textbook formula with a full `(M, N)` score matrix: the reference that `entity_attention` must equal.
 
-    Returns the read `softmax(q E^T) E` `(M, d)` and the log-partition `logsumexp(q E^T)` `(M,)`.
+    Returns the read `softmax(q E^T) E` `(M, d)` and the log-partition `logsumexp(q E^T)` `(M,)`, where `E` is the
+    table with `written_rows` copied over their ids' rows.
     """
+    if written_rows is not None:
+        table = table.index_copy(0, written_rows.ids, written_rows.rows.to(table.dtype))
     scores = (queries @ table.t()).float()
     if entity_mask is not None:
         scores = scores.masked_fill(~entity_mask, float("-inf"))
@@ -50,6 +66,7 @@ def entity_attention(
     compute_read: bool = True,
     return_top_k: int | None = None,
     index=None,
+    written_rows: WrittenRows | None = None,
 ) -> EntityAttentionResult:
     """Softmax attention of queries over the entity table (equations 1-2 of the paper, before `W_out`).
 
@@ -64,11 +81,17 @@ def entity_attention(
         compute_read: whether to compute the read (the entity-linking head only needs scores).
         return_top_k: also return the ids and raw scores of the best `return_top_k` entities.
         index: an `EntityIndex` (entity_index.py) to find the top-k with when gradients are disabled.
+        written_rows: rows read in place of their ids' table rows (`_attention_with_written_rows`); None or none at
+            all: the table alone, by the code below.
 
     Returns:
         `EntityAttentionResult(read (M, d), log_partition (M,), nll (M_labelled,), top_ids, top_scores (M, k))`.
         `nll` holds the labelled rows only, in order.
     """
+    if written_rows is not None and written_rows.ids.numel():
+        return _attention_with_written_rows(
+            queries, table, written_rows, labels, entity_mask, top_k, chunk_size, compute_read, return_top_k, index
+        )
     num_entities = table.shape[0]
     top_ids = top_scores = None
     k_needed = max(top_k or 0, return_top_k or 0)
@@ -110,6 +133,92 @@ def entity_attention(
     else:
         top_ids = top_scores = None
     return EntityAttentionResult(read, log_partition, nll, top_ids, top_scores)
+
+
+def _attention_with_written_rows(
+    queries: torch.Tensor,
+    table: torch.Tensor,
+    written: WrittenRows,
+    labels: torch.Tensor | None,
+    entity_mask: torch.Tensor | None,
+    top_k: int | None,
+    chunk_size: int,
+    compute_read: bool,
+    return_top_k: int | None,
+    index,
+) -> EntityAttentionResult:
+    """`entity_attention` over the table with `written.rows` in place of the rows `written.ids`, as
+    `dense_entity_attention(..., written_rows=written)` computes it: the table's pass (chunked, those rows masked out
+    of it) and a dense pass over the K written rows, merged by their log-partitions. Nothing of size `(N, d)` is
+    built: one `(N,)` mask, and `(M, K)` scores."""
+    ids, rows = written.ids.to(table.device), written.rows.to(table.dtype)
+    num_entities = table.shape[0]
+    replaced = torch.zeros(num_entities, dtype=torch.bool, device=table.device)
+    replaced[ids] = True
+    table_mask = ~replaced if entity_mask is None else entity_mask & ~replaced
+    written_scores = (queries.to(rows.dtype) @ rows.t()).float()  # (M, K)
+    if entity_mask is not None:
+        written_scores = written_scores.masked_fill(~entity_mask[ids], float("-inf"))
+
+    top_ids = top_scores = None
+    k_needed = max(top_k or 0, return_top_k or 0)
+    if k_needed:
+        k = min(k_needed, num_entities)
+        with torch.no_grad():
+            if index is not None and not torch.is_grad_enabled():
+                top_scores, top_ids = index.search(queries, table, k, table_mask)
+            else:
+                top_scores, top_ids = chunked_top_k(queries, table, k, table_mask, chunk_size)
+            best_written, slots = written_scores.topk(min(k, ids.shape[0]), dim=1)
+            top_scores, order = torch.cat([top_scores, best_written], dim=1).topk(k, dim=1)
+            top_ids = torch.cat([top_ids, ids[slots]], dim=1).gather(1, order)
+
+    gold = torch.full((queries.shape[0],), -1, dtype=torch.long, device=queries.device)
+    if labels is not None:
+        gold = torch.where(labels == IGNORE_INDEX, gold, labels)
+        if entity_mask is not None:  # a hidden entity cannot be predicted: no loss
+            gold = torch.where(entity_mask[gold.clamp_min(0)], gold, -1)
+    gold_slot = _slots(gold, ids)  # (M,) the gold's written row, -1 when it has none
+    read = log_partition = nll = None
+    full_read = compute_read and (top_k is None or top_k >= num_entities)
+    if full_read or labels is not None:
+        table_read, table_lse, table_gold = _ChunkedEntityAttention.apply(
+            queries, table, torch.where(gold_slot >= 0, -1, gold), table_mask, chunk_size, full_read
+        )
+        written_lse = torch.logsumexp(written_scores, dim=-1)
+        log_partition = torch.logaddexp(table_lse, written_lse)
+        finite = torch.where(torch.isfinite(log_partition), log_partition, torch.zeros_like(log_partition))
+        if full_read:
+            written_probs = (written_scores - finite[:, None]).exp()
+            table_share = (table_lse - finite).exp()[:, None]
+            read = (table_share * table_read.float() + written_probs @ rows.float()).to(queries.dtype)
+        if labels is not None:
+            rows_of_gold = (queries.to(rows.dtype) * rows[gold_slot.clamp_min(0)]).sum(-1).float()
+            gold_scores = torch.where(gold_slot >= 0, rows_of_gold, table_gold)
+            labelled = gold >= 0
+            nll = log_partition[labelled] - gold_scores[labelled]
+    if compute_read and not full_read:
+        candidate_ids = top_ids[:, :top_k]
+        slots = _slots(candidate_ids, ids)
+        candidates = torch.where((slots >= 0)[..., None], rows[slots.clamp_min(0)], table[candidate_ids])
+        scores = torch.einsum("md,mkd->mk", queries.to(table.dtype), candidates).float()
+        visible = torch.where(slots >= 0, True, table_mask[candidate_ids])
+        if entity_mask is not None:
+            visible = visible & entity_mask[candidate_ids]
+        scores = scores.masked_fill(~visible, float("-inf"))
+        weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+        read = torch.einsum("mk,mkd->md", weights, candidates.float()).to(queries.dtype)
+    if return_top_k:
+        top_ids, top_scores = top_ids[:, :return_top_k], top_scores[:, :return_top_k]
+    else:
+        top_ids = top_scores = None
+    return EntityAttentionResult(read, log_partition, nll, top_ids, top_scores)
+
+
+def _slots(entity_ids: torch.Tensor, written_ids: torch.Tensor) -> torch.Tensor:
+    """For each of `entity_ids` (any shape), its position in `written_ids`, or -1 (negative ids give -1)."""
+    match = entity_ids[..., None] == written_ids
+    return torch.where(match.any(-1), match.int().argmax(-1), -1)
 
 
 def chunked_top_k(
@@ -237,4 +346,4 @@ class _ChunkedEntityAttention(torch.autograd.Function):
         return grad_queries.to(queries.dtype), grad_table.to(table.dtype), None, None, None, None
 
 
-__all__ = ["EntityAttentionResult", "chunked_top_k", "dense_entity_attention", "entity_attention"]
+__all__ = ["EntityAttentionResult", "WrittenRows", "chunked_top_k", "dense_entity_attention", "entity_attention"]

@@ -1,9 +1,11 @@
 """New entities written into a trained model's memory, without training (docs/model.md, "New entities after
 training").
 
-`add_entities(model, ...)` appends rows to the entity table, each the mean of the memory's queries at the entity's
-marked mentions (`memory_queries(model, ...)`). It is this package's code, not Hub custom code: it takes any EDMem or
-EncMem model, one loaded with `trust_remote_code=True` too, and the model file does not import it. `edmem
+`add_entities(model, ...)` appends rows to the entity table: for a model with a writer of entity rows
+(`EDMemConfig.entity_row_writer`), the mean of the rows it writes from the entity's texts (`written_rows`);
+otherwise, or with `estimator="mean_query"`, the mean of the memory's queries at the entity's marked mentions
+(`memory_queries(model, ...)`). It is this package's code, not Hub custom code: it takes any EDMem or EncMem model,
+one loaded with `trust_remote_code=True` too, and the model file does not import it. `edmem
 add-entities` finds the new entities of a MediaWiki dump, parsed as `edmem build-corpus` parses one
 (`dump.iter_parsed_pages`): an article whose title the model does not know is a new entity; its passages are the text
 around each of its mentions, marked `<E_s> ... <E_e>`: every link to it in the dump (through redirects) and each
@@ -23,7 +25,13 @@ from torch import nn
 
 from .configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN
 from .dump import ParsedPage, iter_parsed_pages
+from .entity_writer import writer_input_ids
 from .modeling_edmem import MODEL_WITH_HEADS, EDMemForEntityLinking
+
+# How `add_entities` writes a new row: with the model's writer of entity rows, or as the mean memory query.
+ESTIMATORS = ("writer", "mean_query")
+# Texts read at once from which a progress bar is shown.
+PROGRESS_FROM = 10_000
 
 
 def _crop_around_first_mention(ids: list[int], start_id: int, max_length: int) -> list[int]:
@@ -81,6 +89,65 @@ def memory_queries(
     return sums / counts[:, None]
 
 
+def writer_inputs(
+    model, names: list[str], passages: list[list[str]], tokenizer, max_length: int = 128
+) -> list[list[list[int]]]:
+    """For each name, one writer input `<s> <E_s> name <E_e> text </s>` per text of `passages[i]` (token ids, at most
+    `max_length`; `entity_writer.writer_input_ids`): the texts' own markers are dropped, so they may mark the
+    entity's mentions or not."""
+    texts = [text for texts in passages for text in texts]
+    text_ids = iter(tokenizer(texts, add_special_tokens=False).input_ids) if texts else iter(())
+    marked = tokenizer([f"{ENTITY_START_TOKEN} {name} {ENTITY_END_TOKEN}" for name in names], add_special_tokens=False)
+    max_length = min(max_length, model.config.max_position_embeddings)
+    return [[writer_input_ids(name_ids[1:-1], next(text_ids), model.config, max_length, tokenizer.bos_token_id)
+             for _ in texts] for name_ids, texts in zip(marked.input_ids, passages)]  # fmt: skip
+
+
+@torch.no_grad()
+def written_rows(
+    model, inputs: list[list[list[int]]], batch_size: int = 64, progress: bool | None = None
+) -> torch.Tensor:
+    """`(len(inputs), entity_embed_dim)`: for each entity, the mean of the rows the model's writer makes of its writer
+    inputs (`writer_inputs`), in eval mode, no gradient. Inputs are read in batches of similar length; a progress
+    bar is shown when asked, or by default from `PROGRESS_FROM` inputs on."""
+    from tqdm.auto import tqdm
+
+    flat = sorted(((len(ids), owner, ids) for owner, texts in enumerate(inputs) for ids in texts),
+                  key=lambda item: item[0])  # fmt: skip
+    if any(not texts for texts in inputs):
+        raise ValueError(f"no text to write entity {[len(t) for t in inputs].index(0)}'s row from")
+    sums = torch.zeros(len(inputs), model.config.entity_embed_dim)
+    counts = torch.zeros(len(inputs))
+    pad = model.config.pad_token_id
+    was_training = model.training
+    model.eval()
+    try:
+        show = len(flat) >= PROGRESS_FROM if progress is None else progress
+        for begin in tqdm(range(0, len(flat), batch_size), desc="writing rows", disable=not show, unit="batch"):
+            chunk = flat[begin : begin + batch_size]
+            width = chunk[-1][0]
+            ids = torch.tensor([item[2] + [pad] * (width - item[0]) for item in chunk], device=model.device)
+            mask = torch.tensor([[1] * item[0] + [0] * (width - item[0]) for item in chunk], device=model.device)
+            owners = torch.tensor([item[1] for item in chunk])
+            sums.index_add_(0, owners, model.write_entity_rows(ids, mask).float().cpu())
+            counts += torch.bincount(owners, minlength=len(inputs)).float()
+    finally:
+        model.train(was_training)
+    return sums / counts[:, None]
+
+
+@torch.no_grad()
+def write_rows_into_table(model, entity_ids: list[int], inputs: list[list[list[int]]], batch_size: int = 64) -> None:
+    """Overwrites the table rows `entity_ids` with the rows the model's writer makes of their writer inputs
+    (`written_rows`): the rows of entities that only ever had written rows in training, or trained rows replaced
+    by written ones."""
+    if len(entity_ids) != len(inputs):
+        raise ValueError(f"{len(entity_ids)} entity ids but {len(inputs)} lists of writer inputs")
+    if entity_ids:
+        weight = _entity_table(model).weight
+        weight[torch.tensor(entity_ids, device=weight.device)] = written_rows(model, inputs, batch_size).to(weight)
+
+
 @torch.no_grad()
 def add_entities(
     model,
@@ -89,14 +156,18 @@ def add_entities(
     tokenizer=None,
     *,
     rows: torch.Tensor | None = None,
+    estimator: str | None = None,
     batch_size: int = 32,
     max_length: int = 128,
 ) -> list[int]:
     """Appends entities to the memory of a trained model, without gradient steps; returns their ids.
 
-    A new row is what the memory is asked at the entity's mentions: `memory_queries(model, passages)`, each scaled to
-    the mean norm of the existing rows (attention scores are dot products: a row far shorter or longer than the
-    others would never, or always, win; benchmarks/toy_world_growth.py measures the choice). The entity table (one
+    A new row is, with `estimator="writer"` (the default for a model with a writer of entity rows), the mean of the
+    rows the writer makes of `<E_s> name <E_e> text` for each of the entity's texts (`written_rows`); with
+    `"mean_query"` (the default otherwise) what the memory is asked at the entity's mentions:
+    `memory_queries(model, passages)`, each scaled to the mean norm of the existing rows (attention scores are dot
+    products: a row far shorter or longer than the others would never, or always, win; benchmarks/toy_world_growth.py
+    measures the choice). Forward passes only, in batches; a progress bar on long runs. The entity table (one
     parameter, read by every memory access and the entity-linking head) grows, and so do
     `config.entity_vocab_size`, `entity_vocab` (the prefix tree of names is rebuilt on the next constrained
     decoding) and an entity mask set with `set_entity_mask` (the new entities visible).
@@ -104,11 +175,12 @@ def add_entities(
     Args:
         names: the new entities' names: not in `entity_vocab`, not blank, no repeats.
         passages: `passages[i]`, texts about `names[i]` in which its mentions (and only its) are marked
-            `<E_s> ... <E_e>`; each entity needs at least one. See `memory_queries` for `batch_size` and
-            `max_length`.
+            `<E_s> ... <E_e>` (the writer reads them without marks too); each entity needs at least one.
+            `max_length` tokens of each are read (around the first mention), `batch_size` texts at a time.
         tokenizer: the model's tokenizer (with `<E_s>` and `<E_e>`).
         rows: instead of `passages` and `tokenizer`, the new rows themselves, `(len(names), entity_embed_dim)`
             (another estimator's).
+        estimator: `"writer"` or `"mean_query"` (`ESTIMATORS`); None: the writer when the model has one.
     """
     table = _entity_table(model)
     if model.entity_vocab is None:
@@ -123,15 +195,27 @@ def add_entities(
     weight = table.weight
     if (rows is None) == (passages is None) or (passages is not None and tokenizer is None):
         raise ValueError("add_entities takes either passages with their tokenizer, or rows")
+    has_writer = getattr(model, "entity_writer", None) is not None
+    estimator = estimator or ("writer" if has_writer else "mean_query")
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"add_entities: estimator must be one of {ESTIMATORS}, got {estimator!r}")
+    if estimator == "writer" and not has_writer:
+        raise ValueError(f"add_entities: {type(model).__name__} has no writer of entity rows (entity_row_writer)")
     if rows is None:
         if len(names) != len(passages):
             raise ValueError(f"add_entities: {len(names)} names but {len(passages)} passage lists")
         marker = tokenizer.convert_ids_to_tokens(model.config.entity_start_token_id)
         for name, texts in zip(names, passages):
-            if not any(marker in text for text in texts):
+            if not texts:
+                raise ValueError(f"add_entities: no passage about {name!r}")
+            if estimator == "mean_query" and not any(marker in text for text in texts):
                 raise ValueError(f"add_entities: no marked mention of {name!r} in its passages")
-        means = memory_queries(model, passages, tokenizer, batch_size=batch_size, max_length=max_length)
-        rows = means / means.norm(dim=-1, keepdim=True) * weight.norm(dim=-1).mean().cpu()
+        if estimator == "writer":
+            inputs = writer_inputs(model, names, passages, tokenizer, max_length=max_length)
+            rows = written_rows(model, inputs, batch_size=batch_size)
+        else:
+            means = memory_queries(model, passages, tokenizer, batch_size=batch_size, max_length=max_length)
+            rows = means / means.norm(dim=-1, keepdim=True) * weight.norm(dim=-1).mean().cpu()
     elif tuple(rows.shape) != (len(names), weight.shape[1]):
         raise ValueError(
             f"add_entities: rows of shape {tuple(rows.shape)}, expected ({len(names)}, {weight.shape[1]})"
@@ -188,10 +272,12 @@ def cli_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch_size", type=int, default=32,
                         help="passages encoded at once to read the memory's queries (default: 32)")  # fmt: skip
     parser.add_argument("--max_passages", type=int, default=32, help="passages read per entity")
-    parser.add_argument("--estimator", choices=("mean_query", "fitted"), default="mean_query",
-                        help="mean_query: the scaled mean memory query at the mentions, no gradient step; fitted: "
-                             "those rows trained alone on the pre-training objective (fit_new_entities), about 50 "
-                             "times slower and no better on docs/evidence.md's toy world")  # fmt: skip
+    parser.add_argument("--estimator", choices=(*ESTIMATORS, "fitted"),
+                        help="writer (the default for a model with a writer of entity rows): the mean of the rows it "
+                             "writes from each passage, no gradient step; mean_query (the default otherwise): the "
+                             "scaled mean memory query at the mentions; fitted: the mean-query rows trained alone on "
+                             "the pre-training objective (fit_new_entities), about 50 times slower and no better on "
+                             "docs/evidence.md's toy world")  # fmt: skip
     parser.add_argument("--fit_steps", type=int, default=300, help="fitted: optimisation steps")
     parser.add_argument("--fit_learning_rate", type=float, default=3e-2, help="fitted: Adam's learning rate")
     parser.add_argument("--negatives", type=int, default=64,
@@ -219,7 +305,7 @@ def cli_main(argv: list[str] | None = None) -> int:
         ids = fit_new_entities(model, names, texts, tokenizer, {name: everyone[name] for name in chosen},
                                steps=args.fit_steps, learning_rate=args.fit_learning_rate, seed=args.seed)  # fmt: skip
     else:
-        ids = add_entities(model, names, texts, tokenizer, batch_size=args.batch_size)
+        ids = add_entities(model, names, texts, tokenizer, estimator=args.estimator, batch_size=args.batch_size)
     os.makedirs(args.out, exist_ok=True)
     model.save_pretrained(args.out)
     tokenizer.save_pretrained(args.out)

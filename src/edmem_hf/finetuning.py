@@ -49,6 +49,7 @@ from .task_features import (
     encode_static_linking_record,
 )
 from .task_files import BAD_RECORDS, BadRecordError, read_answer_links, read_generation, read_qa
+from .writer_batches import WriterCollator
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +102,16 @@ class ModelArguments:
             "help": "the paper's memory-size study: a torch-saved (N,) tensor, 1 where an entity is hidden from the "
             "memory and the entity-linking head (the format of the authors' get_memory_mask.py)"
         },
+    )
+    writer_corpus: str | None = field(
+        default=None,
+        metadata={
+            "help": "a model with a writer of entity rows: an `edmem build-corpus` folder whose passages write rows "
+            "that training reads in place of a share of each batch's entities' rows (docs/model.md)"
+        },
+    )
+    written_row_share: float = field(
+        default=0.5, metadata={"help": "with --writer_corpus: the share of each batch's entities read through it"}
     )
 
 
@@ -315,6 +326,8 @@ def parse_arguments(
     ):
         if path is not None and not os.path.isfile(path):
             parser.error(f"{option} {path}: no such file")
+    if model_args.writer_corpus is not None and not os.path.isdir(os.path.join(model_args.writer_corpus, "passages")):
+        parser.error(f"--writer_corpus {model_args.writer_corpus}: not an edmem build-corpus folder (no passages/)")
     if not task.reads_answer_links:
         for option in ("validation_answer_links", "test_answer_links"):
             if getattr(data_args, option) is not None:
@@ -411,6 +424,13 @@ def run(
         texts = decode(tokenizer, prediction.predictions, len(rows))
         return task.score(list(rows), dict(zip(rows["id"], texts)), scored["links"])
 
+    collator = EDMemSeq2SeqCollator(tokenizer.pad_token_id)
+    if model_args.writer_corpus is not None and training_args.do_train:
+        if getattr(model, "entity_writer", None) is None:
+            raise ValueError(f"--writer_corpus: {model_args.model_name_or_path} has no writer of entity rows")
+        collator = WriterCollator.from_corpus(collator, model_args.writer_corpus, model, tokenizer,
+                                              written_row_share=model_args.written_row_share,
+                                              seed=training_args.seed)  # fmt: skip
     callbacks = []
     if model_args.early_stopping_patience and eval_features is not None and training_args.load_best_model_at_end:
         callbacks.append(EarlyStoppingCallback(model_args.early_stopping_patience))
@@ -419,7 +439,7 @@ def run(
         args=training_args,
         train_dataset=train_features,
         eval_dataset=eval_features,
-        data_collator=EDMemSeq2SeqCollator(tokenizer.pad_token_id),
+        data_collator=collator,
         processing_class=tokenizer,
         compute_metrics=compute_metrics if training_args.predict_with_generate and task.score else None,
         callbacks=callbacks,

@@ -20,8 +20,10 @@ from .entity_trie import EntityTrie
 ENTITY_DECODING_MODES = ("free", "static", "dynamic")
 # What the decoder reads before the `<E_s>` placeholder of static linking (see `link_entities`).
 STATIC_LINKING_INPUTS = ("start", "question")
-# Batch fields that supervise training and mean nothing to generate() (Seq2SeqTrainer passes them through).
-TRAINING_ONLY_FIELDS = ("labels", "entity_labels", "decoder_entity_labels")
+# Batch fields that supervise training and mean nothing to generate() (Seq2SeqTrainer passes them through): the
+# labels, and the written rows of training with the entity writer.
+TRAINING_ONLY_FIELDS = ("labels", "entity_labels", "decoder_entity_labels", "written_entity_ids", "writer_input_ids",
+                        "writer_attention_mask")  # fmt: skip
 
 
 @dataclass

@@ -42,8 +42,9 @@ from transformers.utils import can_return_tuple, logging
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_edmem import IGNORE_INDEX, EDMemConfig
-from .entity_attention import entity_attention
+from .entity_attention import WrittenRows, entity_attention
 from .entity_index import EntityIndexMixin
+from .entity_writer import EntityRowWriter
 from .generation_edmem import EDMemGenerationMixin
 from .hub_edmem import EDMemHubMixin
 
@@ -102,6 +103,7 @@ class EntityMemory(nn.Module):
         entity_labels: torch.Tensor | None = None,
         entity_mask: torch.Tensor | None = None,
         return_top_k: int | None = None,
+        written_rows: WrittenRows | None = None,
     ) -> tuple[torch.Tensor, EntityMemoryAccess]:
         """
         Args:
@@ -111,6 +113,7 @@ class EntityMemory(nn.Module):
             entity_labels: `(batch, seq)` entity ids at `<E_s>`, -100 elsewhere.
             entity_mask: `(N,)` bool, False hides an entity.
             return_top_k: report the best entities of each access.
+            written_rows: rows read in place of their entities' table rows (the writer's, in training).
 
         Returns:
             `(batch, seq, d_model)` input of the upper layers, and the access.
@@ -131,6 +134,7 @@ class EntityMemory(nn.Module):
             compute_read=True,
             return_top_k=return_top_k,
             index=None if self.training else self.entity_index,
+            written_rows=written_rows,
         )
         update = torch.zeros_like(hidden_states)
         read = self.projection_dropout(self.output_proj(result.read.to(hidden_states.dtype)))
@@ -165,6 +169,7 @@ class EntityLinkingHead(nn.Module):
         entity_labels: torch.Tensor | None = None,
         entity_mask: torch.Tensor | None = None,
         return_top_k: int | None = None,
+        written_rows: WrittenRows | None = None,
     ) -> EntityMemoryAccess:
         """
         Args:
@@ -173,6 +178,7 @@ class EntityLinkingHead(nn.Module):
             entity_table: `(N, entity_embed_dim)`.
             entity_labels: `(batch, seq)` entity ids at `<E_s>`, -100 elsewhere.
             return_top_k: report the best entities of each mention.
+            written_rows: rows scored in place of their entities' table rows.
         """
         positions = mention_mask.nonzero()
         queries = self.projection_dropout(self.query_proj(hidden_states[mention_mask]))
@@ -188,6 +194,7 @@ class EntityLinkingHead(nn.Module):
             compute_read=False,
             return_top_k=return_top_k,
             index=None if self.training else self.entity_index,
+            written_rows=written_rows,
         )
         return EntityMemoryAccess(
             positions=positions,
@@ -388,6 +395,8 @@ class EDMemPreTrainedModel(EntityIndexMixin, PreTrainedModel):
         super()._init_weights(module)
         if isinstance(module, _EDMemSeq2SeqLM):
             init.zeros_(module.final_logits_bias)
+        if isinstance(module, EntityRowWriter):
+            init.normal_(module.pool_queries, std=self.config.init_std)
 
     def set_entity_mask(self, entity_mask: torch.Tensor | None) -> None:
         """Hides entities from every memory access and from entity linking (the paper's memory-size study).
@@ -442,7 +451,7 @@ class _EntityMemoryStack(EDMemPreTrainedModel):
         finally:
             self.__dict__["entity_embeddings"] = self._modules.pop("entity_embeddings")
 
-    def _read_memory(self, hidden_states, input_ids, entity_labels, output_attended_entities):
+    def _read_memory(self, hidden_states, input_ids, entity_labels, output_attended_entities, written_rows=None):
         """The memory access at each `<E_s>` of `input_ids`."""
         return self.memory(
             hidden_states,
@@ -451,6 +460,7 @@ class _EntityMemoryStack(EDMemPreTrainedModel):
             entity_labels=entity_labels,
             entity_mask=self._get_entity_mask(hidden_states.device),
             return_top_k=self.config.memory_top_k if output_attended_entities else None,
+            written_rows=written_rows,
         )
 
 
@@ -482,6 +492,7 @@ class EDMemEncoder(_EntityMemoryStack):
         inputs_embeds: torch.Tensor | None = None,
         entity_labels: torch.LongTensor | None = None,
         output_attended_entities: bool = False,
+        written_rows: WrittenRows | None = None,
         **kwargs,
     ) -> EDMemEncoderOutput:
         r"""
@@ -489,6 +500,7 @@ class EDMemEncoder(_EntityMemoryStack):
             them, so a model with a memory needs `input_ids`).
         entity_labels: `(batch, seq)`, the entity id at each `<E_s>`, -100 elsewhere.
         output_attended_entities: report the memory's top entities for each `<E_s>`.
+        written_rows: rows the memory reads in place of their entities' table rows.
         """
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
@@ -507,7 +519,7 @@ class EDMemEncoder(_EntityMemoryStack):
         if self.memory is not None:
             lower_hidden_state = hidden_states  # before the memory is merged, as in the authors' code
             hidden_states, access = self._read_memory(
-                hidden_states, input_ids, entity_labels, output_attended_entities
+                hidden_states, input_ids, entity_labels, output_attended_entities, written_rows
             )
         hidden_states = self._run_layers(self.layers[lower:], hidden_states, attention_mask, **kwargs)
         return EDMemEncoderOutput(
@@ -581,6 +593,7 @@ class EDMemDecoder(_EntityMemoryStack):
         use_cache: bool | None = None,
         entity_labels: torch.LongTensor | None = None,
         output_attended_entities: bool = False,
+        written_rows: WrittenRows | None = None,
         **kwargs,
     ) -> EDMemDecoderOutput:
         r"""
@@ -590,6 +603,7 @@ class EDMemDecoder(_EntityMemoryStack):
             merge), attended to by the lower decoder layers when `config.lower_decoder_attends_to == "lower"`.
         entity_labels: `(batch, tgt_len)` aligned with `input_ids`: the entity id at each `<E_s>`, -100 elsewhere.
         output_attended_entities: report the memory's top entities for each `<E_s>`.
+        written_rows: rows the memory reads in place of their entities' table rows.
         """
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("You must specify exactly one of decoder_input_ids or decoder_inputs_embeds")
@@ -649,7 +663,7 @@ class EDMemDecoder(_EntityMemoryStack):
         access = None
         if self.memory is not None:
             hidden_states, access = self._read_memory(
-                hidden_states, input_ids, entity_labels, output_attended_entities
+                hidden_states, input_ids, entity_labels, output_attended_entities, written_rows
             )
         hidden_states = self._run_layers(
             self.layers[lower:], hidden_states, causal_mask, encoder_hidden_states, **layer_inputs, **kwargs
@@ -713,6 +727,7 @@ class _EncoderDecoderModel(EDMemHubMixin, EDMemPreTrainedModel):
         entity_labels: torch.LongTensor | None = None,
         decoder_entity_labels: torch.LongTensor | None = None,
         output_attended_entities: bool = False,
+        written_rows: WrittenRows | None = None,
         **kwargs,
     ) -> EDMemModelOutput:
         r"""
@@ -721,6 +736,7 @@ class _EncoderDecoderModel(EDMemHubMixin, EDMemPreTrainedModel):
         entity_labels: `(batch, src_len)`, the entity id at each `<E_s>` of `input_ids`, -100 elsewhere.
         decoder_entity_labels: `(batch, tgt_len)` aligned with `decoder_input_ids` (already shifted).
         output_attended_entities: report each memory access's top entities.
+        written_rows: rows both memories read in place of their entities' table rows.
         """
         if decoder_input_ids is None and decoder_inputs_embeds is None:
             if input_ids is None:
@@ -735,6 +751,7 @@ class _EncoderDecoderModel(EDMemHubMixin, EDMemPreTrainedModel):
                 inputs_embeds=inputs_embeds,
                 entity_labels=entity_labels,
                 output_attended_entities=output_attended_entities,
+                written_rows=written_rows,
                 return_dict=True,
                 **kwargs,
             )
@@ -757,6 +774,7 @@ class _EncoderDecoderModel(EDMemHubMixin, EDMemPreTrainedModel):
             use_cache=use_cache,
             entity_labels=decoder_entity_labels,
             output_attended_entities=output_attended_entities,
+            written_rows=written_rows,
             return_dict=True,
             **kwargs,
         )
@@ -950,7 +968,8 @@ class _EDMemSeq2SeqLM(EDMemHubMixin, EDMemPreTrainedModel):
 
 
 class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
-    """EDMem with an LM head (tied to the input embeddings) and an entity-linking head on the decoder.
+    """EDMem with an LM head (tied to the input embeddings) and an entity-linking head on the decoder; with
+    `config.entity_row_writer`, also a writer of entity rows (`entity_writer`, see `write_entity_rows`).
 
     `generate(entity_decoding="free" | "static" | "dynamic")` comes from `EDMemGenerationMixin`.
     """
@@ -960,7 +979,36 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
     def __init__(self, config: EDMemConfig):
         super().__init__(config, EDMemModel)
         self.entity_linking_head = EntityLinkingHead(config)
+        self.entity_writer = EntityRowWriter(config) if config.entity_row_writer else None
         self.post_init()
+
+    def write_entity_rows(
+        self, writer_input_ids: torch.LongTensor, writer_attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """`(K, entity_embed_dim)`: the rows the writer makes of K texts `<s> <E_s> name <E_e> passage </s>`
+        (`entity_writer.writer_input_ids`), read by the encoder's lower layers (the memory is not read)."""
+        if self.entity_writer is None:
+            raise ValueError("this model has no entity row writer (EDMemConfig(entity_row_writer=True) builds one)")
+        if writer_attention_mask is None:
+            writer_attention_mask = torch.ones_like(writer_input_ids)
+        hidden = self.model.encoder.lower_hidden_states(writer_input_ids, writer_attention_mask)
+        return self.entity_writer(hidden, writer_input_ids, writer_attention_mask)
+
+    def _written_rows(self, written_entity_ids, writer_input_ids, writer_attention_mask) -> WrittenRows | None:
+        """The written rows a batch asks for: `written_entity_ids[i]` reads the row written from
+        `writer_input_ids[i]` (`writer_batches.WriterCollator` makes these fields)."""
+        if written_entity_ids is None:
+            if writer_input_ids is not None:
+                raise ValueError("writer_input_ids were given without written_entity_ids, the entities they write")
+            return None
+        if writer_input_ids is None or writer_input_ids.shape[0] != written_entity_ids.shape[0]:
+            raise ValueError("written_entity_ids needs writer_input_ids with one row per entity")
+        if written_entity_ids.numel() == 0:
+            return None
+        ids = written_entity_ids.to(writer_input_ids.device)
+        if ((ids < 0) | (ids >= self.config.entity_vocab_size)).any() or ids.unique().numel() != ids.numel():
+            raise ValueError(f"written_entity_ids must be distinct ids in 0..{self.config.entity_vocab_size - 1}")
+        return WrittenRows(ids, self.write_entity_rows(writer_input_ids, writer_attention_mask))
 
     @can_return_tuple
     def forward(
@@ -979,6 +1027,9 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
         use_cache: bool | None = None,
         output_attended_entities: bool = False,
         entity_linking_top_k: int | None = None,
+        written_entity_ids: torch.LongTensor | None = None,
+        writer_input_ids: torch.LongTensor | None = None,
+        writer_attention_mask: torch.Tensor | None = None,
         **kwargs,
     ) -> EDMemSeq2SeqLMOutput:
         r"""
@@ -992,8 +1043,12 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
             `memory_top_k` best entities at each decoder `<E_s>`.
         entity_linking_top_k: report the entity-linking head's `entity_linking_top_k` best entities at each decoder
             `<E_s>` (dynamic decoding asks for them at every step).
+        written_entity_ids / writer_input_ids / writer_attention_mask: `(K,)` entity ids and `(K, L)` texts about
+            them: both memories and the entity-linking head read the row written from `writer_input_ids[i]` in
+            place of entity `written_entity_ids[i]`'s table row (training with the writer; see `write_entity_rows`).
         """
         config = self.config
+        written_rows = self._written_rows(written_entity_ids, writer_input_ids, writer_attention_mask)
         if labels is not None:
             use_cache = False
         decoder_input_ids = self._decoder_input_ids(input_ids, labels, decoder_input_ids, decoder_inputs_embeds)
@@ -1024,6 +1079,7 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
             entity_labels=entity_labels,
             decoder_entity_labels=decoder_entity_labels,
             output_attended_entities=output_attended_entities,
+            written_rows=written_rows,
             return_dict=True,
             **kwargs,
         )
@@ -1034,7 +1090,7 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
             entity_linking_top_k = config.memory_top_k
         if entity_linking_top_k or decoder_entity_labels is not None:
             linked = self._link_mentions(
-                outputs.last_hidden_state, decoder_input_ids, decoder_entity_labels, entity_linking_top_k
+                outputs.last_hidden_state, decoder_input_ids, decoder_entity_labels, entity_linking_top_k, written_rows
             )
 
         loss = lm_loss = entity_loss = None
@@ -1046,7 +1102,8 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
                     p
                     for module in (self.model.encoder.memory, self.model.decoder.memory, self.entity_linking_head)
                     for p in module.parameters()
-                ],
+                ]
+                + (list(self.entity_writer.parameters()) if self.entity_writer is not None else []),
                 self.model.entity_embeddings.weight,
                 config.entity_loss_reduction,
                 labels,
@@ -1069,6 +1126,7 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
         decoder_input_ids: torch.Tensor,
         decoder_entity_labels: torch.Tensor | None = None,
         top_k: int | None = None,
+        written_rows: WrittenRows | None = None,
     ) -> EntityMemoryAccess:
         """The entity-linking head at each `<E_s>` of the decoder input: its NLL against the labels, its top-k."""
         return self.entity_linking_head(
@@ -1078,6 +1136,7 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
             entity_labels=decoder_entity_labels,
             entity_mask=self._get_entity_mask(hidden_states.device),
             return_top_k=top_k,
+            written_rows=written_rows,
         )
 
 

@@ -86,6 +86,19 @@ class PretrainingArguments:
         },
     )
     variant: str | None = field(default=None, metadata={"help": "edmem | encdec | encmem."})
+    entity_row_writer: bool | None = field(
+        default=None,
+        metadata={"help": "A writer of entity rows, trained to write rows the memory reads (docs/model.md)."},
+    )
+    # --- training with the writer of entity rows (a model with entity_row_writer) ---
+    written_row_share: float = field(
+        default=0.5, metadata={"help": "Share of a batch's entities read through a row written from another passage."}
+    )
+    written_only_share: float = field(
+        default=0.2, metadata={"help": "Share of all entities read through written rows only, as if added later."}
+    )
+    writer_max_length: int = field(default=128, metadata={"help": "Tokens of a writer input, name and passage."})
+    max_written_rows: int = field(default=32, metadata={"help": "Written rows a batch at most."})
     # --- masking ---
     random_mask_prob: float = field(default=0.3, metadata={"help": "P_rtm: per-token mask rate."})
     mention_mask_prob: float = field(default=0.5, metadata={"help": "P_ssm: per-mention whole-span mask rate."})
@@ -282,6 +295,7 @@ _ARCH_FIELDS = (
     "entity_loss_weight",
     "entity_loss_reduction",
     "variant",
+    "entity_row_writer",
 )
 
 
@@ -689,10 +703,11 @@ def _given_or_new_model(args: PretrainingArguments, model: Any, tokenizer: Any, 
 
 
 def _dataloaders(
-    args: PretrainingArguments, datasets: Any, tokenizer: Any, num_processes: int
+    args: PretrainingArguments, datasets: Any, tokenizer: Any, num_processes: int, model: Any = None
 ) -> tuple[_EpochShuffleSampler, DataLoader, DataLoader | None]:
     """The train loader (every process reads the whole seeded order; Accelerate shards its batches), its sampler,
-    and the validation loader (fixed masks), if there is a validation split."""
+    and the validation loader (fixed masks), if there is a validation split. A model with a writer of entity rows
+    trains on batches that read written rows (`writer_batches.WriterCollator`)."""
     train_set = _IndexedPassages(datasets["train"])
     if len(train_set) < args.per_device_train_batch_size * num_processes:
         raise ValueError(
@@ -707,6 +722,8 @@ def _dataloaders(
         seed=args.seed + 1_000_003,
         number_mask_prob=args.number_mask_prob,
     )
+    if getattr(getattr(model, "config", None), "entity_row_writer", False):
+        train_collator = _writer_collator(args, train_collator, datasets["train"], tokenizer, model)
     sampler = _EpochShuffleSampler(len(train_set), seed=args.seed)
     train_dl = DataLoader(
         train_set,
@@ -741,13 +758,27 @@ def _dataloaders(
     return sampler, train_dl, eval_dl
 
 
+def _writer_collator(args: PretrainingArguments, base: Any, passages: Any, tokenizer: Any, model: Any) -> Any:
+    """`base` extended with written rows from the train split (`writer_batches.WriterCollator`)."""
+    from .writer_batches import EntityPassages, WriterCollator
+
+    if model.entity_vocab is None:
+        raise ValueError("training the entity row writer needs the model's entity_vocab: it writes names")
+    return WriterCollator(
+        base, passages, EntityPassages.from_dataset(passages, model.config.entity_vocab_size),
+        model.entity_vocab.names, tokenizer, model.config, written_row_share=args.written_row_share,
+        written_only_share=args.written_only_share, max_length=args.writer_max_length,
+        max_written_rows=args.max_written_rows, seed=args.seed,
+    )  # fmt: skip
+
+
 class _PretrainingRun:
     """One `pretrain` call: `__init__` sets up (accelerator, data, model, optimiser, resume), `train` runs the
     optimizer steps, `finish` evaluates and saves the model."""
 
     def __init__(self, args: PretrainingArguments, model: Any, tokenizer: Any, datasets: Any, entity_vocab: Any):
         from accelerate import Accelerator, PartialState
-        from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
+        from accelerate.utils import DataLoaderConfiguration, DistributedType, ProjectConfiguration, set_seed
         from transformers import get_linear_schedule_with_warmup
 
         if args.mixed_precision == "fp16" and PartialState().device.type == "cpu":
@@ -771,7 +802,11 @@ class _PretrainingRun:
 
         set_seed(args.seed)
         model = _given_or_new_model(args, model, tokenizer, entity_vocab)
-        self.sampler, train_dl, eval_dl = _dataloaders(args, datasets, tokenizer, accelerator.num_processes)
+        self.sampler, train_dl, eval_dl = _dataloaders(args, datasets, tokenizer, accelerator.num_processes, model)
+        self.writer_collator = train_dl.collate_fn if hasattr(train_dl.collate_fn, "written_only_inputs") else None
+        sharded = accelerator.distributed_type in (DistributedType.DEEPSPEED, DistributedType.FSDP)
+        if self.writer_collator is not None and sharded:
+            raise ValueError("training the entity row writer runs on one process or DDP, not FSDP or DeepSpeed")
         self.batches_per_epoch = len(train_dl) // accelerator.num_processes or 1
         steps_per_epoch = max(math.ceil(self.batches_per_epoch / args.gradient_accumulation_steps), 1)
         self.max_steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * steps_per_epoch)
@@ -1026,6 +1061,10 @@ class _PretrainingRun:
         # save_pretrained knows its tied weights (token embeddings, entity table) best.
         sharded = accelerator.distributed_type in (DistributedType.DEEPSPEED, DistributedType.FSDP)
         state_dict = accelerator.get_state_dict(self.model) if sharded else None
+        if self.writer_collator is not None:  # the written-only entities' rows: what the writer makes of them
+            from .entity_growth import write_rows_into_table
+
+            write_rows_into_table(unwrapped, *self.writer_collator.written_only_inputs())
         with _as_unsharded_class(unwrapped):
             unwrapped.save_pretrained(
                 self.args.output_dir,

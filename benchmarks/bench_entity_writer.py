@@ -1,0 +1,70 @@
+"""Time to add entities written by the writer of entity rows at the `edmem-base` shape (`presets.py`: BART-base
+widths, 4 + 8 layers a side, the authors' 1,000,010 x 256 table; random weights, with `entity_row_writer`).
+
+Each new entity has one passage, a biography sentence with its name swapped in (as `toy_world_growth.py` times the
+other estimators); `add_entities(model, names, passages, tokenizer, estimator="writer")` reads
+`<s> <E_s> name <E_e> passage </s>` with the lower encoder layers and the writer's head, in batches, and appends the
+rows to the table. Wall-clock time of that call (tokenising, writing, growing the table). With `--entities` below
+100,000 the 100,000 figure is extrapolated linearly from the measured one, and the RESULT line says so.
+
+    python benchmarks/bench_entity_writer.py                      # 100,000 entities, measured
+    python benchmarks/bench_entity_writer.py --entities 5000      # 5,000 measured, 100,000 extrapolated
+
+Ends with `RESULT seconds_to_add_100k_base=... measured_entities=... measured_seconds=... threads=...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+
+import torch
+
+from edmem_hf import EDMemForConditionalGeneration, EntityVocab
+from edmem_hf.entity_growth import add_entities
+from edmem_hf.pretraining import PretrainingArguments, build_config
+from edmem_hf.tokenization import train_tokenizer
+
+TABLE_ROWS = 1_000_010  # the authors' table (presets.py)
+TARGET = 100_000
+SENTENCE = "<E_s> {name} <E_e> was born in 1931. She studied history at a university and worked as an engineer."
+
+
+def base_shape_model(tokenizer) -> EDMemForConditionalGeneration:
+    """A model of the `edmem-base` preset's shape with a writer of entity rows: random weights, 1,000,010 rows."""
+    with tempfile.TemporaryDirectory() as scratch:
+        arguments = PretrainingArguments(output_dir=scratch, preset="edmem-base", entity_row_writer=True)
+        config = build_config(arguments, tokenizer, TABLE_ROWS)
+    model = EDMemForConditionalGeneration(config).eval()
+    model.entity_vocab = EntityVocab([f"Entity {i}" for i in range(TABLE_ROWS)])
+    return model
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--entities", type=int, default=TARGET, help="entities added (measured)")
+    parser.add_argument("--batch-size", type=int, default=256, help="writer inputs read at once")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    words = ["born", "studied", "history", "university", "worked", "engineer", "Newcomer", "was", "in", "She"]
+    tokenizer = train_tokenizer([" ".join(words)] * 50 + [SENTENCE.format(name=f"Newcomer {i}") for i in range(500)],
+                                vocab_size=1000)  # fmt: skip
+    model = base_shape_model(tokenizer)
+    names = [f"Newcomer {i}" for i in range(args.entities)]
+    passages = [[SENTENCE.format(name=name)] for name in names]
+    started = time.perf_counter()
+    ids = add_entities(model, names, passages, tokenizer, estimator="writer", batch_size=args.batch_size)
+    seconds = time.perf_counter() - started
+    assert len(ids) == args.entities and model.config.entity_vocab_size == TABLE_ROWS + args.entities
+    at_target = seconds * TARGET / args.entities
+    how = "measured" if args.entities == TARGET else f"extrapolated_from_{args.entities}"
+    print(f"{args.entities} entities written in {seconds:.1f} s ({args.threads} threads); {TARGET}: {at_target:.1f} s")
+    print(f"RESULT seconds_to_add_100k_base={at_target:.1f} how={how} measured_entities={args.entities} "
+          f"measured_seconds={seconds:.1f} threads={args.threads}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

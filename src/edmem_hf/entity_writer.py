@@ -1,0 +1,91 @@
+"""The writer of entity rows: a head that turns the encoder's reading of a text about an entity into a row of the
+entity table (`EDMemConfig.entity_row_writer`; docs/model.md, "Entities written from text").
+
+Its input is `<s> <E_s> name <E_e> passage </s>` (`writer_input_ids` builds it from token ids), read by the model's
+own lower encoder layers, the layers whose states the memory's queries are made from. The row is made of the state
+at `<E_s>` (what the name is, in context, as a query at a mention would see it) and an attention pooling over every
+token (what the passage says), projected to `entity_embed_dim`. Copied to the Hub as custom code with
+`modeling_edmem.py`: it imports nothing of ours but `configuration_edmem`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .configuration_edmem import EDMemConfig
+
+
+class EntityRowWriter(nn.Module):
+    """`(K, L, d_model)` lower-layer states of K writer inputs -> `(K, entity_embed_dim)` rows.
+
+    `row = W_row LayerNorm([h_<E_s> ; pool(h)])`, where `pool` is attention pooling with one learned query per head
+    (`encoder_attention_heads` heads, so that each head can gather a different fact of the passage) over the
+    input's tokens. Dropout `memory_dropout` on the row, as on the memory's projections.
+    """
+
+    def __init__(self, config: EDMemConfig):
+        super().__init__()
+        self.num_heads = config.encoder_attention_heads
+        self.head_dim = config.d_model // self.num_heads
+        self.entity_start_token_id = config.entity_start_token_id
+        self.pool_queries = nn.Parameter(torch.zeros(self.num_heads, self.head_dim))  # set by _init_weights
+        self.pool_keys = nn.Linear(config.d_model, config.d_model)
+        self.pool_values = nn.Linear(config.d_model, config.d_model)
+        self.layer_norm = nn.LayerNorm(2 * config.d_model)
+        self.row_proj = nn.Linear(2 * config.d_model, config.entity_embed_dim)
+        self.dropout = nn.Dropout(config.memory_dropout)
+
+    def forward(
+        self, hidden_states: torch.Tensor, input_ids: torch.LongTensor, attention_mask: torch.Tensor
+    ) -> torch.Tensor:
+        """
+        Args:
+            hidden_states: `(K, L, d_model)`, the lower encoder layers' output over the writer inputs.
+            input_ids: `(K, L)`, each row with its entity's name marked `<E_s> ... <E_e>` first.
+            attention_mask: `(K, L)`, 1 on tokens, 0 on padding.
+
+        Returns:
+            `(K, entity_embed_dim)` rows.
+        """
+        starts = input_ids == self.entity_start_token_id
+        if not starts.any(dim=1).all():
+            row = int((~starts.any(dim=1)).nonzero()[0, 0])
+            raise ValueError(f"writer input row {row} has no <E_s>: it must start with `<E_s> name <E_e>`")
+        batch, length, _ = hidden_states.shape
+        at_name = hidden_states[torch.arange(batch, device=hidden_states.device), starts.int().argmax(dim=1)]
+        keys = self.pool_keys(hidden_states).view(batch, length, self.num_heads, self.head_dim)
+        values = self.pool_values(hidden_states).view(batch, length, self.num_heads, self.head_dim)
+        scores = torch.einsum("blhd,hd->bhl", keys, self.pool_queries.to(keys.dtype)) / self.head_dim**0.5
+        scores = scores.float().masked_fill(attention_mask[:, None, :] == 0, float("-inf"))
+        weights = torch.softmax(scores, dim=-1).to(values.dtype)
+        pooled = torch.einsum("bhl,blhd->bhd", weights, values).reshape(batch, -1)
+        return self.dropout(self.row_proj(self.layer_norm(torch.cat([at_name, pooled], dim=-1))))
+
+
+def writer_input_ids(
+    name_ids: list[int], passage_ids: list[int], config: EDMemConfig, max_length: int, bos_token_id: int | None
+) -> list[int]:
+    """`<s> <E_s> name <E_e> passage </s>` as token ids, at most `max_length` of them. The passage's own mention
+    markers and sequence boundaries are dropped (the name in front says whom the text is about); a passage too long
+    is cut around its first marked mention, as `entity_growth` cuts the passages it reads.
+
+    `name_ids`: the name's tokens, as they follow `<E_s>` in running text; `passage_ids`: the passage's tokens,
+    with or without `<s>`/`</s>` (a corpus passage has them).
+    """
+    start, end, eos = config.entity_start_token_id, config.entity_end_token_id, config.eos_token_id
+    head = ([bos_token_id] if bos_token_id is not None else []) + [start, *name_ids, end]
+    budget = max_length - len(head) - 1
+    if budget < 0:
+        raise ValueError(
+            f"a writer input of at most {max_length} tokens cannot hold the name ({len(name_ids)} tokens)"
+        )
+    dropped = {start, end, eos, bos_token_id}
+    first = next((i for i, token in enumerate(passage_ids) if token == start), 0)
+    body = [token for token in passage_ids if token not in dropped]
+    first -= sum(token in dropped for token in passage_ids[:first])
+    begin = max(0, min(first - budget // 2, len(body) - budget))
+    return head + body[begin : begin + budget] + [eos]
+
+
+__all__ = ["EntityRowWriter", "writer_input_ids"]

@@ -1,0 +1,186 @@
+"""Batches that read written rows: training with `EDMemConfig.entity_row_writer` (docs/model.md, "Entities written
+from text"), the collator stage of `edmem pretrain` and of fine-tuning.
+
+For a share of the entities of each batch, `WriterCollator` picks another passage about the entity, never one the
+batch reads (TOME's rule: a passage must not read its own answer from a row written from itself), and adds it as a
+writer input; the model then reads the row the writer makes of it in place of the entity's table row, in both
+memories and in the entity-linking head. A fixed share of the entities (`written_only_share`) is read through
+written rows every time it appears: like entities added after training, it never has a row of its own.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from .configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN, IGNORE_INDEX
+from .entity_writer import writer_input_ids
+
+
+class EntityPassages:
+    """Which passages of a split mention each entity (by its `entity_labels`), as CSR arrays over entity ids."""
+
+    def __init__(self, passage_of_mention: np.ndarray, entity_of_mention: np.ndarray, num_entities: int):
+        pairs = np.unique(np.stack([entity_of_mention, passage_of_mention]), axis=1)  # (entity, passage), sorted
+        self.passages = pairs[1].astype(np.int64)
+        self.offsets = np.searchsorted(pairs[0], np.arange(num_entities + 1))
+
+    @classmethod
+    def from_dataset(cls, dataset: Any, num_entities: int, id_map: np.ndarray | None = None) -> EntityPassages:
+        """From a `datasets.Dataset` with an `entity_labels` column (entity ids, -100 where none), read as Arrow;
+        `id_map[i]` is the id of the dataset's entity `i` in the model's ids (-100: unknown), when they differ."""
+        column = dataset.with_format("arrow")[:]["entity_labels"].combine_chunks()
+        labels = column.flatten().to_numpy().astype(np.int64)
+        lengths = np.diff(column.offsets.to_numpy())
+        passage = np.repeat(np.arange(len(lengths)), lengths)
+        if id_map is not None:
+            labels = np.where(labels >= 0, np.asarray(id_map)[labels.clip(min=0)], labels)
+        keep = (labels >= 0) & (labels < num_entities)
+        return cls(passage[keep], labels[keep], num_entities)
+
+    def of(self, entity: int) -> np.ndarray:
+        """The indices of the passages that mention `entity`, ascending."""
+        return self.passages[self.offsets[entity] : self.offsets[entity + 1]]
+
+
+@dataclass
+class WriterCollator:
+    """Wraps a collator (`EDMemMaskingCollator` in pre-training, `EDMemSeq2SeqCollator` in fine-tuning): its batch
+    plus `written_entity_ids` `(K,)`, `writer_input_ids` and `writer_attention_mask` `(K, L)`, the fields
+    `EDMemForConditionalGeneration.forward` reads written rows from.
+
+    Each entity labelled in the batch (`entity_labels`, `decoder_entity_labels`) is written when it is one of the
+    `written_only_share` of all entities (fixed by `seed`), or else with probability `written_row_share`, from a
+    passage of `passages` that mentions it and that the batch does not read (an example's `example_index` is its
+    passage in `passages`, as `edmem pretrain` gives it; a fine-tuning example, a question, is no passage). An
+    entity with no such passage, or no name, keeps its table row. At most `max_written_rows` a batch, the written-
+    only entities first. The choice is drawn from `seed` and the batch's tokens, so that a resumed run draws it
+    again as the uninterrupted one did.
+
+    Args:
+        base: the collator whose batch this extends.
+        passages: the passages to write from: a sequence of dicts with `input_ids` (a corpus split).
+        entity_passages: `EntityPassages` of `passages`.
+        names: each entity id's name (`EntityVocab.names`).
+        tokenizer: the model's tokenizer (names are tokenised as they follow `<E_s>` in text).
+        config: the model's `EDMemConfig` (marker, end and padding ids).
+    """
+
+    base: Callable[[Sequence[dict]], dict[str, torch.Tensor]]
+    passages: Any
+    entity_passages: EntityPassages
+    names: Sequence[str | None]
+    tokenizer: Any
+    config: Any
+    written_row_share: float = 0.5
+    written_only_share: float = 0.2
+    max_length: int = 128
+    max_written_rows: int = 32
+    seed: int = 0
+    _name_ids: dict[int, list[int]] = field(init=False, repr=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("written_row_share", "written_only_share"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.max_written_rows < 1:
+            raise ValueError(f"max_written_rows must be >= 1, got {self.max_written_rows}")
+        if len(self.names) != self.config.entity_vocab_size:
+            raise ValueError(f"{len(self.names)} entity names for a table of {self.config.entity_vocab_size} rows")
+        draws = np.random.default_rng([self.seed, 0x57121]).random(self.config.entity_vocab_size)
+        self.written_only = draws < self.written_only_share
+
+    @classmethod
+    def from_corpus(cls, base: Callable, corpus_dir: str, model: Any, tokenizer: Any, **settings) -> WriterCollator:
+        """`base` extended with rows written from the train passages of an `edmem build-corpus` folder, its entities
+        matched to the model's by name (fine-tuning; `settings`: the dataclass's options, `written_only_share` 0
+        unless given)."""
+        import os
+
+        from datasets import load_from_disk
+
+        from .entity_vocab import EntityVocab
+
+        if model.entity_vocab is None:
+            raise ValueError("writing rows needs the model's entity_vocab: the writer reads names")
+        vocab = model.entity_vocab
+        corpus_names = EntityVocab.load(corpus_dir).names
+        id_map = np.array([vocab.id_of(n) if n is not None and n in vocab else IGNORE_INDEX for n in corpus_names])
+        passages = load_from_disk(os.path.join(corpus_dir, "passages"))["train"]
+        index = EntityPassages.from_dataset(passages, model.config.entity_vocab_size, id_map)
+        settings.setdefault("written_only_share", 0.0)
+        return cls(base, passages, index, vocab.names, tokenizer, model.config, **settings)
+
+    def name_ids(self, entity: int) -> list[int]:
+        """The tokens of `entity`'s name, as they follow `<E_s>` in running text."""
+        if entity not in self._name_ids:
+            text = f"{ENTITY_START_TOKEN} {self.names[entity]} {ENTITY_END_TOKEN}"
+            self._name_ids[entity] = self.tokenizer(text, add_special_tokens=False).input_ids[1:-1]
+        return self._name_ids[entity]
+
+    def writer_input(self, entity: int, passage: int) -> list[int]:
+        """`<s> <E_s> name <E_e> passage </s>` for `entity` from passage `passage` (`entity_writer.writer_input_ids`)."""
+        return writer_input_ids(self.name_ids(entity), list(self.passages[int(passage)]["input_ids"]), self.config,
+                                self.max_length, self.tokenizer.bos_token_id)  # fmt: skip
+
+    def choose(self, examples: Sequence[dict], batch: dict[str, torch.Tensor]) -> dict[int, int]:
+        """The batch's written entities and the passage each is written from: `{entity id: passage index}`."""
+        read = {int(example["example_index"]) for example in examples if "example_index" in example}
+        labelled = [batch[key] for key in ("entity_labels", "decoder_entity_labels") if key in batch]
+        entities = torch.cat([labels.flatten() for labels in labelled]).unique().tolist() if labelled else []
+        rng = np.random.default_rng([self.seed, zlib.crc32(batch["input_ids"].numpy().tobytes())])
+        first, then = [], []
+        for entity in entities:
+            if entity == IGNORE_INDEX or self.names[entity] is None:
+                continue
+            written_only = bool(self.written_only[entity])
+            if not (written_only or rng.random() < self.written_row_share):
+                continue
+            passage = _passage_not_read(self.entity_passages.of(entity), read, rng)
+            if passage is not None:
+                (first if written_only else then).append((entity, passage))
+        return dict((first + then)[: self.max_written_rows])
+
+    def __call__(self, examples: Sequence[dict]) -> dict[str, torch.Tensor]:
+        batch = self.base(examples)
+        chosen = self.choose(examples, batch)
+        if not chosen:
+            return batch
+        inputs = [self.writer_input(entity, passage) for entity, passage in chosen.items()]
+        width = max(map(len, inputs))
+        pad = self.config.pad_token_id
+        batch["written_entity_ids"] = torch.tensor(list(chosen), dtype=torch.long)
+        batch["writer_input_ids"] = torch.tensor([ids + [pad] * (width - len(ids)) for ids in inputs])
+        batch["writer_attention_mask"] = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids in inputs])
+        return batch
+
+    def written_only_inputs(self, max_passages: int = 4) -> tuple[list[int], list[list[list[int]]]]:
+        """The written-only entities that have passages, and up to `max_passages` writer inputs of each: what
+        `write_rows_into_table` writes their table rows from once training ends."""
+        ids, inputs = [], []
+        for entity in np.flatnonzero(self.written_only).tolist():
+            passages = self.entity_passages.of(entity)[:max_passages]
+            if len(passages) and self.names[entity] is not None:
+                ids.append(entity)
+                inputs.append([self.writer_input(entity, passage) for passage in passages])
+        return ids, inputs
+
+
+def _passage_not_read(passages: np.ndarray, read: set[int], rng: np.random.Generator) -> int | None:
+    """One of `passages` drawn uniformly among those not in `read`, or None: a few draws from all of them when most
+    are not read (an entity of a million passages is not listed each batch), else from the list of the others."""
+    if len(passages) > 4 * len(read):
+        for _ in range(8):
+            passage = int(passages[rng.integers(len(passages))])
+            if passage not in read:
+                return passage
+    others = [passage for passage in passages.tolist() if passage not in read]
+    return others[rng.integers(len(others))] if others else None
+
+
+__all__ = ["EntityPassages", "WriterCollator"]

@@ -1,0 +1,267 @@
+"""The writer of entity rows (`EDMemConfig.entity_row_writer`): the memory reading written rows beside the table
+equals the dense formula over the table with those rows copied in; with the option off nothing changes; the writer
+is saved, loaded and shipped as Hub code."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from huggingface_hub.errors import StrictDataclassClassValidationError
+from transformers import AutoModelForSeq2SeqLM
+
+from edmem_hf import EDMemForConditionalGeneration, EntityVocab
+from edmem_hf.entity_attention import WrittenRows, dense_entity_attention, entity_attention
+from edmem_hf.entity_growth import add_entities, memory_queries
+from edmem_hf.entity_writer import writer_input_ids
+from tiny_models import (
+    BOS,
+    EE,
+    EOS,
+    ES,
+    PAD,
+    make_word_tokenizer,
+    make_words,
+    run_without_the_package,
+    saved_model_and_unknown_people,
+    tiny_batch,
+    tiny_config,
+    tiny_model,
+)
+
+# Two writer inputs `<s> <E_s> name <E_e> passage </s>` over the tiny vocabulary, the second padded.
+WRITER_INPUTS = torch.tensor([[BOS, ES, 10, 11, EE, 12, 13, 14, EOS], [BOS, ES, 15, EE, 16, 17, EOS, PAD, PAD]])
+WRITTEN_IDS = torch.tensor([7, 30])  # entity 7 is labelled in the input of tiny_batch, 30 in its target
+
+
+def writer_fields() -> dict[str, torch.Tensor]:
+    mask = (WRITER_INPUTS != PAD).long()
+    return {"written_entity_ids": WRITTEN_IDS, "writer_input_ids": WRITER_INPUTS, "writer_attention_mask": mask}
+
+
+# --- the memory's maths ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_written_rows_read_beside_the_table_equal_the_dense_formula(with_mask):
+    """Read, log-partition, NLL (golds with and without a written row) and gradients of queries, table and written
+    rows: the chunked pass over the table plus the dense pass over the written rows equal the dense formula over
+    the table with the written rows copied over their ids."""
+    torch.manual_seed(0)
+    num_mentions, num_entities, dim = 9, 53, 12
+    queries = torch.randn(num_mentions, dim, dtype=torch.float64, requires_grad=True)
+    table = torch.randn(num_entities, dim, dtype=torch.float64, requires_grad=True)
+    ids = torch.tensor([3, 17, 40, 41])
+    rows = torch.randn(len(ids), dim, dtype=torch.float64, requires_grad=True)
+    mask = torch.rand(num_entities) > 0.3 if with_mask else None
+    if mask is not None:
+        mask[[3, 17]] = True
+        mask[41] = False  # a hidden entity stays hidden with a written row
+    gold = torch.tensor([3, 17, 40, 5, 8, 3, 22, -100, 17])
+    if mask is not None:
+        gold = torch.where(mask[gold.clamp_min(0)] | (gold < 0), gold, 3)
+    upstream = torch.randn(num_mentions, dim, dtype=torch.float64)
+    written = WrittenRows(ids, rows)
+
+    def run(fast: bool):
+        queries.grad = table.grad = rows.grad = None
+        if fast:
+            read, lse, nll, _, _ = entity_attention(
+                queries, table, labels=gold, entity_mask=mask, chunk_size=10, written_rows=written
+            )
+        else:
+            read, lse = dense_entity_attention(queries, table, mask, written)
+            full = table.index_copy(0, ids, rows)
+            labelled = gold >= 0
+            nll = lse.double()[labelled] - (queries[labelled] * full[gold[labelled]]).sum(-1)
+        ((read * upstream).sum() + nll.sum()).backward()
+        return read.detach(), lse.detach().double(), nll.detach().double(), queries.grad, table.grad, rows.grad
+
+    fast, dense = run(True), run(False)
+    for name, a, b in zip(("read", "lse", "nll", "d queries", "d table", "d rows"), fast, dense):
+        assert torch.allclose(a, b, atol=1e-4), name
+    assert fast[4][ids].abs().max() == 0  # the replaced table rows are not read
+    assert fast[5].abs().max() > 0
+
+
+def test_written_rows_in_the_top_k_read_and_report():
+    """At inference (top-k read) the written rows compete with the table's rows as if copied into it."""
+    torch.manual_seed(1)
+    queries, table = torch.randn(6, 8), torch.randn(40, 8)
+    ids, rows = torch.tensor([2, 9, 33]), torch.randn(3, 8) * 3  # long rows: they win top-k places
+    mask = torch.ones(40, dtype=torch.bool)
+    mask[[5, 33]] = False
+    result = entity_attention(queries, table, entity_mask=mask, top_k=5, chunk_size=7, return_top_k=5,
+                              written_rows=WrittenRows(ids, rows))  # fmt: skip
+    full = table.index_copy(0, ids, rows)
+    scores = (queries @ full.t()).masked_fill(~mask, float("-inf"))
+    expected_scores, expected_ids = scores.topk(5, dim=1)
+    assert torch.equal(result.top_ids, expected_ids)
+    assert torch.allclose(result.top_scores, expected_scores, atol=1e-5)
+    assert set(result.top_ids.flatten().tolist()) & {2, 9} and 33 not in result.top_ids
+    weights = torch.softmax(expected_scores, dim=-1)
+    assert torch.allclose(result.read, torch.einsum("mk,mkd->md", weights, full[expected_ids]), atol=1e-5)
+
+
+# --- the model -------------------------------------------------------------------------------------------------
+
+
+def test_with_the_option_off_the_model_is_unchanged():
+    """Off (the default): no writer and no new weight; on, a model reads exactly what the same weights read off,
+    until written rows are passed, and an empty set of written rows changes nothing either."""
+    off = tiny_model(seed=3)
+    assert off.entity_writer is None and not any("writer" in key for key in off.state_dict())
+    on = tiny_model(seed=3, entity_row_writer=True)
+    missing, unexpected = on.load_state_dict(off.state_dict(), strict=False)
+    assert not unexpected and missing and all(key.startswith("entity_writer.") for key in missing)
+    batch = tiny_batch()
+    empty = {"written_entity_ids": torch.zeros(0, dtype=torch.long),
+             "writer_input_ids": torch.zeros(0, 4, dtype=torch.long)}  # fmt: skip
+    for train in (True, False):
+        off.train(train), on.train(train)
+        expected = off(**batch, output_attended_entities=True)
+        for model, extra in ((on, {}), (on, empty), (off, empty)):
+            out = model(**batch, output_attended_entities=True, **extra)
+            for field in ("logits", "loss", "lm_loss", "entity_loss"):
+                assert torch.equal(getattr(out, field), getattr(expected, field)), field
+            for access in ("encoder_attended_entities", "decoder_attended_entities", "linked_entities"):
+                assert torch.equal(getattr(out, access).top_entity_scores, getattr(expected, access).top_entity_scores)
+    # and the written rows, when given, are what the memory reads
+    on.train()
+    with_rows = on(**batch, **writer_fields())
+    assert not torch.equal(with_rows.logits, expected.logits)
+
+
+def test_written_rows_train_the_writer_and_replace_the_table_rows():
+    model = tiny_model(seed=4, entity_row_writer=True).train()
+    out = model(**tiny_batch(), **writer_fields())
+    out.loss.backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.entity_writer.parameters())
+    table_grad = model.model.entity_embeddings.weight.grad
+    assert table_grad[WRITTEN_IDS].abs().max() == 0 and table_grad.abs().max() > 0
+
+
+def test_bad_written_entity_fields_raise():
+    model = tiny_model(entity_row_writer=True)
+    fields = writer_fields()
+    with pytest.raises(ValueError, match="distinct ids"):
+        model(**tiny_batch(), **{**fields, "written_entity_ids": torch.tensor([7, 7])})
+    with pytest.raises(ValueError, match="distinct ids"):
+        model(**tiny_batch(), **{**fields, "written_entity_ids": torch.tensor([7, 400])})
+    with pytest.raises(ValueError, match="one row per entity"):
+        model(**tiny_batch(), written_entity_ids=torch.tensor([7]), writer_input_ids=WRITER_INPUTS)
+    with pytest.raises(ValueError, match="has no <E_s>"):
+        model.write_entity_rows(torch.tensor([[BOS, 10, 11, EOS]]))
+    with pytest.raises(ValueError, match="no entity row writer"):
+        tiny_model().write_entity_rows(WRITER_INPUTS)
+    with pytest.raises(StrictDataclassClassValidationError, match="entity_row_writer is built on the full EDMem"):
+        tiny_config(variant="encmem", entity_row_writer=True)
+
+
+def test_writer_input_drops_the_passage_markers_and_keeps_the_first_mention():
+    config = tiny_config()
+    passage = [BOS, 20, 21, 22, 23, 24, 25, ES, 30, 31, EE, 26, 27, 28, EOS]
+    assert writer_input_ids([30, 31], passage, config, 40, BOS) == [BOS, ES, 30, 31, EE, 20, 21, 22, 23, 24, 25, 30,
+                                                                     31, 26, 27, 28, EOS]  # fmt: skip
+    short = writer_input_ids([30, 31], passage, config, 11, BOS)
+    assert len(short) == 11 and short[:5] == [BOS, ES, 30, 31, EE] and short[-1] == EOS
+    assert short[5:10] == [24, 25, 30, 31, 26]  # cut around the passage's first mention
+    with pytest.raises(ValueError, match="cannot hold the name"):
+        writer_input_ids([30, 31, 32], passage, config, 5, BOS)
+
+
+# --- saving ----------------------------------------------------------------------------------------------------
+
+
+def test_the_writer_is_saved_loaded_and_runs_as_hub_code_without_the_package(tmp_path):
+    model = tiny_model(seed=5, entity_row_writer=True).eval()
+    with torch.no_grad():
+        for parameter in model.entity_writer.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.1)
+    folder = tmp_path / "edmem-writer"
+    model.save_pretrained(folder)
+    assert (folder / "entity_writer.py").exists()
+    assert json.loads((folder / "config.json").read_text())["entity_row_writer"] is True
+    loaded, info = AutoModelForSeq2SeqLM.from_pretrained(folder, output_loading_info=True)
+    assert isinstance(loaded, EDMemForConditionalGeneration) and not any(info.values())
+    expected = model.write_entity_rows(WRITER_INPUTS, writer_fields()["writer_attention_mask"])
+    assert torch.equal(loaded.eval().write_entity_rows(WRITER_INPUTS, writer_fields()["writer_attention_mask"]),
+                       expected)  # fmt: skip
+    script = f"""
+        import json
+        import torch
+        from transformers import AutoModelForSeq2SeqLM
+        model, info = AutoModelForSeq2SeqLM.from_pretrained({str(folder)!r}, trust_remote_code=True,
+                                                            output_loading_info=True)
+        ids = torch.tensor({WRITER_INPUTS.tolist()})
+        print(type(model).__module__, sorted(key for keys in info.values() for key in keys))
+        print(json.dumps(model.eval().write_entity_rows(ids, (ids != {PAD}).long()).tolist()))
+        """
+    header, rows = run_without_the_package(script, tmp_path).stdout.strip().splitlines()[-2:]
+    assert header.startswith("transformers_modules") and header.endswith("[]")
+    assert torch.allclose(torch.tensor(json.loads(rows)), expected, atol=1e-6)
+
+
+# --- growth with the writer ------------------------------------------------------------------------------------
+
+
+def test_add_entities_writes_each_row_as_the_mean_of_its_texts_rows():
+    """Batched and padded (texts sorted by length, several entities a batch), each new row is the mean of the rows
+    the writer makes of `<s> <E_s> name <E_e> text </s>` for each of its texts, one at a time and unpadded."""
+    tokenizer = make_word_tokenizer(bart_template=True)
+    words = make_words(400)
+    start, end = tokenizer.convert_tokens_to_ids(["<E_s>", "<E_e>"])
+    model = tiny_model(seed=6, vocab_size=len(tokenizer), entity_vocab_size=5, entity_start_token_id=start,
+                       entity_end_token_id=end, entity_row_writer=True).eval()  # fmt: skip
+    model.entity_vocab = EntityVocab(words[:5])
+    names = [f"{words[10]} {words[11]}", words[12], words[13]]
+    texts = [[" ".join(words[20:30]), f"{words[31]} <E_s> {names[0]} <E_e> {words[32]}"], [words[40]],
+             [" ".join(words[50:53]), " ".join(words[53:70]), words[71]]]  # fmt: skip
+    table = model.model.entity_embeddings.weight.detach().clone()
+    ids = add_entities(model, names, texts, tokenizer, batch_size=2)  # the writer: the default of a writer model
+    assert ids == [5, 6, 7]
+    grown = model.model.entity_embeddings.weight.detach()
+    assert torch.equal(grown[:5], table)
+    for i, (name, own) in enumerate(zip(names, texts)):
+        rows = []
+        for text in own:
+            passage = [t for t in tokenizer(text, add_special_tokens=False).input_ids if t not in (start, end)]
+            marked = tokenizer(f"<E_s> {name} <E_e>", add_special_tokens=False).input_ids
+            rows.append(model.write_entity_rows(torch.tensor([[tokenizer.bos_token_id, *marked, *passage, EOS]])))
+        torch.testing.assert_close(grown[5 + i], torch.cat(rows).mean(0), atol=1e-5, rtol=1e-5)
+    mean_query = tiny_model(seed=6, vocab_size=len(tokenizer), entity_vocab_size=5, entity_start_token_id=start,
+                            entity_end_token_id=end, entity_row_writer=True).eval()  # fmt: skip
+    mean_query.entity_vocab = EntityVocab(words[:5])
+    add_entities(mean_query, names[1:2], [[f"<E_s> {names[1]} <E_e> {words[40]}"]], tokenizer, estimator="mean_query")
+    expected = memory_queries(mean_query, [[f"<E_s> {names[1]} <E_e> {words[40]}"]], tokenizer)[0]
+    assert torch.allclose(torch.nn.functional.cosine_similarity(mean_query.model.entity_embeddings.weight[5],
+                                                                expected, dim=0), torch.tensor(1.0))  # fmt: skip
+    with pytest.raises(ValueError, match="no writer of entity rows"):
+        add_entities(tiny_model(vocab_size=len(tokenizer)), ["x y"], [["x y"]], tokenizer, estimator="writer")
+
+
+def test_edmem_add_entities_writes_with_the_models_writer(tmp_path, capsys):
+    from edmem_hf.cli import main
+    from edmem_hf.dump import iter_parsed_pages
+    from edmem_hf.entity_growth import new_entity_passages, writer_inputs, written_rows
+
+    tokenizer = make_word_tokenizer(bart_template=True)
+    model, people, known, dump = saved_model_and_unknown_people(tokenizer, tmp_path, entity_row_writer=True)
+    assert (
+        main(["add-entities", "--model", str(tmp_path / "model"), "--dump", dump, "--out", str(tmp_path / "grown")])
+        == 0
+    )
+    assert f"added 3 entities (ids {len(known)}..{len(known) + 2})" in capsys.readouterr().out
+    grown = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "grown").eval()
+    assert grown.entity_writer is not None and grown.entity_vocab.names == known + sorted(people)
+    passages, _ = new_entity_passages(iter_parsed_pages(dump), known)
+    names = sorted(people)
+    expected = written_rows(model.eval(), writer_inputs(model, names, [passages[n] for n in names], tokenizer))
+    torch.testing.assert_close(grown.model.entity_embeddings.weight.detach()[len(known) :], expected)
+    plain = tmp_path / "plain"
+    saved_model_and_unknown_people(tokenizer, plain)
+    failed = ["add-entities", "--model", str(plain / "model"), "--dump", dump, "--out", str(plain / "grown"),
+              "--estimator", "writer"]  # fmt: skip
+    with pytest.raises(ValueError, match="no writer of entity rows"):
+        main(failed)
