@@ -201,7 +201,7 @@ def run_demo(args: DemoArguments) -> dict:
     result = trainer.train()
     print(
         f"fine-tuning: {len(features)} training questions ({len(question_sets['held-out'])} held out), "
-        f"{result.global_step} steps, training loss {result.training_loss:.3f}"
+        f"{result.global_step} steps, training loss {result.training_loss:.3f} (the mean over the steps)"
     )
     final_dir = out / "model"
     model.save_pretrained(final_dir)
