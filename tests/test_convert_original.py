@@ -173,7 +173,8 @@ def _authors_encdec_baseline() -> BartForConditionalGeneration:
     """The authors' EncDec baseline: a `BartForConditionalGeneration` (theirs from transformers 4.15, whose weights
     and layout are 5.23's), tiny, every weight and the final-logits bias random."""
     config = BartConfig(vocab_size=64, d_model=32, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4,
-                        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=48, max_position_embeddings=64)  # fmt: skip
+                        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=48,
+                        max_position_embeddings=64)  # fmt: skip
     torch.manual_seed(4)
     bart = BartForConditionalGeneration(config)
     with torch.no_grad():
