@@ -194,8 +194,13 @@ def test_a_model_loaded_as_hub_code_grows_too(setup, tmp_path):
     """Growth is this package's code, not the model's: a model loaded with `trust_remote_code=True` (the classes of
     its folder's copy of the Hub files) grows the same rows."""
     model, tokenizer, new, passages = setup
+    from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
     model.save_pretrained(tmp_path / "model")
-    remote = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "model", trust_remote_code=True).eval()
+    # the folder's copy of the class, as `trust_remote_code=True` loads it where this package is not imported (here
+    # it is, and Transformers prefers the registered class)
+    remote_class = get_class_from_dynamic_module("modeling_edmem.EDMemForConditionalGeneration", tmp_path / "model")
+    remote = remote_class.from_pretrained(tmp_path / "model").eval()
     assert type(remote).__module__ != type(model).__module__  # the folder's copy, not edmem_hf.modeling_edmem
     ids = add_entities(remote, new, passages, tokenizer)
     assert ids == add_entities(model, new, passages, tokenizer) == [20, 21]
