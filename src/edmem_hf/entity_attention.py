@@ -19,7 +19,9 @@ TOP_K_SCORE_BUDGET = 1 << 24
 
 class WrittenRows(NamedTuple):
     """Rows that replace the table rows of some entities in one forward pass: `ids` `(K,)` distinct entity ids,
-    `rows` `(K, d)` their rows (written from text, with gradients). The table itself is not touched."""
+    `rows` `(K, d)` their rows (written from text, with gradients). The table itself is not touched. An entity mask
+    hides table rows: a written row is read (and its entity predicted) even where its table row is hidden, so that
+    entities that only ever have written rows can keep their table rows out of the memory."""
 
     ids: torch.Tensor
     rows: torch.Tensor
@@ -34,10 +36,12 @@ def dense_entity_attention(
     """The textbook formula with a full `(M, N)` score matrix: the reference that `entity_attention` must equal.
 
     Returns the read `softmax(q E^T) E` `(M, d)` and the log-partition `logsumexp(q E^T)` `(M,)`, where `E` is the
-    table with `written_rows` copied over their ids' rows.
+    table with `written_rows` copied over their ids' rows (shown whatever `entity_mask` says).
     """
     if written_rows is not None:
         table = table.index_copy(0, written_rows.ids, written_rows.rows.to(table.dtype))
+        if entity_mask is not None:
+            entity_mask = entity_mask.index_fill(0, written_rows.ids, True)
     scores = (queries @ table.t()).float()
     if entity_mask is not None:
         scores = scores.masked_fill(~entity_mask, float("-inf"))
@@ -156,9 +160,7 @@ def _attention_with_written_rows(
     replaced = torch.zeros(num_entities, dtype=torch.bool, device=table.device)
     replaced[ids] = True
     table_mask = ~replaced if entity_mask is None else entity_mask & ~replaced
-    written_scores = (queries.to(rows.dtype) @ rows.t()).float()  # (M, K)
-    if entity_mask is not None:
-        written_scores = written_scores.masked_fill(~entity_mask[ids], float("-inf"))
+    written_scores = (queries.to(rows.dtype) @ rows.t()).float()  # (M, K), every written row shown
 
     top_ids = top_scores = None
     k_needed = max(top_k or 0, return_top_k or 0)
@@ -176,9 +178,9 @@ def _attention_with_written_rows(
     gold = torch.full((queries.shape[0],), -1, dtype=torch.long, device=queries.device)
     if labels is not None:
         gold = torch.where(labels == IGNORE_INDEX, gold, labels)
-        if entity_mask is not None:  # a hidden entity cannot be predicted: no loss
-            gold = torch.where(entity_mask[gold.clamp_min(0)], gold, -1)
     gold_slot = _slots(gold, ids)  # (M,) the gold's written row, -1 when it has none
+    if entity_mask is not None:  # a hidden entity without a written row cannot be predicted: no loss
+        gold = torch.where(entity_mask[gold.clamp_min(0)] | (gold_slot >= 0), gold, -1)
     read = log_partition = nll = None
     full_read = compute_read and (top_k is None or top_k >= num_entities)
     if full_read or labels is not None:
@@ -203,8 +205,6 @@ def _attention_with_written_rows(
         candidates = torch.where((slots >= 0)[..., None], rows[slots.clamp_min(0)], table[candidate_ids])
         scores = torch.einsum("md,mkd->mk", queries.to(table.dtype), candidates).float()
         visible = torch.where(slots >= 0, True, table_mask[candidate_ids])
-        if entity_mask is not None:
-            visible = visible & entity_mask[candidate_ids]
         scores = scores.masked_fill(~visible, float("-inf"))
         weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
         read = torch.einsum("mk,mkd->md", weights, candidates.float()).to(queries.dtype)

@@ -807,6 +807,8 @@ class _PretrainingRun:
         sharded = accelerator.distributed_type in (DistributedType.DEEPSPEED, DistributedType.FSDP)
         if self.writer_collator is not None and sharded:
             raise ValueError("training the entity row writer runs on one process or DDP, not FSDP or DeepSpeed")
+        if self.writer_collator is not None:  # the written-only entities' table rows stay out of the memory
+            model.set_entity_mask(torch.from_numpy(~self.writer_collator.written_only))
         self.batches_per_epoch = len(train_dl) // accelerator.num_processes or 1
         steps_per_epoch = max(math.ceil(self.batches_per_epoch / args.gradient_accumulation_steps), 1)
         self.max_steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * steps_per_epoch)
@@ -1065,6 +1067,7 @@ class _PretrainingRun:
             from .entity_growth import write_rows_into_table
 
             write_rows_into_table(unwrapped, *self.writer_collator.written_only_inputs())
+            unwrapped.set_entity_mask(None)
         with _as_unsharded_class(unwrapped):
             unwrapped.save_pretrained(
                 self.args.output_dir,
