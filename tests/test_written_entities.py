@@ -103,6 +103,11 @@ def trained(tmp_path_factory):
     return model, tokenizer, people, unseen, home, forms
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 37, open: on this tiny world the writer's rows of unseen people are not yet found by the memory "
+    "(1 of 4 found, 2 answered at the merge); strict, so the test fails once they are, and the marker must go",
+)
 def test_written_rows_of_unseen_people_are_found_and_answered(trained):
     model, tokenizer, people, unseen, home, forms = trained
     sentences = [[forms[0].format(p=marked(person), c=marked(home[person]))] for person in unseen]
