@@ -123,6 +123,7 @@ class Settings:
     pretrain_learning_rate: float = 3e-3
     mix_qa: bool = True  # the fine-tuning half's questions and answers also in pre-training (every system)
     shuffled_questions: bool = False  # ... on pages of their own, people mixed (else a section of each person's page)
+    questions_in_batches: bool = False  # ... in the training batches in the fine-tuning format (not on pages)
     finetune_epochs: float = 60.0
     finetune_learning_rate: float = 1e-3
     finetune_batch_size: int = 32
@@ -209,7 +210,7 @@ def make_world(settings: Settings, seed: int, out: Path, varied: bool = True) ->
     world = generate_knowledge_world(world_settings, seed=seed)
     splits = split_people(world, seed, settings.validation_fraction)
     read = world
-    if settings.mix_qa:
+    if settings.mix_qa and not settings.questions_in_batches:
         read = with_questions_in_pages(world, splits["train"], settings.shuffled_questions, seed)
     out.mkdir(parents=True, exist_ok=True)
     dump = write_mediawiki_dump(read, out / "wiki.xml.bz2")
@@ -219,16 +220,21 @@ def make_world(settings: Settings, seed: int, out: Path, varied: bool = True) ->
     files = {}
     for split, pairs in splits.items():
         files[split], files[f"{split}_links"] = write_released_format(pairs, split, out)
-    return {"world": world, "corpus": corpus, "files": files, "splits": splits}
+    mixed = files["train"] if settings.mix_qa and settings.questions_in_batches else None
+    return {"world": world, "corpus": corpus, "files": files, "splits": splits, "mixed_questions": mixed}
 
 
 # --- training ---------------------------------------------------------------------------------------------------
 
 
 def pretrain_variant(variant: str, corpus: Path, out: Path, settings: Settings, seed: int,
-                     ffn_dim: int | None = None, recipe: Recipe = PAPER, **options) -> Path:  # fmt: skip
-    """`edmem pretrain` of `variant` at the settings' widths and schedule (`options`: more `PretrainingArguments`)."""
+                     ffn_dim: int | None = None, recipe: Recipe = PAPER, questions: Path | None = None,
+                     **options) -> Path:  # fmt: skip
+    """`edmem pretrain` of `variant` at the settings' widths and schedule, with `questions` (a QA file) mixed into
+    its batches when given (`options`: more `PretrainingArguments`)."""
     d = settings.d_model
+    if questions is not None:
+        options["mixed_questions_file"] = str(questions)
     linking = {} if variant == "encdec" else dict(entity_loss_weight=recipe.entity_loss_weight,
                                                   entity_loss_reduction=recipe.entity_loss_reduction)  # fmt: skip
     pretrain(
@@ -692,7 +698,7 @@ def run_condition(settings: Settings, seed: int, out: Path, varied: bool = True,
     t0 = time.perf_counter()
     models = pretrain_side_by_side(
         {
-            variant: (variant, data["corpus"], where, settings, seed, None, recipe)
+            variant: (variant, data["corpus"], where, settings, seed, None, recipe, data["mixed_questions"])
             for variant, where in folders.items()
         },
         settings.pretrain_jobs,
@@ -701,7 +707,9 @@ def run_condition(settings: Settings, seed: int, out: Path, varied: bool = True,
     if settings.encdec_matched and not ablation:
         ffn_dim = matched_ffn_dim(models["edmem"], models["encdec"], settings)
         where = out / f"pretrain-encdec-matched{recipe.pretraining_suffix('encdec')}"
-        models["encdec_matched"] = pretrain_variant("encdec", data["corpus"], where, settings, seed, ffn_dim, recipe)
+        models["encdec_matched"] = pretrain_variant(
+            "encdec", data["corpus"], where, settings, seed, ffn_dim, recipe, data["mixed_questions"]
+        )
     groups = {group: sorted({pair.subject for pair in pairs}) for group, pairs in splits.items() if pairs}
     memorised = {variant: memorisation(path, world, groups) for variant, path in models.items()}
     predictions: dict[str, dict[str, Path]] = {group: {} for group in ["train", *asked]}  # -> system -> file
@@ -789,7 +797,8 @@ def pretraining_curve(settings: Settings, seed: int, out: Path, budgets: list[in
         where = out / f"curve-seed-{seed}" / f"steps-{steps}"
         point: dict = {"steps": steps}
         pretrained_models = pretrain_side_by_side(
-            {variant: (variant, data["corpus"], where / f"pretrain-{variant}", budget, seed) for variant in
+            {variant: (variant, data["corpus"], where / f"pretrain-{variant}", budget, seed, None, PAPER,
+                       data["mixed_questions"]) for variant in
              ("edmem", "encdec")}, settings.pretrain_jobs)  # fmt: skip
         for variant in ("edmem", "encdec"):
             pretrained = pretrained_models[variant]
@@ -958,6 +967,9 @@ def experiment_parser(description: str, default_out: str) -> argparse.ArgumentPa
     parser.add_argument("--shuffled-questions", action=argparse.BooleanOptionalAction,
                         help="the mixed-in questions on pages of their own, people mixed (default: each person's on "
                              "their page)")  # fmt: skip
+    parser.add_argument("--questions-in-batches", action=argparse.BooleanOptionalAction,
+                        help="the mixed-in questions in the pre-training batches in the fine-tuning format "
+                             "(`edmem pretrain --mixed_questions_file`), not as text on pages")  # fmt: skip
     parser.add_argument("--mix-qa", action=argparse.BooleanOptionalAction,
                         help="the fine-tuning half's questions in pre-training too (default: on)")  # fmt: skip
     parser.add_argument("--no-plots", action="store_true")
@@ -993,7 +1005,8 @@ def with_overrides(settings: Settings, args: argparse.Namespace) -> Settings:
                      finetune_learning_rate=args.finetune_learning_rate, finetune_batch_size=args.finetune_batch_size,
                      pretrain_batch_size=args.pretrain_batch_size, pretrain_learning_rate=args.pretrain_learning_rate,
                      layers=args.layers, mix_qa=args.mix_qa, pretrain_jobs=args.pretrain_jobs,
-                     fullname=args.fullname, shuffled_questions=args.shuffled_questions)  # fmt: skip
+                     fullname=args.fullname, shuffled_questions=args.shuffled_questions,
+                     questions_in_batches=args.questions_in_batches)  # fmt: skip
     return replace(settings, **{k: v for k, v in overrides.items() if v is not None})
 
 

@@ -308,3 +308,35 @@ def test_numbers_as_salient_spans(tokenizer):
     paper = EDMemMaskingCollator(tokenizer, 0.3, 0.5, seed=3)(examples)
     assert torch.equal(EDMemMaskingCollator(tokenizer, 0.3, 0.5, seed=3, number_mask_prob=0.0)(examples)["input_ids"],
                        paper["input_ids"])  # fmt: skip
+
+
+def test_questions_pass_uncorrupted_beside_masked_passages(tokenizer):
+    from edmem_hf.collator import QuestionsAndPassagesCollator
+    from edmem_hf.task_features import QAExample, encode_qa_example
+
+    masking = EDMemMaskingCollator(tokenizer, random_mask_prob=0.5, mention_mask_prob=1.0, seed=3)
+    mixed = QuestionsAndPassagesCollator(masking)
+    passages = _examples(tokenizer, 3, with_index=True)
+    question = {
+        **encode_qa_example(QAExample("Where is Alpha City?", ["Beta River"], [(9, 19, 0)], 1), tokenizer),
+        "example_index": 99,
+    }
+    batch = mixed([passages[0], question, passages[1], passages[2]])
+    alone = masking(passages)
+    width = alone["input_ids"].shape[1]
+    assert batch["input_ids"].shape == (4, max(width, len(question["input_ids"])))
+    # The passages: the masking collator's batch exactly (its draws are the passages' own), then padding.
+    for name in ("input_ids", "attention_mask", "entity_labels", "labels", "decoder_entity_labels"):
+        assert torch.equal(batch[name][:3, :width], alone[name]), name
+    assert (batch["input_ids"][:3] == masking.mask_token_id).any()
+    # The question: kept as encoded (no mask token), its answer the target, its entities where they were.
+    n, m = len(question["input_ids"]), len(question["labels"])
+    assert batch["input_ids"][3, :n].tolist() == question["input_ids"]
+    assert masking.mask_token_id not in batch["input_ids"][3].tolist()
+    assert batch["attention_mask"][3].tolist() == [1] * n + [0] * (batch["input_ids"].shape[1] - n)
+    assert batch["labels"][3, :m].tolist() == question["labels"] and (batch["labels"][3, m:] == IGNORE_INDEX).all()
+    assert batch["entity_labels"][3, :n].tolist() == question["entity_labels"]
+    assert 0 in question["entity_labels"] and 1 in question["decoder_entity_labels"]
+    assert batch["decoder_entity_labels"][3, :m].tolist() == question["decoder_entity_labels"]
+    # Only questions: no passage to mask.
+    assert mixed([question])["input_ids"][0].tolist() == question["input_ids"]

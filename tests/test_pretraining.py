@@ -372,3 +372,69 @@ def test_deepspeed_configs_clip_and_accumulate_like_the_defaults():
             deepspeed = yaml.safe_load(f)["deepspeed_config"]
         assert deepspeed["gradient_clipping"] == defaults["max_grad_norm"], name
         assert deepspeed["gradient_accumulation_steps"] == defaults["gradient_accumulation_steps"], name
+
+
+def _write_questions(folder) -> str:
+    """A QA file in the released format (`edmem_*-train.jsonl` with its `sling_invocab-train.json`): for each
+    entity of the tiny corpus, "Where is X?" answered by the next entity."""
+    from test_collator import ENTITY_NAMES
+
+    folder.mkdir(parents=True, exist_ok=True)
+    links = {}
+    with open(folder / "edmem_tiny-train.jsonl", "w", encoding="utf-8") as f:
+        for i, name in enumerate(ENTITY_NAMES):
+            answer = ENTITY_NAMES[(i + 1) % len(ENTITY_NAMES)]
+            record = {"id": f"q{i}", "question": f"Where is {name}?", "answer": [answer], "link_offset": [9],
+                      "link_length": [len(name)], "link_target": [name], "entity_name": [name]}  # fmt: skip
+            f.write(json.dumps(record) + "\n")
+            links[f"q{i}"] = {answer: ["", answer, answer]}
+    (folder / "sling_invocab-train.json").write_text(json.dumps(links))
+    return str(folder / "edmem_tiny-train.jsonl")
+
+
+def test_mixed_questions_are_learned_and_resume_exactly(corpus, tmp_path):
+    from edmem_hf.collator import QuestionsAndPassagesCollator
+    from edmem_hf.modeling_edmem import EDMemForConditionalGeneration
+    from edmem_hf.pretraining import _mixed_questions, question_repeats
+
+    questions_file = _write_questions(tmp_path / "qa")
+    assert question_repeats(64, 12, 0.5) == 5 and question_repeats(1000, 12, 0.01) == 1
+    common = dict(max_steps=120, learning_rate=3e-3, mixed_questions_file=questions_file, mixed_questions_share=0.5)
+    mixed = pretrain(_args(corpus, tmp_path / "mixed", **common))
+    plain = pretrain(_args(corpus, tmp_path / "plain", max_steps=120, learning_rate=3e-3))
+    assert mixed["completed"] and plain["completed"]
+
+    model = EDMemForConditionalGeneration.from_pretrained(tmp_path / "mixed")
+    features = _mixed_questions(_args(corpus, tmp_path / "x", **common), *_tokenizer_and_vocab(corpus))
+    assert len(features) == 12 and all(f["decoder_entity_labels"].count(-100) < len(f["labels"]) for f in features)
+    batch = QuestionsAndPassagesCollator(_masking(corpus))(features)
+
+    def question_loss(path) -> float:
+        model = EDMemForConditionalGeneration.from_pretrained(path).eval()
+        with torch.no_grad():
+            return model(**batch).lm_loss.item()
+
+    # The questions were trained on: their answers far likelier than after the passages alone.
+    assert question_loss(tmp_path / "mixed") < question_loss(tmp_path / "plain") - 1.0
+    del model
+    # A run killed and resumed is the uninterrupted one (the questions' order is the sampler's).
+    killed = tmp_path / "killed"
+    pretrain(_args(corpus, killed, max_steps_this_run=70, save_steps=60, **common))
+    pretrain(_args(corpus, killed, save_steps=60, **common))
+    a, b = _weights(tmp_path / "mixed"), _weights(killed)
+    assert all(torch.equal(a[key], b[key]) for key in a)
+    with pytest.raises(ValueError, match="mixed_questions_share"):
+        _args(corpus, tmp_path / "y", mixed_questions_file=questions_file, mixed_questions_share=1.0)
+
+
+def _tokenizer_and_vocab(corpus):
+    from edmem_hf.pretraining import load_corpus
+
+    _, vocab, tokenizer = load_corpus(corpus)
+    return tokenizer, vocab
+
+
+def _masking(corpus):
+    from edmem_hf.collator import EDMemMaskingCollator
+
+    return EDMemMaskingCollator(_tokenizer_and_vocab(corpus)[0])

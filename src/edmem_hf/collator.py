@@ -245,3 +245,54 @@ class EDMemMaskingCollator:
 
 
 __all__ = ["EDMemMaskingCollator", "IGNORE_INDEX"]
+
+
+def _padded(rows: Sequence[Sequence[int]], pad: int, width: int) -> torch.Tensor:
+    return torch.tensor([list(row) + [pad] * (width - len(row)) for row in rows], dtype=torch.long)
+
+
+@dataclass
+class QuestionsAndPassagesCollator:
+    """Pre-training batches with questions mixed in, in the fine-tuning format (the mixed training of Allen-Zhu
+    and Li, 2023: questions about some people, read beside every person's biographies, teach the model to answer
+    from a name what it read in text).
+
+    Examples that bring their own target (`labels`, with `decoder_entity_labels`: a question and its marked answer,
+    as `task_features.encode_qa_record` makes them) are kept as they are; the others are passages, corrupted by
+    `masking`. Both are padded into one batch of `EDMemMaskingCollator`'s fields.
+    """
+
+    masking: EDMemMaskingCollator
+
+    def state_dict(self) -> dict:
+        return self.masking.state_dict()
+
+    def load_state_dict(self, state: Mapping) -> None:
+        self.masking.load_state_dict(state)
+
+    def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
+        passages = [example for example in examples if "labels" not in example]
+        questions = [example for example in examples if "labels" in example]
+        if not questions:
+            return self.masking(passages)
+        for n, question in enumerate(questions):
+            if len(question["labels"]) != len(question["decoder_entity_labels"]):
+                raise ValueError(f"question {n} of the batch has labels and decoder_entity_labels of other lengths")
+        pad = self.masking.pad_token_id
+        fields = {
+            "input_ids": ([_as_list(q["input_ids"]) for q in questions], pad),
+            "attention_mask": ([[1] * len(q["input_ids"]) for q in questions], 0),
+            "entity_labels": ([_as_list(q["entity_labels"]) for q in questions], IGNORE_INDEX),
+            "labels": ([_as_list(q["labels"]) for q in questions], IGNORE_INDEX),
+            "decoder_entity_labels": ([_as_list(q["decoder_entity_labels"]) for q in questions], IGNORE_INDEX),
+        }
+        corrupted = self.masking(passages) if passages else None
+        batch = {}
+        for name, (rows, pad_value) in fields.items():
+            if corrupted is not None:
+                rows = corrupted[name].tolist() + rows  # padding of the passages' rows is re-padded below
+            width = max(map(len, rows))
+            if self.masking.pad_to_multiple_of:
+                width = -(-width // self.masking.pad_to_multiple_of) * self.masking.pad_to_multiple_of
+            batch[name] = _padded(rows, pad_value, width)
+        return batch

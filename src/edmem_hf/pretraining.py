@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from .collator import IGNORE_INDEX, EDMemMaskingCollator
+from .collator import IGNORE_INDEX, EDMemMaskingCollator, QuestionsAndPassagesCollator
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +109,19 @@ class PretrainingArguments:
             "(paper and default: 0, numbers masked token by token at P_rtm)."
         },
     )
+    # --- questions mixed into pre-training ---
+    mixed_questions_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "A QA file (the released edmem_*.jsonl format) whose questions and answers are mixed into the "
+            "training batches in the fine-tuning format, uncorrupted: the mixed training of Physics of Language "
+            "Models 3.1 (docs/pretraining.md). Default: none, the paper's pre-training."
+        },
+    )
+    mixed_questions_share: float = field(
+        default=0.25,
+        metadata={"help": "With --mixed_questions_file: about this share of the training examples are questions."},
+    )
     # --- optimisation ---
     per_device_train_batch_size: int = field(default=8, metadata={"help": "Training passages per process per step."})
     per_device_eval_batch_size: int = field(default=8, metadata={"help": "Validation passages per process per batch."})
@@ -187,6 +200,8 @@ class PretrainingArguments:
             raise ValueError("logging_steps and save_steps must be >= 1")
         if self.save_total_limit is not None and self.save_total_limit < 1:
             raise ValueError(f"save_total_limit must be >= 1 or unset, got {self.save_total_limit}")
+        if not 0.0 < self.mixed_questions_share < 1.0:
+            raise ValueError(f"mixed_questions_share must be in (0, 1), got {self.mixed_questions_share}")
         if self.preset is not None:
             from .presets import preset_settings
 
@@ -253,6 +268,42 @@ class _IndexedPassages(Dataset):
             "example_index": int(index),
             "epoch": epoch,
         }
+
+
+class _PassagesAndQuestions(Dataset):
+    """The train split's passages (`_IndexedPassages`) followed by `repeats` copies of encoded questions: the
+    sampler's permutation mixes them into the batches. Questions carry their own `labels` and are not corrupted
+    (`collator.QuestionsAndPassagesCollator`)."""
+
+    def __init__(self, passages: _IndexedPassages, questions: list[dict[str, list[int]]], repeats: int):
+        if not questions:
+            raise ValueError("the mixed-in questions file has no question")
+        self.passages, self.questions, self.repeats = passages, questions, repeats
+
+    def __len__(self) -> int:
+        return len(self.passages) + self.repeats * len(self.questions)
+
+    def __getitem__(self, key: tuple[int, int] | int) -> dict[str, Any]:
+        epoch, index = key if isinstance(key, tuple) else (0, key)
+        if index < len(self.passages):
+            return self.passages[(epoch, index)]
+        return dict(self.questions[(index - len(self.passages)) % len(self.questions)])
+
+
+def question_repeats(num_passages: int, num_questions: int, share: float) -> int:
+    """How many copies of `num_questions` questions make them about `share` of the examples (at least one)."""
+    return max(1, round(share / (1.0 - share) * num_passages / num_questions))
+
+
+def _mixed_questions(args: PretrainingArguments, tokenizer: Any, entity_vocab: Any) -> list[dict[str, list[int]]]:
+    """The questions of `--mixed_questions_file` as fine-tuning features (the first answer as the target)."""
+    from .task_features import encode_qa_record
+    from .task_files import read_qa
+
+    if entity_vocab is None:
+        raise ValueError("--mixed_questions_file needs the entity vocabulary to link the questions' mentions")
+    rows = read_qa(args.mixed_questions_file, entity_vocab)
+    return [encode_qa_record(row, tokenizer) for row in rows]
 
 
 def load_corpus(corpus_dir: str) -> tuple[Any, Any, Any]:
@@ -723,7 +774,17 @@ def _dataloaders(
         number_mask_prob=args.number_mask_prob,
     )
     if getattr(getattr(model, "config", None), "entity_row_writer", False):
+        if args.mixed_questions_file:
+            raise ValueError(
+                "--mixed_questions_file is not supported with the entity row writer (its batches are "
+                "passages, each read through rows written from other passages)"
+            )
         train_collator = _writer_collator(args, train_collator, datasets["train"], tokenizer, model)
+    elif args.mixed_questions_file:
+        questions = _mixed_questions(args, tokenizer, getattr(model, "entity_vocab", None))
+        repeats = question_repeats(len(train_set), len(questions), args.mixed_questions_share)
+        train_set = _PassagesAndQuestions(train_set, questions, repeats)
+        train_collator = QuestionsAndPassagesCollator(train_collator)
     sampler = _EpochShuffleSampler(len(train_set), seed=args.seed)
     train_dl = DataLoader(
         train_set,
