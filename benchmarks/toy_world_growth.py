@@ -559,8 +559,9 @@ def headline_figures(summary: dict, writer: bool) -> dict:
     """The issue's figures, for the writer (or, without it, the default EDMem with its default estimator): the added
     people's EM over the trained people's, above the floor (`(added - floor) / (trained - floor)`, each split's
     majority-answer EM its floor) and with it; the added people's memory recall; the trained people's EM change on
-    adding; the share of answers that follow a swapped row (also for the default EDMem); and the trained people's
-    EM lost to training the writer (the default EDMem's less the writer's, before adding)."""
+    adding; the share of answers that follow a swapped row (the default EDMem's is `row_swap_follow_default` among
+    the diagnostics); and the trained people's EM lost to training the writer (the default EDMem's less the
+    writer's, before adding). A ratio whose trained EM is at its floor is None."""
 
     def mean(*path: str) -> float:
         node = summary
@@ -575,14 +576,13 @@ def headline_figures(summary: dict, writer: bool) -> dict:
     figures = {
         "estimator": system,
         "added_over_trained_em": round((added - floor_added) / (trained - floor_trained), 3)
-        if trained > floor_trained else float("nan"),
-        "added_over_trained_em_with_floor": round(added / trained, 3) if trained else float("nan"),
+        if trained > floor_trained else None,
+        "added_over_trained_em_with_floor": round(added / trained, 3) if trained else None,
         "added_recall": mean("added", system, "memory_recall"),
         "trained_em_change": round(mean("test", system, "free", "all") - trained, 2),
         "trained_em": trained,
         "added_em": added,
         "row_swap_follow": diagnostics["writer" if writer else "default"]["row_swap"]["follow"]["mean"],
-        "row_swap_follow_default": diagnostics["default"]["row_swap"]["follow"]["mean"],
     }  # fmt: skip
     if writer:
         figures["writer_cost_on_trained_em"] = round(mean("test", "before", "free", "all") - trained, 2)

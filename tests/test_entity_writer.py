@@ -135,6 +135,38 @@ def test_with_the_option_off_the_model_is_unchanged():
     assert not torch.equal(with_rows.logits, expected.logits)
 
 
+def test_a_handed_row_is_the_encoder_memorys_read_at_its_mention():
+    """`WrittenRows.read_at`: at the mentions it names, the encoder's memory reads the written row itself, as a memory
+    whose only visible row is that one would; elsewhere it searches as before; the decoder's memory never."""
+    torch.manual_seed(2)
+    model = tiny_model(seed=2, entity_row_writer=True).train()
+    memory = model.model.encoder.memory
+    batch = tiny_batch()
+    hidden = torch.randn(*batch["input_ids"].shape, model.config.d_model)
+    mentions = batch["input_ids"] == ES
+    table = model.model.entity_embeddings.weight.detach()
+    ids, rows = torch.tensor([7, 12]), torch.randn(2, table.shape[1])
+    read_at = torch.full_like(batch["input_ids"], -100)
+    read_at[0, 7] = 12  # the second mention of row 0, labelled 12
+    handed, _ = memory(hidden, mentions, table, written_rows=WrittenRows(ids, rows, read_at))
+    searched, _ = memory(hidden, mentions, table, written_rows=WrittenRows(ids, rows))
+    only = torch.zeros(table.shape[0], dtype=torch.bool)
+    only[12] = True
+    alone, _ = memory(hidden, mentions, table.index_copy(0, torch.tensor([12]), rows[1:]), entity_mask=only)
+    assert torch.allclose(handed[0, 7], alone[0, 7], atol=1e-6) and not torch.allclose(handed[0, 7], searched[0, 7])
+    others = torch.ones_like(mentions)
+    others[0, 7] = False
+    assert torch.equal(handed[others], searched[others])
+    # through the model: the handed read reaches the writer's gradient; an entity without a written row is refused
+    fields = {**writer_fields(), "written_read_labels": torch.full_like(batch["input_ids"], -100)}
+    fields["written_read_labels"][0, 2] = 7
+    out = model(**batch, **fields)
+    assert not torch.equal(out.logits, model(**batch, **writer_fields()).logits)
+    fields["written_read_labels"][0, 7] = 12
+    with pytest.raises(ValueError, match="no written row"):
+        model(**batch, **fields)
+
+
 def test_written_rows_train_the_writer_and_replace_the_table_rows():
     model = tiny_model(seed=4, entity_row_writer=True).train()
     out = model(**tiny_batch(), **writer_fields())

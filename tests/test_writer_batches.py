@@ -38,6 +38,7 @@ def corpus(tmp_path_factory):
 
 
 def writer_collator(corpus, **settings) -> WriterCollator:
+    settings.setdefault("written_only_share", 0.0)
     tokenizer = make_tokenizer()
     passages = load_from_disk(os.path.join(corpus, "passages"))["train"]
     names = EntityVocab.load(corpus).names
@@ -52,12 +53,13 @@ def test_a_row_is_never_written_from_a_passage_the_batch_reads(corpus):
     collator = writer_collator(corpus, written_row_share=1.0, max_written_rows=64)
     passages = collator.passages
     rng = random.Random(0)
-    written = 0
+    written = handed_reads = 0
     for _ in range(40):
         indices = rng.sample(range(len(passages)), 8)
         examples = [{**passages[i], "example_index": i, "epoch": 0} for i in indices]
         batch = collator(examples)
-        chosen = collator.choose(examples, collator.base(examples))
+        chosen, fresh = collator.choose(examples)
+        assert not fresh  # no entity is written-only here
         labelled = set(batch["entity_labels"][batch["entity_labels"] >= 0].tolist())
         if not chosen:
             continue
@@ -72,11 +74,50 @@ def test_a_row_is_never_written_from_a_passage_the_batch_reads(corpus):
             marked = collator.tokenizer(f"<E_s> {collator.names[entity]} <E_e>", add_special_tokens=False).input_ids
             assert expected[: 1 + len(marked)] == [collator.tokenizer.bos_token_id, *marked]  # the name in front
             written += 1
+        # the encoder's memory is handed the written row where the entity's name is masked, and only there
+        handed = batch["written_read_labels"]
+        for row, position in (batch["input_ids"] == 5).nonzero().tolist():
+            end = position + (batch["input_ids"][row, position:] == 6).nonzero()[0, 0].item()
+            name_masked = bool((batch["input_ids"][row, position + 1 : end] == collator.tokenizer.mask_token_id).all())
+            entity = int(batch["entity_labels"][row, position])
+            expected = entity if name_masked and entity in chosen else -100
+            assert int(handed[row, position]) == expected
+        assert (handed[batch["input_ids"] != 5] == -100).all()
         # an entity every passage of which the batch reads cannot be written
         for entity in labelled - set(chosen):
             assert set(collator.entity_passages.of(entity).tolist()) <= set(indices)
         assert collator(examples)["written_entity_ids"].tolist() == list(chosen)  # the same batch, the same rows
-    assert written > 100
+        handed_reads += int((handed >= 0).sum())
+    assert written > 100 and handed_reads > 10
+
+
+def test_written_only_entities_appear_under_a_fresh_name(corpus):
+    """A written-only entity is renamed in the batch's passages and in its writer input alike: a name made of one
+    entity's first word and another's last, no entity's name; the others keep theirs."""
+    collator = writer_collator(corpus, written_row_share=0.0, written_only_share=0.5, seed=3)
+    passages, tokenizer = collator.passages, collator.tokenizer
+    examples = [{**passages[i], "example_index": i} for i in range(8)]
+    chosen, fresh = collator.choose(examples)
+    assert fresh and set(fresh) == set(chosen)  # every entity of the test corpus has a two-word name
+    batch = collator(examples)
+    known = set(collator.names)
+    for entity, name_ids in fresh.items():
+        name = tokenizer.decode(name_ids).strip()
+        first, last = name.split()
+        assert name not in known and first in {n.split()[0] for n in known} and last in {n.split()[-1] for n in known}
+        row = batch["written_entity_ids"].tolist().index(entity)
+        writer = batch["writer_input_ids"][row].tolist()
+        assert writer[1 : 2 + len(name_ids) + 1] == [5, *name_ids, 6]  # the fresh name in front
+        for i, labels in enumerate(batch["entity_labels"].tolist()):  # and at each of its mentions read
+            for position in [p for p, label in enumerate(labels) if label == entity]:
+                spelled = batch["labels"][i, position + 1 : position + 1 + len(name_ids)].tolist()
+                assert spelled == name_ids and batch["labels"][i, position + 1 + len(name_ids)] == 6
+    renamed_away = {collator.names[entity] for entity in fresh}
+    original = tokenizer.decode([t for e in examples for t in e["input_ids"]])
+    assert all(name in original for name in renamed_away)
+    assert not any(name in tokenizer.decode(batch["labels"][batch["labels"] >= 0]) for name in renamed_away)
+    plain = writer_collator(corpus, written_row_share=0.0, written_only_share=0.5, seed=3, fresh_names=False)
+    assert plain.choose(examples) == (chosen, {})
 
 
 def test_shares_of_written_rows(corpus):
@@ -86,13 +127,10 @@ def test_shares_of_written_rows(corpus):
     assert "written_entity_ids" not in never(examples)
     only = writer_collator(corpus, written_row_share=0.0, written_only_share=0.5, seed=1)
     assert 0 < only.written_only.sum() < len(only.names)
-    chosen = set(only.choose(examples, only.base(examples)))
+    chosen = set(only.choose(examples)[0])
     assert chosen and all(only.written_only[entity] for entity in chosen)
     capped = writer_collator(corpus, written_row_share=1.0, written_only_share=0.5, max_written_rows=2, seed=1)
-    assert (
-        set(capped.choose(examples, capped.base(examples))) <= chosen
-        and len(capped(examples)["writer_input_ids"]) == 2
-    )
+    assert set(capped.choose(examples)[0]) <= chosen and len(capped(examples)["writer_input_ids"]) == 2
     with pytest.raises(ValueError, match="written_row_share"):
         writer_collator(corpus, written_row_share=1.5)
 

@@ -21,10 +21,23 @@ class WrittenRows(NamedTuple):
     """Rows that replace the table rows of some entities in one forward pass: `ids` `(K,)` distinct entity ids,
     `rows` `(K, d)` their rows (written from text, with gradients). The table itself is not touched. An entity mask
     hides table rows: a written row is read (and its entity predicted) even where its table row is hidden, so that
-    entities that only ever have written rows can keep their table rows out of the memory."""
+    entities that only ever have written rows can keep their table rows out of the memory.
+
+    `read_at` (optional, `(batch, seq)` over the encoder's input): an entity id at each `<E_s>` whose memory read is
+    that entity's written row itself, whatever the query finds (-100 elsewhere): the row handed to the reader, as
+    TOME's mention auto-encoder hands memory entries to its reader, where a masked name leaves nothing to search by.
+    """
 
     ids: torch.Tensor
     rows: torch.Tensor
+    read_at: torch.Tensor | None = None
+
+
+def with_handed_rows(read: torch.Tensor, entities: torch.Tensor, written: WrittenRows) -> torch.Tensor:
+    """`read` `(M, d)` with the mentions whose `entities` `(M,)` have a written row reading that row instead."""
+    slots = _slots(entities.to(written.ids.device), written.ids)
+    handed = written.rows[slots.clamp_min(0)].to(read.dtype)
+    return torch.where((slots >= 0)[:, None], handed, read)
 
 
 def dense_entity_attention(
@@ -346,4 +359,11 @@ class _ChunkedEntityAttention(torch.autograd.Function):
         return grad_queries.to(queries.dtype), grad_table.to(table.dtype), None, None, None, None
 
 
-__all__ = ["EntityAttentionResult", "WrittenRows", "chunked_top_k", "dense_entity_attention", "entity_attention"]
+__all__ = [
+    "EntityAttentionResult",
+    "WrittenRows",
+    "chunked_top_k",
+    "dense_entity_attention",
+    "entity_attention",
+    "with_handed_rows",
+]

@@ -42,7 +42,7 @@ from transformers.utils import can_return_tuple, logging
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_edmem import IGNORE_INDEX, EDMemConfig
-from .entity_attention import WrittenRows, entity_attention
+from .entity_attention import WrittenRows, entity_attention, with_handed_rows
 from .entity_index import EntityIndexMixin
 from .entity_writer import EntityRowWriter
 from .generation_edmem import EDMemGenerationMixin
@@ -113,7 +113,8 @@ class EntityMemory(nn.Module):
             entity_labels: `(batch, seq)` entity ids at `<E_s>`, -100 elsewhere.
             entity_mask: `(N,)` bool, False hides an entity.
             return_top_k: report the best entities of each access.
-            written_rows: rows read in place of their entities' table rows (the writer's, in training).
+            written_rows: rows read in place of their entities' table rows (the writer's, in training), and handed
+                to the mentions of its `read_at`.
 
         Returns:
             `(batch, seq, d_model)` input of the upper layers, and the access.
@@ -136,8 +137,11 @@ class EntityMemory(nn.Module):
             index=None if self.training else self.entity_index,
             written_rows=written_rows,
         )
+        read = result.read
+        if written_rows is not None and written_rows.read_at is not None:
+            read = with_handed_rows(read, written_rows.read_at[mention_mask], written_rows)
         update = torch.zeros_like(hidden_states)
-        read = self.projection_dropout(self.output_proj(result.read.to(hidden_states.dtype)))
+        read = self.projection_dropout(self.output_proj(read.to(hidden_states.dtype)))
         update[mention_mask] = read.to(update.dtype)  # autocast
         hidden_states = self.upper_input_dropout(self.layer_norm(hidden_states + update))
         access = EntityMemoryAccess(
@@ -774,7 +778,7 @@ class _EncoderDecoderModel(EDMemHubMixin, EDMemPreTrainedModel):
             use_cache=use_cache,
             entity_labels=decoder_entity_labels,
             output_attended_entities=output_attended_entities,
-            written_rows=written_rows,
+            written_rows=written_rows._replace(read_at=None) if written_rows is not None else None,
             return_dict=True,
             **kwargs,
         )
@@ -994,12 +998,15 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
         hidden = self.model.encoder.lower_hidden_states(writer_input_ids, writer_attention_mask)
         return self.entity_writer(hidden, writer_input_ids, writer_attention_mask)
 
-    def _written_rows(self, written_entity_ids, writer_input_ids, writer_attention_mask) -> WrittenRows | None:
+    def _written_rows(
+        self, written_entity_ids, writer_input_ids, writer_attention_mask, written_read_labels, input_ids
+    ) -> WrittenRows | None:
         """The written rows a batch asks for: `written_entity_ids[i]` reads the row written from
-        `writer_input_ids[i]` (`writer_batches.WriterCollator` makes these fields)."""
+        `writer_input_ids[i]`, handed to the mentions of `written_read_labels` (`writer_batches.WriterCollator` makes
+        these fields)."""
         if written_entity_ids is None:
-            if writer_input_ids is not None:
-                raise ValueError("writer_input_ids were given without written_entity_ids, the entities they write")
+            if writer_input_ids is not None or written_read_labels is not None:
+                raise ValueError("writer fields were given without written_entity_ids, the entities they write")
             return None
         if writer_input_ids is None or writer_input_ids.shape[0] != written_entity_ids.shape[0]:
             raise ValueError("written_entity_ids needs writer_input_ids with one row per entity")
@@ -1008,7 +1015,12 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
         ids = written_entity_ids.to(writer_input_ids.device)
         if ((ids < 0) | (ids >= self.config.entity_vocab_size)).any() or ids.unique().numel() != ids.numel():
             raise ValueError(f"written_entity_ids must be distinct ids in 0..{self.config.entity_vocab_size - 1}")
-        return WrittenRows(ids, self.write_entity_rows(writer_input_ids, writer_attention_mask))
+        if written_read_labels is not None:
+            check_entity_labels(written_read_labels, input_ids, self.config, "written_read_labels")
+            handed = written_read_labels[written_read_labels != IGNORE_INDEX].to(ids.device)
+            if not torch.isin(handed, ids).all():
+                raise ValueError("written_read_labels names an entity that has no written row (written_entity_ids)")
+        return WrittenRows(ids, self.write_entity_rows(writer_input_ids, writer_attention_mask), written_read_labels)
 
     @can_return_tuple
     def forward(
@@ -1030,6 +1042,7 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
         written_entity_ids: torch.LongTensor | None = None,
         writer_input_ids: torch.LongTensor | None = None,
         writer_attention_mask: torch.Tensor | None = None,
+        written_read_labels: torch.LongTensor | None = None,
         **kwargs,
     ) -> EDMemSeq2SeqLMOutput:
         r"""
@@ -1046,9 +1059,13 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
         written_entity_ids / writer_input_ids / writer_attention_mask: `(K,)` entity ids and `(K, L)` texts about
             them: both memories and the entity-linking head read the row written from `writer_input_ids[i]` in
             place of entity `written_entity_ids[i]`'s table row (training with the writer; see `write_entity_rows`).
+        written_read_labels: `(batch, src_len)`, a written entity's id at each `<E_s>` of `input_ids` whose encoder
+            memory read is that entity's written row itself (`WrittenRows.read_at`), -100 elsewhere.
         """
         config = self.config
-        written_rows = self._written_rows(written_entity_ids, writer_input_ids, writer_attention_mask)
+        written_rows = self._written_rows(
+            written_entity_ids, writer_input_ids, writer_attention_mask, written_read_labels, input_ids
+        )
         if labels is not None:
             use_cache = False
         decoder_input_ids = self._decoder_input_ids(input_ids, labels, decoder_input_ids, decoder_inputs_embeds)

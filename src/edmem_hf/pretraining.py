@@ -99,6 +99,9 @@ class PretrainingArguments:
     )
     writer_max_length: int = field(default=128, metadata={"help": "Tokens of a writer input, name and passage."})
     max_written_rows: int = field(default=32, metadata={"help": "Written rows a batch at most."})
+    fresh_names: bool = field(
+        default=True, metadata={"help": "Written-only entities appear under a fresh name each batch (docs/model.md)."}
+    )
     # --- masking ---
     random_mask_prob: float = field(default=0.3, metadata={"help": "P_rtm: per-token mask rate."})
     mention_mask_prob: float = field(default=0.5, metadata={"help": "P_ssm: per-mention whole-span mask rate."})
@@ -829,7 +832,7 @@ def _writer_collator(args: PretrainingArguments, base: Any, passages: Any, token
         base, passages, EntityPassages.from_dataset(passages, model.config.entity_vocab_size),
         model.entity_vocab.names, tokenizer, model.config, written_row_share=args.written_row_share,
         written_only_share=args.written_only_share, max_length=args.writer_max_length,
-        max_written_rows=args.max_written_rows, seed=args.seed,
+        max_written_rows=args.max_written_rows, fresh_names=args.fresh_names, seed=args.seed,
     )  # fmt: skip
 
 

@@ -4,8 +4,14 @@ from text"), the collator stage of `edmem pretrain` and of fine-tuning.
 For a share of the entities of each batch, `WriterCollator` picks another passage about the entity, never one the
 batch reads (TOME's rule: a passage must not read its own answer from a row written from itself), and adds it as a
 writer input; the model then reads the row the writer makes of it in place of the entity's table row, in both
-memories and in the entity-linking head. A fixed share of the entities (`written_only_share`) is read through
-written rows every time it appears: like entities added after training, it never has a row of its own.
+memories and in the entity-linking head. Where such an entity's name is masked in the input, the encoder's memory
+reads its written row without searching (`written_read_labels`): the reader learns to take the entity, and what the
+passage being read hides about it, from the row. A fixed share of the entities (`written_only_share`) is read
+through written rows every time it appears: like entities added after training, it never has a row of its own; and
+it appears under a fresh name each batch (`fresh_names`, the same in the passages read and in the writer's), so that
+nothing the layers could memorise about a name answers for it: what the passage being read hides must come through
+the row, found by the name it was written with. (Anonymised entities force reading the same way in reading
+comprehension: Hermann et al., 2015.)
 """
 
 from __future__ import annotations
@@ -52,15 +58,19 @@ class EntityPassages:
 class WriterCollator:
     """Wraps a collator (`EDMemMaskingCollator` in pre-training, `EDMemSeq2SeqCollator` in fine-tuning): its batch
     plus `written_entity_ids` `(K,)`, `writer_input_ids` and `writer_attention_mask` `(K, L)`, the fields
-    `EDMemForConditionalGeneration.forward` reads written rows from.
+    `EDMemForConditionalGeneration.forward` reads written rows from, and `written_read_labels` (aligned with
+    `input_ids`): the written entity at each `<E_s>` of the input whose name is all `<mask>`, where the encoder's
+    memory reads the written row itself.
 
-    Each entity labelled in the batch (`entity_labels`, `decoder_entity_labels`) is written when it is one of the
+    Each entity labelled in the batch's examples (`entity_labels`, `decoder_entity_labels`) is written when it is one of the
     `written_only_share` of all entities (fixed by `seed`), or else with probability `written_row_share`, from a
     passage of `passages` that mentions it and that the batch does not read (an example's `example_index` is its
     passage in `passages`, as `edmem pretrain` gives it; a fine-tuning example, a question, is no passage). An
     entity with no such passage, or no name, keeps its table row. At most `max_written_rows` a batch, the written-
-    only entities first. The choice is drawn from `seed` and the batch's tokens, so that a resumed run draws it
-    again as the uninterrupted one did.
+    only entities first. A written-only entity with a name of several words is renamed, in the examples and in its
+    writer input, with the first word of one entity's name and the last of another's (a name no entity has), when
+    `fresh_names`. The choices are drawn from `seed` and the examples' tokens, so that a resumed run draws them again
+    as the uninterrupted one did.
 
     Args:
         base: the collator whose batch this extends.
@@ -81,6 +91,7 @@ class WriterCollator:
     written_only_share: float = 0.2
     max_length: int = 128
     max_written_rows: int = 32
+    fresh_names: bool = True
     seed: int = 0
     _name_ids: dict[int, list[int]] = field(init=False, repr=False, default_factory=dict)
 
@@ -94,6 +105,9 @@ class WriterCollator:
             raise ValueError(f"{len(self.names)} entity names for a table of {self.config.entity_vocab_size} rows")
         draws = np.random.default_rng([self.seed, 0x57121]).random(self.config.entity_vocab_size)
         self.written_only = draws < self.written_only_share
+        words = [name.split() for name in self.names if name is not None and len(name.split()) > 1]
+        self._name_words = (sorted({w[0] for w in words}), sorted({w[-1] for w in words}))
+        self._known_names = {name for name in self.names if name is not None}
 
     @classmethod
     def from_corpus(cls, base: Callable, corpus_dir: str, model: Any, tokenizer: Any, **settings) -> WriterCollator:
@@ -119,24 +133,35 @@ class WriterCollator:
     def name_ids(self, entity: int) -> list[int]:
         """The tokens of `entity`'s name, as they follow `<E_s>` in running text."""
         if entity not in self._name_ids:
-            text = f"{ENTITY_START_TOKEN} {self.names[entity]} {ENTITY_END_TOKEN}"
-            self._name_ids[entity] = self.tokenizer(text, add_special_tokens=False).input_ids[1:-1]
+            self._name_ids[entity] = self._tokens_of_name(self.names[entity])
         return self._name_ids[entity]
 
-    def writer_input(self, entity: int, passage: int) -> list[int]:
-        """`<s> <E_s> name <E_e> passage </s>` for `entity` from passage `passage` (`entity_writer.writer_input_ids`)."""
-        return writer_input_ids(self.name_ids(entity), list(self.passages[int(passage)]["input_ids"]), self.config,
-                                self.max_length, self.tokenizer.bos_token_id)  # fmt: skip
+    def _tokens_of_name(self, name: str) -> list[int]:
+        text = f"{ENTITY_START_TOKEN} {name} {ENTITY_END_TOKEN}"
+        return self.tokenizer(text, add_special_tokens=False).input_ids[1:-1]
 
-    def choose(self, examples: Sequence[dict], batch: dict[str, torch.Tensor]) -> dict[int, int]:
-        """The batch's written entities and the passage each is written from: `{entity id: passage index}`."""
+    def writer_input(self, entity: int, passage: int, name_ids: list[int] | None = None) -> list[int]:
+        """`<s> <E_s> name <E_e> passage </s>` for `entity` from passage `passage` (`entity_writer.writer_input_ids`);
+        with `name_ids`, under that name, in front and at its mentions in the passage."""
+        row = self.passages[int(passage)]
+        ids = list(row["input_ids"])
+        if name_ids is not None:
+            ids = renamed(ids, list(row["entity_labels"]), entity, name_ids, self.config)[0]
+        return writer_input_ids(name_ids or self.name_ids(entity), ids, self.config, self.max_length,
+                                self.tokenizer.bos_token_id)  # fmt: skip
+
+    def choose(self, examples: Sequence[dict]) -> tuple[dict[int, int], dict[int, list[int]]]:
+        """The batch's written entities and the passage each is written from, `{entity id: passage index}`, and the
+        fresh names of those renamed, `{entity id: name tokens}`."""
         read = {int(example["example_index"]) for example in examples if "example_index" in example}
-        labelled = [batch[key] for key in ("entity_labels", "decoder_entity_labels") if key in batch]
-        entities = torch.cat([labels.flatten() for labels in labelled]).unique().tolist() if labelled else []
-        rng = np.random.default_rng([self.seed, zlib.crc32(batch["input_ids"].numpy().tobytes())])
+        entities = sorted({int(label) for example in examples for key in ("entity_labels", "decoder_entity_labels")
+                           for label in (example.get(key) or ()) if label != IGNORE_INDEX})  # fmt: skip
+        tokens = np.concatenate([np.asarray(example["input_ids"], dtype=np.int64) for example in examples])
+        epochs = [int(example.get("epoch", 0)) for example in examples]
+        rng = np.random.default_rng([self.seed, zlib.crc32(tokens.tobytes()), *epochs])
         first, then = [], []
         for entity in entities:
-            if entity == IGNORE_INDEX or self.names[entity] is None:
+            if self.names[entity] is None:
                 continue
             written_only = bool(self.written_only[entity])
             if not (written_only or rng.random() < self.written_row_share):
@@ -144,20 +169,56 @@ class WriterCollator:
             passage = _passage_not_read(self.entity_passages.of(entity), read, rng)
             if passage is not None:
                 (first if written_only else then).append((entity, passage))
-        return dict((first + then)[: self.max_written_rows])
+        chosen = dict((first + then)[: self.max_written_rows])
+        fresh = {}
+        for entity in chosen:
+            if self.fresh_names and self.written_only[entity] and len(self.names[entity].split()) > 1:
+                name = self._fresh_name(rng)
+                if name is not None:
+                    fresh[entity] = self._tokens_of_name(name)
+        return chosen, fresh
+
+    def _fresh_name(self, rng: np.random.Generator) -> str | None:
+        """The first word of one entity's name and the last of another's, a name no entity has (None if ten draws
+        find none)."""
+        firsts, lasts = self._name_words
+        for _ in range(10):
+            name = f"{firsts[rng.integers(len(firsts))]} {lasts[rng.integers(len(lasts))]}"
+            if name not in self._known_names:
+                return name
+        return None
 
     def __call__(self, examples: Sequence[dict]) -> dict[str, torch.Tensor]:
+        chosen, fresh = self.choose(examples)
+        if fresh:
+            examples = [_renamed_example(example, fresh, self.config) for example in examples]
         batch = self.base(examples)
-        chosen = self.choose(examples, batch)
         if not chosen:
             return batch
-        inputs = [self.writer_input(entity, passage) for entity, passage in chosen.items()]
+        inputs = [self.writer_input(entity, passage, fresh.get(entity)) for entity, passage in chosen.items()]
         width = max(map(len, inputs))
         pad = self.config.pad_token_id
         batch["written_entity_ids"] = torch.tensor(list(chosen), dtype=torch.long)
         batch["writer_input_ids"] = torch.tensor([ids + [pad] * (width - len(ids)) for ids in inputs])
         batch["writer_attention_mask"] = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids in inputs])
+        batch["written_read_labels"] = self._masked_names(batch, batch["written_entity_ids"])
         return batch
+
+    def _masked_names(self, batch: dict[str, torch.Tensor], written: torch.Tensor) -> torch.Tensor:
+        """`entity_labels` kept at each `<E_s>` of a written entity whose name (the tokens up to `<E_e>`) is all
+        `<mask>` in `input_ids`, -100 elsewhere."""
+        input_ids, labels = batch["input_ids"], batch["entity_labels"]
+        start, end = self.config.entity_start_token_id, self.config.entity_end_token_id
+        inside = (input_ids == start).long().cumsum(1) - (input_ids == end).long().cumsum(1) > 0
+        inside &= input_ids != start
+        unmasked_inside = (inside & (input_ids != self.tokenizer.mask_token_id)).long()
+        # per mention (numbered by its <E_s>), whether any of its tokens is left unmasked
+        mention = (input_ids == start).long().cumsum(1) - 1
+        seen = torch.zeros(input_ids.shape[0], int(mention.max()) + 2, dtype=torch.long)
+        seen.scatter_add_(1, mention.clamp_min(0) + 1, unmasked_inside)
+        name_hidden = seen.gather(1, mention.clamp_min(0) + 1) == 0
+        handed = (input_ids == start) & name_hidden & torch.isin(labels, written)
+        return torch.where(handed, labels, torch.full_like(labels, IGNORE_INDEX))
 
     def written_only_inputs(self, max_passages: int = 4) -> tuple[list[int], list[list[list[int]]]]:
         """The written-only entities that have passages, and up to `max_passages` writer inputs of each: what
@@ -169,6 +230,37 @@ class WriterCollator:
                 ids.append(entity)
                 inputs.append([self.writer_input(entity, passage) for passage in passages])
         return ids, inputs
+
+
+def renamed(ids: list[int], labels: list[int], entity: int, name_ids: list[int], config: Any) -> tuple[list, list]:
+    """`ids` and `labels` with every mention labelled `entity` (its tokens between `<E_s>` and `<E_e>`) spelled
+    `name_ids` instead."""
+    out_ids, out_labels, inside = [], [], False
+    for token, label in zip(ids, labels):
+        if inside:
+            if token != config.entity_end_token_id:
+                continue
+            inside = False
+        out_ids.append(token)
+        out_labels.append(label)
+        if token == config.entity_start_token_id and label == entity:
+            out_ids += name_ids
+            out_labels += [IGNORE_INDEX] * len(name_ids)
+            inside = True
+    return out_ids, out_labels
+
+
+def _renamed_example(example: dict, fresh: dict[int, list[int]], config: Any) -> dict:
+    """`example` with the entities of `fresh` renamed in its input (and its target, for a fine-tuning example)."""
+    example = dict(example)
+    for ids_key, labels_key in (("input_ids", "entity_labels"), ("labels", "decoder_entity_labels")):
+        if example.get(labels_key) is None or ids_key not in example:
+            continue
+        ids, labels = list(example[ids_key]), list(example[labels_key])
+        for entity, name_ids in fresh.items():
+            ids, labels = renamed(ids, labels, entity, name_ids, config)
+        example[ids_key], example[labels_key] = ids, labels
+    return example
 
 
 def _passage_not_read(passages: np.ndarray, read: set[int], rng: np.random.Generator) -> int | None:
