@@ -78,12 +78,13 @@ class Recipe:
     entity_loss_weight: float = 1.0  # lambda_EL in pre-training (`edmem pretrain --entity_loss_weight`)
     entity_loss_reduction: str = "labelled_accesses"  # `--entity_loss_reduction`
     number_mask_prob: float = 0.0  # dates and numbers as salient spans (`--number_mask_prob`)
+    decoder_target: str = "passage"  # what the pre-training decoder writes (`--decoder_target`)
     finetune_entity_loss_weight: float = 1.0  # lambda_EL in fine-tuning (`edmem finetune --entity_loss_weight`)
 
     def pretraining_suffix(self, variant: str) -> str:
         """What sets this recipe's pre-training of `variant` apart from the paper's, as a folder suffix ("" when
         nothing does)."""
-        fields = ["number_mask_prob"]
+        fields = ["decoder_target", "number_mask_prob"]
         if variant != "encdec":  # EncDec has no linking loss: only the masking changes its pre-training
             fields += ["entity_loss_reduction", "entity_loss_weight"]
         return "".join(
@@ -106,6 +107,7 @@ RECIPES = {
     "salient_numbers": Recipe(number_mask_prob=0.5),
     "finetune_el_weight_0.5": Recipe(finetune_entity_loss_weight=0.5),
     "finetune_el_weight_2": Recipe(finetune_entity_loss_weight=2.0),
+    "masked_spans": Recipe(decoder_target="masked_spans"),
 }
 
 
@@ -255,6 +257,7 @@ def pretrain_variant(variant: str, corpus: Path, out: Path, settings: Settings, 
             max_position_embeddings=160,
             dropout=0.1,
             number_mask_prob=recipe.number_mask_prob,
+            decoder_target=recipe.decoder_target,
             **linking,
             **pretraining_schedule(settings, settings.pretrain_steps, seed),
             **options,
@@ -476,7 +479,27 @@ def _percent_by_kind(hits: dict[str, list[bool]]) -> dict[str, float]:
 
 
 @torch.no_grad()
-def memorisation(model_dir: Path, world: ToyWorld, people: dict[str, list[str]]) -> dict:
+def masked_span_target(tokenizer, ids: torch.Tensor, inside: list[int]) -> tuple[torch.Tensor, list[int]]:
+    """The `--decoder_target masked_spans` target of `ids` with the positions `inside` (one run) masked, and the
+    positions of the run's tokens in it: `<mask>`, the run (inside its markers when it is a whole mention), EOS."""
+    start, end = tokenizer.convert_tokens_to_ids([ENTITY_START_TOKEN, ENTITY_END_TOKEN])
+    whole = int(ids[inside[0] - 1]) == start and int(ids[inside[-1] + 1]) == end
+    run = ids[inside].tolist()
+    target = [tokenizer.mask_token_id] + [start] * whole + run + [end] * whole + [tokenizer.eos_token_id]
+    first = 1 + whole
+    return torch.tensor(target), list(range(first, first + len(run)))
+
+
+def _probe_target(tokenizer, ids: torch.Tensor, inside: list[int], decoder_target: str):
+    """What the decoder is teacher-forced on to fill the masked positions `inside` of `ids`, and where in it the
+    filled tokens are: the passage itself (the paper's target) or the masked span alone."""
+    if decoder_target == "masked_spans":
+        return masked_span_target(tokenizer, ids, inside)
+    return ids, inside
+
+
+def memorisation(model_dir: Path, world: ToyWorld, people: dict[str, list[str]], decoder_target: str = "passage"
+                 ) -> dict:  # fmt: skip
     """How often the pre-trained model fills a masked fact of a person's first biography (read in pre-training):
     every token of the value masked, the value's tokens predicted (teacher-forced decoder for the seq2seq models,
     the masked-LM head for EncMem), a hit when all are right. By half (`people`: half -> names) and relation.
@@ -484,7 +507,8 @@ def memorisation(model_dir: Path, world: ToyWorld, people: dict[str, list[str]])
     For the seq2seq models, also `decoder_alone`: the same facts filled with every encoder input token masked, what
     the decoder holds keyed on its own prefix, which a question (whose subject only the encoder reads) cannot use;
     and `question_form`: the facts filled with the subject named to the encoder only (`question_form_hits`), what
-    a question can read out of what was memorised. For a model with a memory, also `memory_finds_the_person`."""
+    a question can read out of what was memorised. For a model with a memory, also `memory_finds_the_person`.
+    `decoder_target`: what the model's pre-training decoder wrote (`--decoder_target`), which the probes ask for."""
     config = EDMemConfig.from_pretrained(model_dir)
     encoder_only = config.variant == "encmem"
     model = (EDMemForEntityLinking if encoder_only else EDMemForConditionalGeneration).from_pretrained(model_dir)
@@ -499,16 +523,14 @@ def memorisation(model_dir: Path, world: ToyWorld, people: dict[str, list[str]])
         question_form: dict[str, list[bool]] = {}
         for person in names:
             if not encoder_only:
-                for relation, hit in question_form_hits(model, tokenizer, world.entity(person)).items():
+                found = question_form_hits(model, tokenizer, world.entity(person), decoder_target)
+                for relation, hit in found.items():
                     question_form.setdefault(relation, []).append(hit)
             text = marked_biography(world, person)
             encoded = tokenizer(text, return_offsets_mapping=True, return_tensors="pt")
             ids, offsets = encoded.input_ids[0], encoded.offset_mapping[0].tolist()
-            labels = {} if encoder_only else {"labels": ids[None]}  # the decoder teacher-forced
-            if not encoder_only:  # one pass a biography: the blank input is the same whichever fact is asked
-                blank = torch.full_like(ids, tokenizer.mask_token_id)
-                blank[[0, -1]] = ids[[0, -1]]  # <s> and </s> kept: the encoder reads nothing else
-                alone = model(input_ids=blank[None], **labels).logits[0].argmax(-1)
+            blank = torch.full_like(ids, tokenizer.mask_token_id)
+            blank[[0, -1]] = ids[[0, -1]]  # <s> and </s> kept: the encoder reads nothing else
             for relation, _, is_entity in PERSON_ATTRIBUTES:
                 value = world.entity(person).attributes[relation]
                 match = re.search(rf"(?<![\w-]){re.escape(value)}(?![\w-])", text, flags=re.IGNORECASE)
@@ -517,11 +539,14 @@ def memorisation(model_dir: Path, world: ToyWorld, people: dict[str, list[str]])
                 inside = [i for i, (s, e) in enumerate(offsets) if e > s and s < match.end() and e > match.start()]
                 masked = ids.clone()
                 masked[inside] = tokenizer.mask_token_id
+                target, filled = _probe_target(tokenizer, ids, inside, decoder_target)
+                labels = {} if encoder_only else {"labels": target[None]}  # the decoder teacher-forced
                 output = model(input_ids=masked[None], output_attended_entities=is_entity and has_memory, **labels)
                 predicted = output.logits[0].argmax(-1)
-                hits.setdefault(relation, []).append(bool((predicted[inside] == ids[inside]).all()))
+                hits.setdefault(relation, []).append(bool((predicted[filled] == target[filled]).all()))
                 if not encoder_only:
-                    decoder_alone.append(bool((alone[inside] == ids[inside]).all()))
+                    alone = model(input_ids=blank[None], **labels).logits[0].argmax(-1)
+                    decoder_alone.append(bool((alone[filled] == target[filled]).all()))
                 if is_entity and has_memory:
                     access = output.attended_entities if encoder_only else output.encoder_attended_entities
                     position = inside[0] - 1  # the value's <E_s>
@@ -557,12 +582,13 @@ def _value_positions(tokenizer, text: str, value: str) -> tuple[torch.Tensor, li
 
 
 @torch.no_grad()
-def question_form_hits(model, tokenizer, person: ToyEntity) -> dict[str, bool]:
+def question_form_hits(model, tokenizer, person: ToyEntity, decoder_target: str = "passage") -> dict[str, bool]:
     """Per relation: does the pre-trained seq2seq model fill the value when only its encoder names the subject?
 
     The encoder reads a statement of the fact (the first template) with the subject marked and the value masked;
     the decoder is teacher-forced on the same statement with the pronoun as its subject, so that, as when it answers
-    a question, it can reach the fact only through the encoder. A hit when every token of the value is right."""
+    a question, it can reach the fact only through the encoder (with `decoder_target="masked_spans"` the decoder
+    writes the masked value alone). A hit when every token of the value is right."""
     subject_pronoun, _ = PRONOUNS[person.attributes["pronoun"]]
     subject = f"{ENTITY_START_TOKEN} {person.name} {ENTITY_END_TOKEN}"
     hits = {}
@@ -577,6 +603,8 @@ def question_form_hits(model, tokenizer, person: ToyEntity) -> dict[str, bool]:
         source = source.clone()
         source[masked] = tokenizer.mask_token_id
         target_ids, inside = _value_positions(tokenizer, target, value)
+        if decoder_target == "masked_spans":
+            target_ids, inside = masked_span_target(tokenizer, source, masked)
         predicted = model(input_ids=source[None], labels=target_ids[None]).logits[0].argmax(-1)
         hits[relation] = bool((predicted[inside] == target_ids[inside]).all())
     return hits
@@ -711,7 +739,7 @@ def run_condition(settings: Settings, seed: int, out: Path, varied: bool = True,
             "encdec", data["corpus"], where, settings, seed, ffn_dim, recipe, data["mixed_questions"]
         )
     groups = {group: sorted({pair.subject for pair in pairs}) for group, pairs in splits.items() if pairs}
-    memorised = {variant: memorisation(path, world, groups) for variant, path in models.items()}
+    memorised = {variant: memorisation(path, world, groups, recipe.decoder_target) for variant, path in models.items()}
     predictions: dict[str, dict[str, Path]] = {group: {} for group in ["train", *asked]}  # -> system -> file
     vocab = EDMemForConditionalGeneration.from_pretrained(models["edmem"]).entity_vocab
     size = len(vocab)

@@ -340,3 +340,45 @@ def test_questions_pass_uncorrupted_beside_masked_passages(tokenizer):
     assert batch["decoder_entity_labels"][3, :m].tolist() == question["decoder_entity_labels"]
     # Only questions: no passage to mask.
     assert mixed([question])["input_ids"][0].tolist() == question["input_ids"]
+
+
+def test_masked_span_targets_hold_exactly_what_was_masked(tokenizer):
+    common = dict(random_mask_prob=0.3, mention_mask_prob=0.5, seed=5)
+    passage = EDMemMaskingCollator(tokenizer, **common)
+    spans = EDMemMaskingCollator(tokenizer, decoder_target="masked_spans", return_salient_span_mask=True, **common)
+    examples = _examples(tokenizer, 6, with_index=True)
+    batch, reference = spans(examples), passage(examples)
+    # The input is corrupted exactly as with the paper's target.
+    for name in ("input_ids", "attention_mask", "entity_labels"):
+        assert torch.equal(batch[name], reference[name]), name
+    start, end = (tokenizer.convert_tokens_to_ids(t) for t in (ENTITY_START_TOKEN, ENTITY_END_TOKEN))
+    mask, eos = tokenizer.mask_token_id, tokenizer.eos_token_id
+    for row in range(len(examples)):
+        original, corrupted = reference["labels"][row].tolist(), batch["input_ids"][row].tolist()
+        labels = [t for t in batch["labels"][row].tolist() if t != IGNORE_INDEX]
+        entities = batch["decoder_entity_labels"][row, : len(labels)].tolist()
+        # Expected: each run of masked positions after a separator; a run that fills a mention inside its markers.
+        expected, expected_entities, j = [], [], 0
+        while j < len(corrupted):
+            if corrupted[j] != mask:
+                j += 1
+                continue
+            k = j
+            while k < len(corrupted) and corrupted[k] == mask:
+                k += 1
+            whole = original[j - 1] == start and original[k] == end
+            expected += [mask] + [start] * whole + original[j:k] + [end] * whole
+            expected_entities += [IGNORE_INDEX] + [int(examples[row]["entity_labels"][j - 1])] * whole
+            expected_entities += [IGNORE_INDEX] * (k - j + whole)
+            j = k
+        assert labels == expected + [eos] and entities == expected_entities + [IGNORE_INDEX]
+        assert labels.count(mask) == sum(1 for j, t in enumerate(corrupted) if t == mask and corrupted[j - 1] != mask)
+        scored = batch["scored_target"][row, : len(labels)].tolist()
+        assert sum(scored) == corrupted.count(mask) and all(labels[i] not in (mask, start, end, eos) for i in
+                                                             range(len(labels)) if scored[i])  # fmt: skip
+    # Every salient-span-masked mention is in the target, its entity at its <E_s>.
+    chosen = batch["decoder_salient_span_mask"]
+    assert int(chosen.sum()) == int(batch["salient_span_mask"].sum()) > 0
+    assert (batch["labels"][chosen] == start).all() and (batch["decoder_entity_labels"][chosen] != IGNORE_INDEX).all()
+    with pytest.raises(ValueError, match="decoder_target"):
+        EDMemMaskingCollator(tokenizer, decoder_target="spans")

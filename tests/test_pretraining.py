@@ -270,7 +270,8 @@ def test_bad_corpus(tmp_path):
         pretrain(PretrainingArguments(output_dir=str(tmp_path / "o"), corpus_dir=str(tmp_path), report_to="none"))
 
 
-def test_evaluate_counts_the_masked_tokens_and_mentions(corpus):
+@pytest.mark.parametrize("decoder_target", ["passage", "masked_spans"])
+def test_evaluate_counts_the_masked_tokens_and_mentions(corpus, decoder_target):
     """PPL is over the masked target positions, ACC over linked, span-masked mentions (decoder side aligned)."""
     from accelerate import Accelerator
     from torch.utils.data import DataLoader
@@ -280,17 +281,26 @@ def test_evaluate_counts_the_masked_tokens_and_mentions(corpus):
 
     passages, vocab, tok = load_corpus(corpus)
     model = build_model(PretrainingArguments(output_dir="unused", **TINY), tok, vocab)
-    collator = EDMemMaskingCollator(tok, seed=7, return_salient_span_mask=True)
+    collator = EDMemMaskingCollator(tok, seed=7, return_salient_span_mask=True, decoder_target=decoder_target)
+    markers = torch.tensor([tok.mask_token_id, tok.eos_token_id, -100, *tok.convert_tokens_to_ids(["<E_s>", "<E_e>"])])
     data = _IndexedPassages(passages["validation"], fixed_epoch=0)
     expected_tokens = expected_mentions = 0
     masked_log_probs = []
     model.eval()
     for start in range(0, len(data), 8):
         batch = collator([data[i] for i in range(start, min(start + 8, len(data)))])
-        masked = (batch["input_ids"] != batch["labels"]) & (batch["labels"] != -100)
+        if decoder_target == "passage":  # the labels at masked input positions; mentions where the input's are
+            masked = (batch["input_ids"] != batch["labels"]) & (batch["labels"] != -100)
+            chosen = batch["salient_span_mask"]
+        else:  # every label but the separators, markers and EOS; mentions at the labels' own <E_s>
+            masked = ~torch.isin(batch["labels"], markers)
+            assert int(masked.sum()) == int((batch["input_ids"] == tok.mask_token_id).sum())
+            chosen = batch["decoder_salient_span_mask"]
+            assert int(chosen.sum()) == int(batch["salient_span_mask"].sum()) > 0
         expected_tokens += int(masked.sum())
-        expected_mentions += int((batch["salient_span_mask"] & (batch["decoder_entity_labels"] != -100)).sum())
-        inputs = {k: v for k, v in batch.items() if k not in ("salient_span_mask", "example_index")}
+        expected_mentions += int((chosen & (batch["decoder_entity_labels"] != -100)).sum())
+        hidden = ("salient_span_mask", "decoder_salient_span_mask", "scored_target", "example_index")
+        inputs = {k: v for k, v in batch.items() if k not in hidden}
         with torch.no_grad():
             log_probs = model(**inputs).logits.double().log_softmax(dim=-1)
         # The probability the model gives each masked token's original id, position by position.
@@ -438,3 +448,15 @@ def _masking(corpus):
     from edmem_hf.collator import EDMemMaskingCollator
 
     return EDMemMaskingCollator(_tokenizer_and_vocab(corpus)[0])
+
+
+def test_masked_span_targets_train_and_evaluate(corpus, tmp_path):
+    result = pretrain(_args(corpus, tmp_path / "spans", max_steps=16, eval_steps=8, decoder_target="masked_spans"))
+    assert result["completed"]
+    evals = [r for r in _log(tmp_path / "spans") if r["type"] == "eval"]
+    assert evals[0]["eval_masked_tokens"] == evals[1]["eval_masked_tokens"] > 0
+    assert evals[1]["eval_ppl"] < evals[0]["eval_ppl"] and evals[1]["eval_masked_mentions"] > 0
+    train = [r for r in _log(tmp_path / "spans") if r["type"] == "train"]
+    assert sum(r["loss"] for r in train[-4:]) < sum(r["loss"] for r in train[:4]) - 2.0
+    with pytest.raises(ValueError, match="needs a decoder"):
+        pretrain(_args(corpus, tmp_path / "encmem", max_steps=1, variant="encmem", decoder_target="masked_spans"))

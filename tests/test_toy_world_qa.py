@@ -299,3 +299,30 @@ def test_memory_finds_the_person_reads_the_top_entity_at_the_first_mention(bench
             model.model.entity_embeddings.weight[model.entity_vocab.id_of(person)] = 50 * query / query.norm()
     found = bench.memory_finds_the_person(model, tokenizer, world, people)
     assert found["name_alone"] == 100.0 and set(found) == {"name_alone", "question", "first_biography"}
+
+
+def test_probes_ask_a_masked_spans_model_for_its_own_target(bench):
+    """The memorisation probes teacher-force a `--decoder_target masked_spans` model on what its collator makes of
+    the same masking: `<mask>`, the value (inside its markers when it is an entity), EOS."""
+    from edmem_hf.collator import EDMemMaskingCollator
+    from test_collator import make_tokenizer
+
+    tokenizer = make_tokenizer()
+    start, end = tokenizer.convert_tokens_to_ids(["<E_s>", "<E_e>"])
+    collator = EDMemMaskingCollator(tokenizer, decoder_target="masked_spans")
+    words = tokenizer(" was born in the old century", add_special_tokens=False).input_ids
+    name, city = (tokenizer(f" {n}", add_special_tokens=False).input_ids for n in ("Alpha City", "Beta River"))
+    ids = [tokenizer.bos_token_id, start, *name, end, *words, start, *city, end, tokenizer.eos_token_id]
+    city_at = list(range(len(ids) - 2 - len(city), len(ids) - 2))
+    century_at = list(range(city_at[0] - 1 - 2, city_at[0] - 1))  # the words before the city's <E_s>
+    for inside, is_entity in ((city_at, True), (century_at, False)):
+        ids_t = torch.tensor(ids)
+        masked = torch.zeros(1, len(ids), dtype=torch.bool)
+        masked[0, inside] = True
+        labels = torch.full((1, len(ids)), IGNORE_INDEX)
+        expected, _, scored, _ = collator._masked_span_targets(ids_t[None], masked, labels, masked, [len(ids)])
+        target, filled = bench.masked_span_target(tokenizer, ids_t, inside)
+        assert target.tolist() == expected[0].tolist() and filled == scored[0].nonzero()[:, 0].tolist()
+        assert target[filled].tolist() == ids_t[inside].tolist() and len(filled) >= 1
+        assert (start in target.tolist()) == is_entity
+        assert bench._probe_target(tokenizer, ids_t, inside, "passage") == (ids_t, inside)

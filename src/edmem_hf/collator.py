@@ -1,5 +1,6 @@
 """Masking collator for EDMem pre-training: random token masking + salient span masking (paper, Sec. 3.3), and
-optionally numbers as salient spans too (REALM's salient spans are named entities and dates)."""
+optionally numbers as salient spans too (REALM's salient spans are named entities and dates); the decoder writes the
+whole passage (the paper, BART's denoising) or only what was masked (T5's span corruption)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import numpy as np
 import torch
 
 from .configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN, IGNORE_INDEX
+
+DECODER_TARGETS = ("passage", "masked_spans")
 
 
 def _as_list(value: Any) -> list[int]:
@@ -48,6 +51,11 @@ class EDMemMaskingCollator:
         number_mask_prob: the chance that all tokens of a number outside a mention (a run of tokens that are
             digits, such as a year) become mask tokens, as a mention's do (default 0: the paper's masking, with
             the same random draws as without the option).
+        decoder_target: "passage" (the paper: `labels` is the whole original passage) or "masked_spans" (T5's
+            span corruption: `labels` is each run of masked tokens after a `<mask>` separator, a whole masked
+            mention with its markers and its entity at its `<E_s>`, then EOS). With the whole passage as its
+            target the decoder can recall a fact from its own prefix ("X was born in" -> the city), which a
+            question never gives it; with the masked spans only, a fact must come through what the encoder read.
     """
 
     tokenizer: Any
@@ -58,6 +66,7 @@ class EDMemMaskingCollator:
     pad_to_multiple_of: int | None = None
     return_salient_span_mask: bool = False
     number_mask_prob: float = 0.0
+    decoder_target: str = "passage"
     _rng: np.random.Generator = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -65,6 +74,8 @@ class EDMemMaskingCollator:
             value = getattr(self, name)
             if not 0.0 <= float(value) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {value}")
+        if self.decoder_target not in DECODER_TARGETS:
+            raise ValueError(f"decoder_target must be one of {DECODER_TARGETS}, got {self.decoder_target!r}")
         if self.pad_to_multiple_of is not None and self.pad_to_multiple_of < 1:
             raise ValueError(f"pad_to_multiple_of must be >= 1, got {self.pad_to_multiple_of}")
         tok = self.tokenizer
@@ -83,6 +94,9 @@ class EDMemMaskingCollator:
                 )
             ids[marker] = int(token_id)
         self.mask_token_id = int(tok.mask_token_id)
+        self.eos_token_id = int(tok.eos_token_id) if getattr(tok, "eos_token_id", None) is not None else None
+        if self.decoder_target == "masked_spans" and self.eos_token_id is None:
+            raise ValueError("EDMemMaskingCollator: decoder_target='masked_spans' needs an EOS token to end targets")
         self.pad_token_id = int(tok.pad_token_id)
         self.entity_start_token_id = ids[ENTITY_START_TOKEN]
         self.entity_end_token_id = ids[ENTITY_END_TOKEN]
@@ -209,20 +223,70 @@ class EDMemMaskingCollator:
             number_chosen = number_rand < self.number_mask_prob
             span_masked |= number & torch.gather(number_chosen, 1, (numbers_so_far - 1).clamp(min=0)) & maskable
 
-        input_ids = original.masked_fill(random_masked | span_masked, self.mask_token_id)
-        labels = original.masked_fill(~valid, IGNORE_INDEX)
+        masked = random_masked | span_masked
+        start_chosen = torch.gather(mention_chosen, 1, mention_of_token) & is_start
         out = {
-            "input_ids": input_ids,
+            "input_ids": original.masked_fill(masked, self.mask_token_id),
             "attention_mask": attention_mask,
             "entity_labels": entity_labels,
-            "labels": labels,
-            # Corruption only replaces tokens, so the target's markers sit where the input's do.
-            "decoder_entity_labels": entity_labels.clone(),
         }
+        if self.decoder_target == "passage":
+            out["labels"] = original.masked_fill(~valid, IGNORE_INDEX)
+            # Corruption only replaces tokens, so the target's markers sit where the input's do.
+            out["decoder_entity_labels"] = entity_labels.clone()
+            scored, decoder_chosen = masked, start_chosen
+        else:
+            out["labels"], out["decoder_entity_labels"], scored, decoder_chosen = self._masked_span_targets(
+                original, masked, entity_labels, start_chosen, lengths
+            )
         if self.return_salient_span_mask:
-            start_chosen = torch.gather(mention_chosen, 1, mention_of_token) & is_start
             out["salient_span_mask"] = start_chosen
+            out["decoder_salient_span_mask"] = decoder_chosen  # on the labels' <E_s> of salient-span-masked mentions
+            out["scored_target"] = scored  # the labels that are masked tokens (what the perplexity is over)
         return out
+
+    def _masked_span_targets(self, original, masked, entity_labels, start_chosen, lengths):
+        """T5-style targets: for each run of masked tokens, `<mask>` then the run (inside `<E_s> ... <E_e>` with its
+        entity label when the run is a whole mention), then EOS. Returns labels, decoder entity labels, the labels
+        that are masked tokens and the labels' `<E_s>` of salient-span-masked mentions, padded alike."""
+        rows = []
+        for i, length in enumerate(lengths):
+            ids, is_masked = original[i].tolist(), masked[i].tolist()
+            entities, chosen = entity_labels[i].tolist(), start_chosen[i].tolist()
+            target: list[tuple[int, int, bool, bool]] = []  # (token, entity label, scored, salient <E_s>)
+            j = 0
+            while j < length:
+                if not is_masked[j]:
+                    j += 1
+                    continue
+                k = j
+                while k < length and is_masked[k]:
+                    k += 1
+                # markers are never masked: a run between a start and an end marker is the whole mention
+                mention = 0 < j and ids[j - 1] == self.entity_start_token_id and ids[k] == self.entity_end_token_id
+                target.append((self.mask_token_id, IGNORE_INDEX, False, False))
+                if mention:
+                    target.append((self.entity_start_token_id, entities[j - 1], False, chosen[j - 1]))
+                target += [(token, IGNORE_INDEX, True, False) for token in ids[j:k]]
+                if mention:
+                    target.append((self.entity_end_token_id, IGNORE_INDEX, False, False))
+                j = k
+            target.append((self.eos_token_id, IGNORE_INDEX, False, False))
+            rows.append(target)
+        width = max(map(len, rows))
+        if self.pad_to_multiple_of:
+            width = -(-width // self.pad_to_multiple_of) * self.pad_to_multiple_of
+        labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
+        decoder_entity_labels = torch.full_like(labels, IGNORE_INDEX)
+        scored = torch.zeros_like(labels, dtype=torch.bool)
+        decoder_chosen = torch.zeros_like(scored)
+        for i, target in enumerate(rows):
+            tokens, entities, is_scored, is_chosen = zip(*target)
+            labels[i, : len(target)] = torch.tensor(tokens)
+            decoder_entity_labels[i, : len(target)] = torch.tensor(entities)
+            scored[i, : len(target)] = torch.tensor(is_scored)
+            decoder_chosen[i, : len(target)] = torch.tensor(is_chosen)
+        return labels, decoder_entity_labels, scored, decoder_chosen
 
     def _check(self, original, entity_labels, is_start, is_end, valid) -> None:
         """Raises a ValueError naming the first malformed example."""

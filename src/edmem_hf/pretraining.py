@@ -105,6 +105,14 @@ class PretrainingArguments:
     # --- masking ---
     random_mask_prob: float = field(default=0.3, metadata={"help": "P_rtm: per-token mask rate."})
     mention_mask_prob: float = field(default=0.5, metadata={"help": "P_ssm: per-mention whole-span mask rate."})
+    decoder_target: str = field(
+        default="passage",
+        metadata={
+            "help": "What the decoder writes: passage (the paper, BART's denoising: the whole passage) or "
+            "masked_spans (T5's span corruption: each masked run after a <mask>, masked mentions with their "
+            "markers), so that a fact is recalled from what the encoder read rather than the decoder's own prefix."
+        },
+    )
     number_mask_prob: float = field(
         default=0.0,
         metadata={
@@ -625,17 +633,17 @@ def evaluate(model: Any, dataloader: Any, accelerator: Any) -> dict[str, float]:
         if "salient_span_mask" not in batch:
             raise ValueError("evaluate() needs batches from EDMemMaskingCollator(..., return_salient_span_mask=True)")
         span_mask = batch.pop("salient_span_mask")
+        decoder_span_mask, scored = batch.pop("decoder_salient_span_mask"), batch.pop("scored_target")
         encoder_only = _is_encoder_only(model, accelerator)
         outputs = model(**_model_inputs(batch, encoder_only), output_attended_entities=True)  # top-1 of each access
-        labels, inputs = batch["labels"], batch["input_ids"]
+        labels = batch["labels"]
         logits = outputs.logits.float()
         nll = torch.nn.functional.cross_entropy(
             logits.reshape(-1, logits.shape[-1]), labels.reshape(-1).clamp(min=0), reduction="none"
         ).view_as(labels)
-        masked = (inputs != labels) & (labels != IGNORE_INDEX)
         per_example = [
-            (nll * masked).sum(dim=1).double(),
-            masked.sum(dim=1).double(),
+            (nll * scored).sum(dim=1).double(),
+            scored.sum(dim=1).double(),
         ]
         # The entity-linking head reads each target <E_s> (decoder side; EncMem: the input's), the encoder memory
         # each input <E_s>.
@@ -643,7 +651,9 @@ def evaluate(model: Any, dataloader: Any, accelerator: Any) -> dict[str, float]:
             per_example += _access_hits(outputs.linked_entities, batch["entity_labels"], span_mask, shift=0)
             per_example += _access_hits(outputs.attended_entities, batch["entity_labels"], span_mask, shift=0)
         else:
-            per_example += _access_hits(outputs.linked_entities, batch["decoder_entity_labels"], span_mask, shift=1)
+            per_example += _access_hits(
+                outputs.linked_entities, batch["decoder_entity_labels"], decoder_span_mask, shift=1
+            )
             per_example += _access_hits(outputs.encoder_attended_entities, batch["entity_labels"], span_mask, shift=0)
         stacked = torch.stack(per_example, dim=1)
         totals += accelerator.gather_for_metrics(stacked).sum(dim=0)
@@ -762,6 +772,10 @@ def _dataloaders(
     """The train loader (every process reads the whole seeded order; Accelerate shards its batches), its sampler,
     and the validation loader (fixed masks), if there is a validation split. A model with a writer of entity rows
     trains on batches that read written rows (`writer_batches.WriterCollator`)."""
+    from .modeling_edmem import EDMemForEntityLinking
+
+    if args.decoder_target != "passage" and isinstance(model, EDMemForEntityLinking):
+        raise ValueError(f"--decoder_target {args.decoder_target} needs a decoder: EncMem predicts at the input")
     train_set = _IndexedPassages(datasets["train"])
     if len(train_set) < args.per_device_train_batch_size * num_processes:
         raise ValueError(
@@ -775,6 +789,7 @@ def _dataloaders(
         args.mention_mask_prob,
         seed=args.seed + 1_000_003,
         number_mask_prob=args.number_mask_prob,
+        decoder_target=args.decoder_target,
     )
     if getattr(getattr(model, "config", None), "entity_row_writer", False):
         if args.mixed_questions_file:
@@ -810,6 +825,7 @@ def _dataloaders(
         seed=args.eval_seed,
         return_salient_span_mask=True,
         number_mask_prob=args.number_mask_prob,
+        decoder_target=args.decoder_target,
     )
     eval_dl = DataLoader(
         _IndexedPassages(eval_data, fixed_epoch=0),  # the same masks at every evaluation
