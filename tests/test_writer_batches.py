@@ -156,3 +156,32 @@ def test_pretraining_with_the_writer_resumes_exactly_and_writes_the_written_only
     assert torch.allclose(table[ids], written_rows(model, inputs), atol=1e-6)
     others = [i for i in range(len(table)) if i not in ids]
     assert not torch.allclose(table[others[:3]], written_rows(model, [inputs[0]] * 3), atol=1e-3)
+
+
+def test_mixed_questions_read_written_rows_too(corpus, tmp_path):
+    """With questions mixed into pre-training, the writer's collator wraps the mixed one: questions stay uncorrupted,
+    written-only entities are renamed in them too, and the run trains and resumes exactly."""
+    from edmem_hf.pretraining import _dataloaders, build_model, load_corpus
+    from test_pretraining import _write_questions
+
+    questions = _write_questions(tmp_path / "qa")
+    common = dict(max_steps=6, save_steps=3, entity_row_writer=True, written_only_share=0.5,
+                  mixed_questions_file=questions, mixed_questions_share=0.5)  # fmt: skip
+    passages, vocab, tokenizer = load_corpus(corpus)
+    args = _args(corpus, tmp_path / "x", **common)
+    model = build_model(args, tokenizer, vocab)
+    _, loader, _ = _dataloaders(args, passages, tokenizer, 1, model)
+    assert type(loader.collate_fn).__name__ == "WriterCollator"
+    assert type(loader.collate_fn.base).__name__ == "QuestionsAndPassagesCollator"
+    batches = [batch for _, batch in zip(range(6), loader)]
+    where = tokenizer(" Where is", add_special_tokens=False).input_ids
+    rows = [row for b in batches for row in b["input_ids"].tolist()]
+    asked = [row for row in rows if where in (row[: len(where)], row[1 : 1 + len(where)])]
+    assert asked and len(asked) < len(rows) and not any(tokenizer.mask_token_id in row for row in asked)
+    assert any("written_entity_ids" in b for b in batches)
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    pretrain(_args(corpus, full, **common))
+    assert not pretrain(_args(corpus, killed, max_steps_this_run=4, **common))["completed"]
+    assert pretrain(_args(corpus, killed, **common))["completed"]
+    a, b = _weights(full), _weights(killed)
+    assert all(torch.equal(a[key], b[key]) for key in a)

@@ -791,18 +791,13 @@ def _dataloaders(
         number_mask_prob=args.number_mask_prob,
         decoder_target=args.decoder_target,
     )
-    if getattr(getattr(model, "config", None), "entity_row_writer", False):
-        if args.mixed_questions_file:
-            raise ValueError(
-                "--mixed_questions_file is not supported with the entity row writer (its batches are "
-                "passages, each read through rows written from other passages)"
-            )
-        train_collator = _writer_collator(args, train_collator, datasets["train"], tokenizer, model)
-    elif args.mixed_questions_file:
+    if args.mixed_questions_file:
         questions = _mixed_questions(args, tokenizer, getattr(model, "entity_vocab", None))
         repeats = question_repeats(len(train_set), len(questions), args.mixed_questions_share)
         train_set = _PassagesAndQuestions(train_set, questions, repeats)
         train_collator = QuestionsAndPassagesCollator(train_collator)
+    if getattr(getattr(model, "config", None), "entity_row_writer", False):  # questions too read written rows
+        train_collator = _writer_collator(args, train_collator, datasets["train"], tokenizer, model)
     sampler = _EpochShuffleSampler(len(train_set), seed=args.seed)
     train_dl = DataLoader(
         train_set,
