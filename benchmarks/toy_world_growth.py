@@ -57,6 +57,7 @@ from toy_world_qa import (  # noqa: E402
     QUICK as QA_QUICK,
 )
 from toy_world_qa import (  # noqa: E402
+    RECIPES,
     Settings,
     em,
     experiment_parser,
@@ -122,6 +123,7 @@ class GrowthSettings:
     written_row_share: float = 0.5
     written_only_share: float = 0.2
     writer_in_finetuning: bool = True  # fine-tuning reads written rows too (`--writer_corpus` of finetune_qa.py)
+    recipe: str = "paper"  # pre-training and fine-tuning levers of toy_world_qa's RECIPES (every model alike)
 
 
 QUICK = GrowthSettings(qa=QA_QUICK, fit_steps=150, continued_steps=0, timed_additions=(1_000,),
@@ -141,7 +143,8 @@ def make_worlds(settings: GrowthSettings, seed: int, out: Path) -> dict:
     old = without_people(world, held)
     splits = split_people(old, seed)
     out.mkdir(parents=True, exist_ok=True)
-    old_dump = write_mediawiki_dump(with_questions_in_pages(old, splits["train"]) if qa.mix_qa else old,
+    on_pages = qa.mix_qa and not qa.questions_in_batches
+    old_dump = write_mediawiki_dump(with_questions_in_pages(old, splits["train"]) if on_pages else old,
                                     out / "old-wiki.xml.bz2")  # fmt: skip
     new_dump = write_mediawiki_dump(world, out / "new-wiki.xml.bz2")
     corpus = out / "corpus"
@@ -153,7 +156,8 @@ def make_worlds(settings: GrowthSettings, seed: int, out: Path) -> dict:
         files[split], files[f"{split}_links"] = write_released_format(pairs, split, out)
     test_people = sorted({pair.subject for pair in splits["test"]})
     return {"held": held, "corpus": corpus, "new_dump": new_dump, "files": files, "test_people": test_people,
-            "train_people": sorted({pair.subject for pair in splits["train"]})}  # fmt: skip
+            "train_people": sorted({pair.subject for pair in splits["train"]}),
+            "mixed_questions": files["train"] if qa.mix_qa and qa.questions_in_batches else None}  # fmt: skip
 
 
 # --- growing ----------------------------------------------------------------------------------------------------
@@ -231,8 +235,9 @@ def continue_pretraining(pretrained: Path, new_dump: str, out: Path, settings: G
     tokenizer = AutoTokenizer.from_pretrained(grown)
     datasets = corpus_in_model_ids(new_world_corpus(new_dump, out.parent, grown, seed), model.entity_vocab)
     args = PretrainingArguments(
-        output_dir=str(out), **pretraining_schedule(settings.qa, settings.continued_steps, seed)
-    )
+        output_dir=str(out), decoder_target=RECIPES[settings.recipe].decoder_target,
+        **pretraining_schedule(settings.qa, settings.continued_steps, seed),
+    )  # fmt: skip
     pretrain(args, model=model, tokenizer=tokenizer, datasets=datasets, entity_vocab=model.entity_vocab)
     return out
 
@@ -456,8 +461,11 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
     started = time.perf_counter()
     data = make_worlds(settings, seed, out)
     files, held = data["files"], data["held"]
-    pretrained = pretrain_variant("edmem", data["corpus"], out / "pretrain-edmem", settings.qa, seed)
-    finetuned = finetune_model(pretrained, files["train"], out / "finetune", settings.qa, seed)
+    recipe, questions = RECIPES[settings.recipe], data["mixed_questions"]
+    pretrained = pretrain_variant("edmem", data["corpus"], out / "pretrain-edmem", settings.qa, seed, None, recipe,
+                                  questions)  # fmt: skip
+    weight = recipe.finetune_entity_loss_weight
+    finetuned = finetune_model(pretrained, files["train"], out / "finetune", settings.qa, seed, None, weight)
     logger.info("seed %d: pre-trained and fine-tuned without %d people (%.0f s)", seed, len(held),
                 time.perf_counter() - started)  # fmt: skip
     models, seconds = {"before": finetuned}, {}
@@ -465,12 +473,12 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
         models[estimator], seconds[estimator] = grow(finetuned, data["new_dump"], estimator, out / f"grown-{estimator}",
                                                      held, settings, seed, data["train_people"])  # fmt: skip
     if settings.writer:
-        writer = pretrain_variant("edmem", data["corpus"], out / "pretrain-writer", settings.qa, seed,
-                                  entity_row_writer=True, written_row_share=settings.written_row_share,
+        writer = pretrain_variant("edmem", data["corpus"], out / "pretrain-writer", settings.qa, seed, None, recipe,
+                                  questions, entity_row_writer=True, written_row_share=settings.written_row_share,
                                   written_only_share=settings.written_only_share)  # fmt: skip
         options = ("--writer_corpus", str(data["corpus"])) if settings.writer_in_finetuning else ()
         models[f"{WRITER}_before"] = finetune_model(writer, files["train"], out / "finetune-writer", settings.qa, seed,
-                                                    options=options)  # fmt: skip
+                                                    None, weight, options=options)  # fmt: skip
         models[WRITER], seconds[WRITER] = grow(models[f"{WRITER}_before"], data["new_dump"], WRITER,
                                                out / f"grown-{WRITER}", held, settings, seed, data["train_people"])  # fmt: skip
     if settings.continued_steps:
@@ -478,7 +486,7 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
             pretrained, data["new_dump"], out / "pretrain-continued", settings, seed, held
         )
         models["continued_pretraining"] = finetune_model(continued, files["train"], out / "finetune-continued",
-                                                         settings.qa, seed)  # fmt: skip
+                                                         settings.qa, seed, None, weight)  # fmt: skip
     results: dict[str, dict] = {}
     for name, model_dir in models.items():
         for split in ("added", "test"):
@@ -603,11 +611,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="also EDMem with a writer of entity rows (default: on)")  # fmt: skip
     parser.add_argument("--written-row-share", type=float, help="the writer's training: share of written rows")
     parser.add_argument("--written-only-share", type=float, help="the writer's training: written-only entities")
+    parser.add_argument("--recipe", choices=tuple(RECIPES),
+                        help="toy_world_qa's pre-training and fine-tuning levers, for every model (default: paper)")  # fmt: skip
     args = parser.parse_args(argv)
     quiet_logging()
     settings = QUICK if args.quick else GrowthSettings()
     settings = replace(settings, qa=with_overrides(settings.qa, args))
-    for key in ("fit_steps", "continued_steps", "writer", "written_row_share", "written_only_share"):
+    for key in ("fit_steps", "continued_steps", "writer", "written_row_share", "written_only_share", "recipe"):
         if getattr(args, key) is not None:
             settings = replace(settings, **{key: getattr(args, key)})
     if args.timed_additions is not None:

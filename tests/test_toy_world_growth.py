@@ -3,6 +3,7 @@ models hold them, and the whole experiment runs end to end at a tiny size (the f
 
 from __future__ import annotations
 
+import bz2
 import json
 
 import pytest
@@ -36,13 +37,21 @@ def test_the_held_out_people_are_only_in_the_new_pages(bench, tmp_path):
         assert not any(record["link_target"][0] in held for record in read_jsonl(files[split]))
     added = list(read_jsonl(files["added"]))
     assert {record["link_target"][0] for record in added} == set(held) and len(added) == 6 * len(held)
+    question = next(iter(read_jsonl(files["train"])))["question"].replace("'", "&apos;")
+    assert data["mixed_questions"] is None and question in bz2.open(tmp_path / "old-wiki.xml.bz2", "rt").read()
+    # the questions in the pre-training batches instead: not on the old world's pages
+    batches = bench.GrowthSettings(qa=bench.Settings(num_people=20, questions_in_batches=True))
+    data = bench.make_worlds(batches, seed=1, out=tmp_path / "batches")
+    assert data["mixed_questions"] == data["files"]["train"]
+    assert question not in bz2.open(tmp_path / "batches" / "old-wiki.xml.bz2", "rt").read()
 
 
 def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     """A tiny world, a few steps: the model is grown by each estimator, decoded and scored, the plot drawn."""
     out = tmp_path / "run"
     argv = ["--quick", "--out", str(out), "--num-people", "10", "--pretrain-steps", "30", "--finetune-epochs", "150",
-            "--finetune-learning-rate", "1e-2", "--d-model", "32", "--fit-steps", "3", "--timed-additions", "10"]  # fmt: skip
+            "--finetune-learning-rate", "1e-2", "--d-model", "32", "--fit-steps", "3",
+            "--questions-in-batches", "--recipe", "masked_spans", "--timed-additions", "10"]  # fmt: skip
     assert bench.main(argv) == 0
     result = json.loads((out / "results.json").read_text())
     seed = out / "seed-0"
