@@ -312,9 +312,14 @@ def finetune_model(model_dir: Path, train_file: Path, out: Path, settings: Setti
                    entity_mask_file: Path | None = None, entity_loss_weight: float = 1.0,
                    options: tuple[str, ...] = ()) -> Path:  # fmt: skip
     """`edmem finetune` on the training questions (skipped when `out` has a model: a rerun goes on); `options`: more
-    of its command-line options."""
+    of its command-line options. With `settings.finetune_epochs` 0 there is no fine-tuning: the pre-trained model
+    is asked (the study's mixed training, whose questions were in pre-training: `questions_in_batches`)."""
     from edmem_hf.finetuning import QA, run
 
+    if settings.finetune_epochs == 0:
+        if entity_mask_file is not None or options:
+            raise ValueError("a masked or optioned fine-tuning needs --finetune-epochs > 0")
+        return model_dir
     if not (out / "model.safetensors").exists():
         mask = ["--entity_mask_file", str(entity_mask_file)] if entity_mask_file else []
         mask += ["--entity_loss_weight", str(entity_loss_weight)]

@@ -326,3 +326,16 @@ def test_probes_ask_a_masked_spans_model_for_its_own_target(bench):
         assert target[filled].tolist() == ids_t[inside].tolist() and len(filled) >= 1
         assert (start in target.tolist()) == is_entity
         assert bench._probe_target(tokenizer, ids_t, inside, "passage") == (ids_t, inside)
+
+
+def test_no_finetuning_asks_the_pretrained_model(bench, tmp_path):
+    """`--finetune-epochs 0` (the study's mixed training): the model asked is the pre-trained one, untouched."""
+    settings = bench.with_overrides(
+        bench.Settings(), bench.experiment_parser("t", "o").parse_args(["--finetune-epochs", "0"])
+    )
+    assert settings.finetune_epochs == 0
+    pretrained = tmp_path / "pretrained"
+    assert bench.finetune_model(pretrained, tmp_path / "train.jsonl", tmp_path / "ft", settings, 0) == pretrained
+    assert not (tmp_path / "ft").exists()
+    with pytest.raises(ValueError, match="finetune-epochs"):
+        bench.finetune_model(pretrained, tmp_path / "train.jsonl", tmp_path / "ft", settings, 0, tmp_path / "mask.pt")
