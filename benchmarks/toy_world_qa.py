@@ -317,8 +317,8 @@ def finetune_model(model_dir: Path, train_file: Path, out: Path, settings: Setti
     from edmem_hf.finetuning import QA, run
 
     if settings.finetune_epochs == 0:
-        if entity_mask_file is not None or options:
-            raise ValueError("a masked or optioned fine-tuning needs --finetune-epochs > 0")
+        if entity_mask_file is not None:
+            raise ValueError("a fine-tuning with hidden memory rows needs --finetune-epochs > 0")
         return model_dir
     if not (out / "model.safetensors").exists():
         mask = ["--entity_mask_file", str(entity_mask_file)] if entity_mask_file else []
