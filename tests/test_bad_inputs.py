@@ -194,3 +194,29 @@ def test_pretrain_on_a_corpus_with_a_broken_tokenizer_names_it(corpus, tmp_path,
     assert edmem(["pretrain", "--output_dir", str(tmp_path / "out"), "--corpus_dir", str(broken)]) == 2
     printed = capsys.readouterr().out
     assert f"edmem pretrain: error: tokenizer directory '{broken / 'tokenizer'}' could not be loaded" in printed
+
+
+def test_finetune_names_what_a_model_folder_lacks(tmp_path, capsys):
+    from edmem_hf.finetuning import ModelFolderError, check_model_folder, cli_main
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    lacks = []
+    for missing, add in (("no tokenizer", "tokenizer.json"), ("no weights", "model.safetensors"),
+                         ("no entity_vocab.json", "entity_vocab.json")):  # fmt: skip
+        with pytest.raises(ModelFolderError, match=missing):
+            check_model_folder(str(folder))
+        lacks.append(missing)
+        (folder / add).write_text("{}")
+    check_model_folder(str(folder))  # all there
+    check_model_folder("org/model-on-the-hub")  # not a folder: the Hub's to answer
+    (folder / "tokenizer.json").unlink()
+    check_model_folder(str(folder), tokenizer_name="elsewhere")
+    train = tmp_path / "edmem_t-train.jsonl"
+    train.write_text('{"id": "a", "question": "Who?", "answer": ["x"]}\n')
+    argv = ["--model_name_or_path", str(folder), "--train_file", str(train), "--output_dir", str(tmp_path / "out"),
+            "--do_train", "--report_to", "none"]  # fmt: skip
+    assert cli_main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("edmem finetune: ") and "no tokenizer" in err[-1]

@@ -356,6 +356,34 @@ def _names_a_folder(path: str) -> bool:
     )
 
 
+class ModelFolderError(ValueError):
+    """A local model folder that lacks what fine-tuning loads (tokenizer, weights, entity vocabulary)."""
+
+
+def check_model_folder(model_name_or_path: str, tokenizer_name: str | None = None) -> None:
+    """Raises a `ModelFolderError` naming what a local model folder lacks and how to make it, before anything is
+    loaded (a Hub id, or a folder that has it all, passes)."""
+    folder = Path(model_name_or_path)
+    if not folder.is_dir():
+        return
+    names = {path.name for path in folder.iterdir()}
+    if tokenizer_name is None and not names & {"tokenizer.json", "tokenizer_config.json"}:
+        raise ModelFolderError(
+            f"{folder} has no tokenizer (tokenizer.json): pass --tokenizer_name, or write the folder with its "
+            f"tokenizer (`edmem write-preset ... --tokenizer DIR`; `edmem pretrain` saves one)"
+        )
+    if not any(name.endswith((".safetensors", ".bin")) or name.endswith(".index.json") for name in names):
+        raise ModelFolderError(
+            f"{folder} has a config but no weights: pre-train it (`edmem pretrain --model_name_or_path {folder}`), "
+            f"or write the preset with `--random-weights`"
+        )
+    if "entity_vocab.json" not in names:
+        raise ModelFolderError(
+            f"{folder} has no entity_vocab.json, which the readers map entities with: write the folder with "
+            f"`edmem write-preset ... --entity-vocab FILE` (or `--task-data`), or pre-train on a corpus"
+        )
+
+
 def run(
     task: Task | None = None,
     argv: list[str] | None = None,
@@ -374,6 +402,7 @@ def run(
         transformers.utils.logging.disable_progress_bar()
     set_seed(training_args.seed)
 
+    check_model_folder(model_args.model_name_or_path, model_args.tokenizer_name)
     tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name or model_args.model_name_or_path)
     dropouts = {name: model_args.dropout for name in ("dropout", "memory_dropout", "upper_input_dropout")}
     model = AutoModelForSeq2SeqLM.from_pretrained(
@@ -491,7 +520,7 @@ def decode(tokenizer: Any, token_ids: np.ndarray, count: int) -> list[str]:
 def cli_main(argv: list[str] | None = None) -> int:
     try:
         run(argv=argv, prog="edmem finetune")
-    except BadRecordError as error:
+    except (BadRecordError, ModelFolderError) as error:
         print(f"edmem finetune: {error}", file=sys.stderr)
         return 1
     return 0
