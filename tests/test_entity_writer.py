@@ -158,11 +158,11 @@ def test_a_handed_row_is_the_encoder_memorys_read_at_its_mention():
     others[0, 7] = False
     assert torch.equal(handed[others], searched[others])
     # through the model: the handed read reaches the writer's gradient; an entity without a written row is refused
-    fields = {**writer_fields(), "written_read_labels": torch.full_like(batch["input_ids"], -100)}
-    fields["written_read_labels"][0, 2] = 7
+    fields = {**writer_fields(), "written_read_entity_ids": torch.full_like(batch["input_ids"], -100)}
+    fields["written_read_entity_ids"][0, 2] = 7
     out = model(**batch, **fields)
     assert not torch.equal(out.logits, model(**batch, **writer_fields()).logits)
-    fields["written_read_labels"][0, 7] = 12
+    fields["written_read_entity_ids"][0, 7] = 12
     with pytest.raises(ValueError, match="no written row"):
         model(**batch, **fields)
 

@@ -271,3 +271,13 @@ def test_a_stack_saved_alone_loads_with_its_memory(tmp_path, variant):
         assert (other - encoder_output).abs().max() > 1e-2
     else:
         assert encoder.memory is None and decoder.memory is None
+
+
+def test_the_trainer_finds_only_the_fields_every_batch_has_as_labels():
+    """The Trainer takes every forward argument named `*label*` as a label and reports `eval_loss` only for batches
+    that have all of them: an optional field so named (the writer's) would drop the loss from every evaluation."""
+    from transformers.utils import find_labels
+
+    from edmem_hf import EDMemForConditionalGeneration
+
+    assert find_labels(EDMemForConditionalGeneration) == ["labels", "entity_labels", "decoder_entity_labels"]

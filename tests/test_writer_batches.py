@@ -75,7 +75,7 @@ def test_a_row_is_never_written_from_a_passage_the_batch_reads(corpus):
             assert expected[: 1 + len(marked)] == [collator.tokenizer.bos_token_id, *marked]  # the name in front
             written += 1
         # the encoder's memory is handed the written row where the entity's name is masked, and only there
-        handed = batch["written_read_labels"]
+        handed = batch["written_read_entity_ids"]
         for row, position in (batch["input_ids"] == 5).nonzero().tolist():
             end = position + (batch["input_ids"][row, position:] == 6).nonzero()[0, 0].item()
             name_masked = bool((batch["input_ids"][row, position + 1 : end] == collator.tokenizer.mask_token_id).all())

@@ -999,13 +999,13 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
         return self.entity_writer(hidden, writer_input_ids, writer_attention_mask)
 
     def _written_rows(
-        self, written_entity_ids, writer_input_ids, writer_attention_mask, written_read_labels, input_ids
+        self, written_entity_ids, writer_input_ids, writer_attention_mask, written_read_entity_ids, input_ids
     ) -> WrittenRows | None:
         """The written rows a batch asks for: `written_entity_ids[i]` reads the row written from
-        `writer_input_ids[i]`, handed to the mentions of `written_read_labels` (`writer_batches.WriterCollator` makes
+        `writer_input_ids[i]`, handed to the mentions of `written_read_entity_ids` (`writer_batches.WriterCollator` makes
         these fields)."""
         if written_entity_ids is None:
-            if writer_input_ids is not None or written_read_labels is not None:
+            if writer_input_ids is not None or written_read_entity_ids is not None:
                 raise ValueError("writer fields were given without written_entity_ids, the entities they write")
             return None
         if writer_input_ids is None or writer_input_ids.shape[0] != written_entity_ids.shape[0]:
@@ -1015,12 +1015,16 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
         ids = written_entity_ids.to(writer_input_ids.device)
         if ((ids < 0) | (ids >= self.config.entity_vocab_size)).any() or ids.unique().numel() != ids.numel():
             raise ValueError(f"written_entity_ids must be distinct ids in 0..{self.config.entity_vocab_size - 1}")
-        if written_read_labels is not None:
-            check_entity_labels(written_read_labels, input_ids, self.config, "written_read_labels")
-            handed = written_read_labels[written_read_labels != IGNORE_INDEX].to(ids.device)
+        if written_read_entity_ids is not None:
+            check_entity_labels(written_read_entity_ids, input_ids, self.config, "written_read_entity_ids")
+            handed = written_read_entity_ids[written_read_entity_ids != IGNORE_INDEX].to(ids.device)
             if not torch.isin(handed, ids).all():
-                raise ValueError("written_read_labels names an entity that has no written row (written_entity_ids)")
-        return WrittenRows(ids, self.write_entity_rows(writer_input_ids, writer_attention_mask), written_read_labels)
+                raise ValueError(
+                    "written_read_entity_ids names an entity that has no written row (written_entity_ids)"
+                )
+        return WrittenRows(
+            ids, self.write_entity_rows(writer_input_ids, writer_attention_mask), written_read_entity_ids
+        )
 
     @can_return_tuple
     def forward(
@@ -1042,7 +1046,7 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
         written_entity_ids: torch.LongTensor | None = None,
         writer_input_ids: torch.LongTensor | None = None,
         writer_attention_mask: torch.Tensor | None = None,
-        written_read_labels: torch.LongTensor | None = None,
+        written_read_entity_ids: torch.LongTensor | None = None,
         **kwargs,
     ) -> EDMemSeq2SeqLMOutput:
         r"""
@@ -1059,12 +1063,12 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
         written_entity_ids / writer_input_ids / writer_attention_mask: `(K,)` entity ids and `(K, L)` texts about
             them: both memories and the entity-linking head read the row written from `writer_input_ids[i]` in
             place of entity `written_entity_ids[i]`'s table row (training with the writer; see `write_entity_rows`).
-        written_read_labels: `(batch, src_len)`, a written entity's id at each `<E_s>` of `input_ids` whose encoder
+        written_read_entity_ids: `(batch, src_len)`, a written entity's id at each `<E_s>` of `input_ids` whose encoder
             memory read is that entity's written row itself (`WrittenRows.read_at`), -100 elsewhere.
         """
         config = self.config
         written_rows = self._written_rows(
-            written_entity_ids, writer_input_ids, writer_attention_mask, written_read_labels, input_ids
+            written_entity_ids, writer_input_ids, writer_attention_mask, written_read_entity_ids, input_ids
         )
         if labels is not None:
             use_cache = False

@@ -5,7 +5,7 @@ For a share of the entities of each batch, `WriterCollator` picks another passag
 batch reads (TOME's rule: a passage must not read its own answer from a row written from itself), and adds it as a
 writer input; the model then reads the row the writer makes of it in place of the entity's table row, in both
 memories and in the entity-linking head. Where such an entity's name is masked in the input, the encoder's memory
-reads its written row without searching (`written_read_labels`): the reader learns to take the entity, and what the
+reads its written row without searching (`written_read_entity_ids`): the reader learns to take the entity, and what the
 passage being read hides about it, from the row. A fixed share of the entities (`written_only_share`) is read
 through written rows every time it appears: like entities added after training, it never has a row of its own; and
 it appears under a fresh name each batch (`fresh_names`, the same in the passages read and in the writer's), so that
@@ -58,7 +58,7 @@ class EntityPassages:
 class WriterCollator:
     """Wraps a collator (`EDMemMaskingCollator` in pre-training, `EDMemSeq2SeqCollator` in fine-tuning): its batch
     plus `written_entity_ids` `(K,)`, `writer_input_ids` and `writer_attention_mask` `(K, L)`, the fields
-    `EDMemForConditionalGeneration.forward` reads written rows from, and `written_read_labels` (aligned with
+    `EDMemForConditionalGeneration.forward` reads written rows from, and `written_read_entity_ids` (aligned with
     `input_ids`): the written entity at each `<E_s>` of the input whose name is all `<mask>`, where the encoder's
     memory reads the written row itself.
 
@@ -201,7 +201,7 @@ class WriterCollator:
         batch["written_entity_ids"] = torch.tensor(list(chosen), dtype=torch.long)
         batch["writer_input_ids"] = torch.tensor([ids + [pad] * (width - len(ids)) for ids in inputs])
         batch["writer_attention_mask"] = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids in inputs])
-        batch["written_read_labels"] = self._masked_names(batch, batch["written_entity_ids"])
+        batch["written_read_entity_ids"] = self._masked_names(batch, batch["written_entity_ids"])
         return batch
 
     def _masked_names(self, batch: dict[str, torch.Tensor], written: torch.Tensor) -> torch.Tensor:
