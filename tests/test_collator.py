@@ -312,10 +312,10 @@ def test_numbers_as_salient_spans(tokenizer):
 
 def test_questions_pass_uncorrupted_beside_masked_passages(tokenizer):
     from edmem_hf.collator import QuestionsAndPassagesCollator
-    from edmem_hf.task_features import QAExample, encode_qa_example
+    from edmem_hf.task_features import EDMemSeq2SeqCollator, QAExample, encode_qa_example
 
     masking = EDMemMaskingCollator(tokenizer, random_mask_prob=0.5, mention_mask_prob=1.0, seed=3)
-    mixed = QuestionsAndPassagesCollator(masking)
+    mixed = QuestionsAndPassagesCollator(masking, EDMemSeq2SeqCollator(tokenizer.pad_token_id))
     passages = _examples(tokenizer, 3, with_index=True)
     question = {
         **encode_qa_example(QAExample("Where is Alpha City?", ["Beta River"], [(9, 19, 0)], 1), tokenizer),

@@ -417,7 +417,10 @@ def test_mixed_questions_are_learned_and_resume_exactly(corpus, tmp_path):
     model = EDMemForConditionalGeneration.from_pretrained(tmp_path / "mixed")
     features = _mixed_questions(_args(corpus, tmp_path / "x", **common), *_tokenizer_and_vocab(corpus))
     assert len(features) == 12 and all(f["decoder_entity_labels"].count(-100) < len(f["labels"]) for f in features)
-    batch = QuestionsAndPassagesCollator(_masking(corpus))(features)
+    from edmem_hf.task_features import EDMemSeq2SeqCollator
+
+    masking = _masking(corpus)
+    batch = QuestionsAndPassagesCollator(masking, EDMemSeq2SeqCollator(masking.pad_token_id))(features)
 
     def question_loss(path) -> float:
         model = EDMemForConditionalGeneration.from_pretrained(path).eval()

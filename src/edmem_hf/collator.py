@@ -4,7 +4,7 @@ whole passage (the paper, BART's denoising) or only what was masked (T5's span c
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,6 +124,11 @@ class EDMemMaskingCollator:
         if self.generator is not None and "torch" in state:
             self.generator.set_state(state["torch"])
 
+    def _padded_width(self, width: int) -> int:
+        """`width` rounded up to `pad_to_multiple_of`."""
+        multiple = self.pad_to_multiple_of or 1
+        return -(-width // multiple) * multiple
+
     # --- randomness -------------------------------------------------------------------------------------
 
     def _draws(self, example: Mapping):
@@ -171,9 +176,7 @@ class EDMemMaskingCollator:
             ent.append(labels)
 
         lengths = [len(s) for s in seqs]
-        width = max(lengths)
-        if self.pad_to_multiple_of:
-            width = -(-width // self.pad_to_multiple_of) * self.pad_to_multiple_of
+        width = self._padded_width(max(lengths))
         batch = len(seqs)
         original = torch.full((batch, width), self.pad_token_id, dtype=torch.long)
         entity_labels = torch.full((batch, width), IGNORE_INDEX, dtype=torch.long)
@@ -273,9 +276,7 @@ class EDMemMaskingCollator:
                 j = k
             target.append((self.eos_token_id, IGNORE_INDEX, False, False))
             rows.append(target)
-        width = max(map(len, rows))
-        if self.pad_to_multiple_of:
-            width = -(-width // self.pad_to_multiple_of) * self.pad_to_multiple_of
+        width = self._padded_width(max(map(len, rows)))
         labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
         decoder_entity_labels = torch.full_like(labels, IGNORE_INDEX)
         scored = torch.zeros_like(labels, dtype=torch.bool)
@@ -311,8 +312,10 @@ class EDMemMaskingCollator:
 __all__ = ["EDMemMaskingCollator", "IGNORE_INDEX"]
 
 
-def _padded(rows: Sequence[Sequence[int]], pad: int, width: int) -> torch.Tensor:
-    return torch.tensor([list(row) + [pad] * (width - len(row)) for row in rows], dtype=torch.long)
+def _stacked(parts: Sequence[torch.Tensor], pad_value: int) -> torch.Tensor:
+    """`(rows, width)` tensors padded on the right to the widest, one below the other."""
+    width = max(part.shape[1] for part in parts)
+    return torch.cat([torch.nn.functional.pad(part, (0, width - part.shape[1]), value=pad_value) for part in parts])
 
 
 @dataclass
@@ -322,11 +325,13 @@ class QuestionsAndPassagesCollator:
     from a name what it read in text).
 
     Examples that bring their own target (`labels`, with `decoder_entity_labels`: a question and its marked answer,
-    as `task_features.encode_qa_record` makes them) are kept as they are; the others are passages, corrupted by
-    `masking`. Both are padded into one batch of `EDMemMaskingCollator`'s fields.
+    as `task_features.encode_qa_record` makes them) are padded as they are by `questions` (the fine-tuning collator,
+    `task_features.EDMemSeq2SeqCollator`); the others are passages, corrupted by `masking`. The two batches are
+    stacked into one of `EDMemMaskingCollator`'s fields.
     """
 
     masking: EDMemMaskingCollator
+    questions: Callable[[list[Mapping[str, Any]]], dict[str, torch.Tensor]]
 
     def state_dict(self) -> dict:
         return self.masking.state_dict()
@@ -342,21 +347,7 @@ class QuestionsAndPassagesCollator:
         for n, question in enumerate(questions):
             if len(question["labels"]) != len(question["decoder_entity_labels"]):
                 raise ValueError(f"question {n} of the batch has labels and decoder_entity_labels of other lengths")
-        pad = self.masking.pad_token_id
-        fields = {
-            "input_ids": ([_as_list(q["input_ids"]) for q in questions], pad),
-            "attention_mask": ([[1] * len(q["input_ids"]) for q in questions], 0),
-            "entity_labels": ([_as_list(q["entity_labels"]) for q in questions], IGNORE_INDEX),
-            "labels": ([_as_list(q["labels"]) for q in questions], IGNORE_INDEX),
-            "decoder_entity_labels": ([_as_list(q["decoder_entity_labels"]) for q in questions], IGNORE_INDEX),
-        }
-        corrupted = self.masking(passages) if passages else None
-        batch = {}
-        for name, (rows, pad_value) in fields.items():
-            if corrupted is not None:
-                rows = corrupted[name].tolist() + rows  # padding of the passages' rows is re-padded below
-            width = max(map(len, rows))
-            if self.masking.pad_to_multiple_of:
-                width = -(-width // self.masking.pad_to_multiple_of) * self.masking.pad_to_multiple_of
-            batch[name] = _padded(rows, pad_value, width)
-        return batch
+        parts = ([self.masking(passages)] if passages else []) + [self.questions(questions)]
+        pads = {"input_ids": self.masking.pad_token_id, "attention_mask": 0, "entity_labels": IGNORE_INDEX,
+                "labels": IGNORE_INDEX, "decoder_entity_labels": IGNORE_INDEX}  # fmt: skip
+        return {name: _stacked([part[name] for part in parts], pad) for name, pad in pads.items()}

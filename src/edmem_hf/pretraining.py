@@ -792,10 +792,12 @@ def _dataloaders(
         decoder_target=args.decoder_target,
     )
     if args.mixed_questions_file:
+        from .task_features import EDMemSeq2SeqCollator
+
         questions = _mixed_questions(args, tokenizer, getattr(model, "entity_vocab", None))
         repeats = question_repeats(len(train_set), len(questions), args.mixed_questions_share)
         train_set = _PassagesAndQuestions(train_set, questions, repeats)
-        train_collator = QuestionsAndPassagesCollator(train_collator)
+        train_collator = QuestionsAndPassagesCollator(train_collator, EDMemSeq2SeqCollator(tokenizer.pad_token_id))
     if getattr(getattr(model, "config", None), "entity_row_writer", False):  # questions too read written rows
         train_collator = _writer_collator(args, train_collator, datasets["train"], tokenizer, model)
     sampler = _EpochShuffleSampler(len(train_set), seed=args.seed)
