@@ -51,6 +51,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from transformers import AutoTokenizer, Trainer, TrainingArguments  # noqa: E402
 
 from edmem_hf import EDMemForConditionalGeneration, EDMemForEntityLinking  # noqa: E402
+from edmem_hf.collator import EDMemMaskingCollator  # noqa: E402
 from edmem_hf.configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN, EDMemConfig  # noqa: E402
 from edmem_hf.corpus import build_corpus  # noqa: E402
 from edmem_hf.knowledge_world import (  # noqa: E402
@@ -484,23 +485,16 @@ def _percent_by_kind(hits: dict[str, list[bool]]) -> dict[str, float]:
 
 
 @torch.no_grad()
-def masked_span_target(tokenizer, ids: torch.Tensor, inside: list[int]) -> tuple[torch.Tensor, list[int]]:
-    """The `--decoder_target masked_spans` target of `ids` with the positions `inside` (one run) masked, and the
-    positions of the run's tokens in it: `<mask>`, the run (inside its markers when it is a whole mention), EOS."""
-    start, end = tokenizer.convert_tokens_to_ids([ENTITY_START_TOKEN, ENTITY_END_TOKEN])
-    whole = int(ids[inside[0] - 1]) == start and int(ids[inside[-1] + 1]) == end
-    run = ids[inside].tolist()
-    target = [tokenizer.mask_token_id] + [start] * whole + run + [end] * whole + [tokenizer.eos_token_id]
-    first = 1 + whole
-    return torch.tensor(target), list(range(first, first + len(run)))
-
-
-def _probe_target(tokenizer, ids: torch.Tensor, inside: list[int], decoder_target: str):
+def _probe_target(spans: EDMemMaskingCollator | None, ids: torch.Tensor, inside: list[int]):
     """What the decoder is teacher-forced on to fill the masked positions `inside` of `ids`, and where in it the
-    filled tokens are: the passage itself (the paper's target) or the masked span alone."""
-    if decoder_target == "masked_spans":
-        return masked_span_target(tokenizer, ids, inside)
-    return ids, inside
+    filled tokens are: the passage itself (the paper's target), or with `spans` (a collator of the `masked_spans`
+    target) the masked span alone, as pre-training made it."""
+    return (ids, inside) if spans is None else spans.masked_span_target(ids, inside)
+
+
+def _span_collator(tokenizer, decoder_target: str) -> EDMemMaskingCollator | None:
+    """The collator whose targets the probes ask a `--decoder_target masked_spans` model for (None: the passage)."""
+    return EDMemMaskingCollator(tokenizer, decoder_target="masked_spans") if decoder_target == "masked_spans" else None
 
 
 def memorisation(model_dir: Path, world: ToyWorld, people: dict[str, list[str]], decoder_target: str = "passage"
@@ -520,6 +514,7 @@ def memorisation(model_dir: Path, world: ToyWorld, people: dict[str, list[str]],
     model.eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     has_memory = config.variant != "encdec"
+    spans = _span_collator(tokenizer, decoder_target)
     result = {}
     for half, names in people.items():
         hits: dict[str, list[bool]] = {}
@@ -528,7 +523,7 @@ def memorisation(model_dir: Path, world: ToyWorld, people: dict[str, list[str]],
         question_form: dict[str, list[bool]] = {}
         for person in names:
             if not encoder_only:
-                found = question_form_hits(model, tokenizer, world.entity(person), decoder_target)
+                found = question_form_hits(model, tokenizer, world.entity(person), spans)
                 for relation, hit in found.items():
                     question_form.setdefault(relation, []).append(hit)
             text = marked_biography(world, person)
@@ -536,6 +531,7 @@ def memorisation(model_dir: Path, world: ToyWorld, people: dict[str, list[str]],
             ids, offsets = encoded.input_ids[0], encoded.offset_mapping[0].tolist()
             blank = torch.full_like(ids, tokenizer.mask_token_id)
             blank[[0, -1]] = ids[[0, -1]]  # <s> and </s> kept: the encoder reads nothing else
+            alone_of: dict[tuple[int, ...], torch.Tensor] = {}  # the blank input's fill, by target (the passage: one)
             for relation, _, is_entity in PERSON_ATTRIBUTES:
                 value = world.entity(person).attributes[relation]
                 match = re.search(rf"(?<![\w-]){re.escape(value)}(?![\w-])", text, flags=re.IGNORECASE)
@@ -544,13 +540,16 @@ def memorisation(model_dir: Path, world: ToyWorld, people: dict[str, list[str]],
                 inside = [i for i, (s, e) in enumerate(offsets) if e > s and s < match.end() and e > match.start()]
                 masked = ids.clone()
                 masked[inside] = tokenizer.mask_token_id
-                target, filled = _probe_target(tokenizer, ids, inside, decoder_target)
+                target, filled = _probe_target(spans, ids, inside)
                 labels = {} if encoder_only else {"labels": target[None]}  # the decoder teacher-forced
                 output = model(input_ids=masked[None], output_attended_entities=is_entity and has_memory, **labels)
                 predicted = output.logits[0].argmax(-1)
                 hits.setdefault(relation, []).append(bool((predicted[filled] == target[filled]).all()))
                 if not encoder_only:
-                    alone = model(input_ids=blank[None], **labels).logits[0].argmax(-1)
+                    key = tuple(target.tolist())
+                    if key not in alone_of:
+                        alone_of[key] = model(input_ids=blank[None], **labels).logits[0].argmax(-1)
+                    alone = alone_of[key]
                     decoder_alone.append(bool((alone[filled] == target[filled]).all()))
                 if is_entity and has_memory:
                     access = output.attended_entities if encoder_only else output.encoder_attended_entities
@@ -587,13 +586,14 @@ def _value_positions(tokenizer, text: str, value: str) -> tuple[torch.Tensor, li
 
 
 @torch.no_grad()
-def question_form_hits(model, tokenizer, person: ToyEntity, decoder_target: str = "passage") -> dict[str, bool]:
+def question_form_hits(model, tokenizer, person: ToyEntity, spans: EDMemMaskingCollator | None = None
+                       ) -> dict[str, bool]:  # fmt: skip
     """Per relation: does the pre-trained seq2seq model fill the value when only its encoder names the subject?
 
     The encoder reads a statement of the fact (the first template) with the subject marked and the value masked;
     the decoder is teacher-forced on the same statement with the pronoun as its subject, so that, as when it answers
-    a question, it can reach the fact only through the encoder (with `decoder_target="masked_spans"` the decoder
-    writes the masked value alone). A hit when every token of the value is right."""
+    a question, it can reach the fact only through the encoder (with `spans`, a collator of the `masked_spans`
+    target, the decoder writes the masked value alone). A hit when every token of the value is right."""
     subject_pronoun, _ = PRONOUNS[person.attributes["pronoun"]]
     subject = f"{ENTITY_START_TOKEN} {person.name} {ENTITY_END_TOKEN}"
     hits = {}
@@ -607,9 +607,10 @@ def question_form_hits(model, tokenizer, person: ToyEntity, decoder_target: str 
         source, masked = _value_positions(tokenizer, source, value)
         source = source.clone()
         source[masked] = tokenizer.mask_token_id
-        target_ids, inside = _value_positions(tokenizer, target, value)
-        if decoder_target == "masked_spans":
-            target_ids, inside = masked_span_target(tokenizer, source, masked)
+        if spans is None:
+            target_ids, inside = _value_positions(tokenizer, target, value)
+        else:
+            target_ids, inside = spans.masked_span_target(source, masked)
         predicted = model(input_ids=source[None], labels=target_ids[None]).logits[0].argmax(-1)
         hits[relation] = bool((predicted[inside] == target_ids[inside]).all())
     return hits

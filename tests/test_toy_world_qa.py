@@ -321,11 +321,16 @@ def test_probes_ask_a_masked_spans_model_for_its_own_target(bench):
         masked[0, inside] = True
         labels = torch.full((1, len(ids)), IGNORE_INDEX)
         expected, _, scored, _ = collator._masked_span_targets(ids_t[None], masked, labels, masked, [len(ids)])
-        target, filled = bench.masked_span_target(tokenizer, ids_t, inside)
+        target, filled = bench._probe_target(collator, ids_t, inside)
         assert target.tolist() == expected[0].tolist() and filled == scored[0].nonzero()[:, 0].tolist()
         assert target[filled].tolist() == ids_t[inside].tolist() and len(filled) >= 1
         assert (start in target.tolist()) == is_entity
-        assert bench._probe_target(tokenizer, ids_t, inside, "passage") == (ids_t, inside)
+        markers = ([start], [end]) if is_entity else ([], [])
+        run = ids_t[inside].tolist()
+        assert target.tolist() == [tokenizer.mask_token_id, *markers[0], *run, *markers[1], tokenizer.eos_token_id]
+        assert bench._probe_target(None, ids_t, inside) == (ids_t, inside)
+    assert isinstance(bench._span_collator(tokenizer, "masked_spans"), EDMemMaskingCollator)
+    assert bench._span_collator(tokenizer, "passage") is None
 
 
 def test_no_finetuning_asks_the_pretrained_model(bench, tmp_path):

@@ -248,6 +248,18 @@ class EDMemMaskingCollator:
             out["scored_target"] = scored  # the labels that are masked tokens (what the perplexity is over)
         return out
 
+    def masked_span_target(self, ids: torch.Tensor, masked_positions: Sequence[int]) -> tuple[torch.Tensor, list[int]]:
+        """The `masked_spans` target of one sequence `ids` `(seq,)` with `masked_positions` masked, and the positions
+        in it of the masked tokens: what a model pre-trained on this target is asked to fill (a probe's target)."""
+        masked = torch.zeros(1, len(ids), dtype=torch.bool)
+        masked[0, list(masked_positions)] = True
+        no_labels = torch.full((1, len(ids)), IGNORE_INDEX)
+        labels, _, scored, _ = self._masked_span_targets(
+            ids[None], masked, no_labels, torch.zeros_like(masked), [len(ids)]
+        )
+        target = labels[0][labels[0] != IGNORE_INDEX]
+        return target, scored[0, : len(target)].nonzero()[:, 0].tolist()
+
     def _masked_span_targets(self, original, masked, entity_labels, start_chosen, lengths):
         """T5-style targets: for each run of masked tokens, `<mask>` then the run (inside `<E_s> ... <E_e>` with its
         entity label when the run is a whole mention), then EOS. Returns labels, decoder entity labels, the labels
