@@ -143,8 +143,7 @@ def make_worlds(settings: GrowthSettings, seed: int, out: Path) -> dict:
     old = without_people(world, held)
     splits = split_people(old, seed)
     out.mkdir(parents=True, exist_ok=True)
-    on_pages = qa.mix_qa and not qa.questions_in_batches
-    old_dump = write_mediawiki_dump(with_questions_in_pages(old, splits["train"]) if on_pages else old,
+    old_dump = write_mediawiki_dump(with_questions_in_pages(old, splits["train"]) if qa.questions_on_pages else old,
                                     out / "old-wiki.xml.bz2")  # fmt: skip
     new_dump = write_mediawiki_dump(world, out / "new-wiki.xml.bz2")
     corpus = out / "corpus"
@@ -157,7 +156,7 @@ def make_worlds(settings: GrowthSettings, seed: int, out: Path) -> dict:
     test_people = sorted({pair.subject for pair in splits["test"]})
     return {"held": held, "corpus": corpus, "new_dump": new_dump, "files": files, "test_people": test_people,
             "train_people": sorted({pair.subject for pair in splits["train"]}),
-            "mixed_questions": files["train"] if qa.mix_qa and qa.questions_in_batches else None}  # fmt: skip
+            "mixed_questions": qa.mixed_questions(files["train"])}  # fmt: skip
 
 
 # --- growing ----------------------------------------------------------------------------------------------------

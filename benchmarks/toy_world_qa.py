@@ -143,6 +143,15 @@ class Settings:
     valid_literal_margin: float | None = 10.0  # None: not required
     pretrain_jobs: int = 2  # pre-trainings run side by side, one process and one thread each
 
+    @property
+    def questions_on_pages(self) -> bool:
+        """The fine-tuning half's questions are text on pages of the pre-training world."""
+        return self.mix_qa and not self.questions_in_batches
+
+    def mixed_questions(self, train_file: Path) -> Path | None:
+        """The QA file mixed into the pre-training batches (`train_file`), or None when no questions go there."""
+        return train_file if self.mix_qa and self.questions_in_batches else None
+
 
 # One seed of a 40-person world (20 fine-tuning people: at 10, EncDec's fine-tuning does not learn the task; 10
 # validation and 10 test people), as many readings of each biography as the standard run.
@@ -213,7 +222,7 @@ def make_world(settings: Settings, seed: int, out: Path, varied: bool = True) ->
     world = generate_knowledge_world(world_settings, seed=seed)
     splits = split_people(world, seed, settings.validation_fraction)
     read = world
-    if settings.mix_qa and not settings.questions_in_batches:
+    if settings.questions_on_pages:
         read = with_questions_in_pages(world, splits["train"], settings.shuffled_questions, seed)
     out.mkdir(parents=True, exist_ok=True)
     dump = write_mediawiki_dump(read, out / "wiki.xml.bz2")
@@ -223,8 +232,8 @@ def make_world(settings: Settings, seed: int, out: Path, varied: bool = True) ->
     files = {}
     for split, pairs in splits.items():
         files[split], files[f"{split}_links"] = write_released_format(pairs, split, out)
-    mixed = files["train"] if settings.mix_qa and settings.questions_in_batches else None
-    return {"world": world, "corpus": corpus, "files": files, "splits": splits, "mixed_questions": mixed}
+    return {"world": world, "corpus": corpus, "files": files, "splits": splits,
+            "mixed_questions": settings.mixed_questions(files["train"])}  # fmt: skip
 
 
 # --- training ---------------------------------------------------------------------------------------------------
