@@ -372,7 +372,7 @@ def check_model_folder(model_name_or_path: str, tokenizer_name: str | None = Non
             f"{folder} has no tokenizer (tokenizer.json): pass --tokenizer_name, or write the folder with its "
             f"tokenizer (`edmem write-preset ... --tokenizer DIR`; `edmem pretrain` saves one)"
         )
-    if not any(name.endswith((".safetensors", ".bin")) or name.endswith(".index.json") for name in names):
+    if not any(name.endswith((".safetensors", ".bin", ".index.json")) for name in names):
         raise ModelFolderError(
             f"{folder} has a config but no weights: pre-train it (`edmem pretrain --model_name_or_path {folder}`), "
             f"or write the preset with `--random-weights`"
