@@ -438,6 +438,10 @@ def test_mixed_questions_are_learned_and_resume_exactly(corpus, tmp_path):
     assert all(torch.equal(a[key], b[key]) for key in a)
     with pytest.raises(ValueError, match="mixed_questions_share"):
         _args(corpus, tmp_path / "y", mixed_questions_file=questions_file, mixed_questions_share=1.0)
+    empty = tmp_path / "qa" / "edmem_empty-train.jsonl"
+    empty.write_text("")
+    with pytest.raises(ValueError, match="edmem_empty-train.jsonl has no question"):
+        pretrain(_args(corpus, tmp_path / "empty", max_steps=1, mixed_questions_file=str(empty)))
 
 
 def _tokenizer_and_vocab(corpus):

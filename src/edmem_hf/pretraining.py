@@ -287,8 +287,6 @@ class _PassagesAndQuestions(Dataset):
     (`collator.QuestionsAndPassagesCollator`)."""
 
     def __init__(self, passages: _IndexedPassages, questions: list[dict[str, list[int]]], repeats: int):
-        if not questions:
-            raise ValueError("the mixed-in questions file has no question")
         self.passages, self.questions, self.repeats = passages, questions, repeats
 
     def __len__(self) -> int:
@@ -314,6 +312,8 @@ def _mixed_questions(args: PretrainingArguments, tokenizer: Any, entity_vocab: A
     if entity_vocab is None:
         raise ValueError("--mixed_questions_file needs the entity vocabulary to link the questions' mentions")
     rows = read_qa(args.mixed_questions_file, entity_vocab)
+    if len(rows) == 0:
+        raise ValueError(f"--mixed_questions_file {args.mixed_questions_file} has no question")
     return [encode_qa_record(row, tokenizer) for row in rows]
 
 
