@@ -1101,13 +1101,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def result_fields(settings: Settings, result: dict) -> list[str]:
-    """The RESULT line's `key=value` fields: the reported recipe's figures, then each other recipe's gaps."""
+    """The RESULT line's `key=value` fields: the reported recipe (its losses and masking by name, then the run's
+    steps, where its questions go and its fine-tuning), its figures, then each other recipe's gaps."""
     validity = result["validity"]
     group = validity["group"]
     scores = result["summary"][group]
     fields = [f"seeds={len(result['runs'])}", f"people={settings.num_people}", f"group={group}",
               f"{group}_questions={result['runs'][0]['questions'][group]}", f"recipe={result['recipe']}",
-              f"valid={int(validity['valid'])}", f"valid_system={validity['valid_system']}", "seed_level_interval=1"]  # fmt: skip
+              f"pretrain_steps={settings.pretrain_steps}", f"questions_in_batches={int(settings.questions_in_batches)}",
+              f"finetune_epochs={settings.finetune_epochs:g}", f"valid={int(validity['valid'])}", f"valid_system={validity['valid_system']}", "seed_level_interval=1"]  # fmt: skip
     fields += [
         f"{key}={validity[key]}" for key in ("best_entity_em", "floor_entity", "best_literal_em", "floor_literal")
     ]

@@ -278,7 +278,10 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
                 "edmem_free_entity", "encdec_entity", "memory_hidden_drop", "literal_gap_edmem_minus_encdec",
                 "entity_gap_edmem_minus_encdec", "seed_level_interval"):  # fmt: skip
         assert f" {key}=" in last
-    assert last.startswith("RESULT seeds=1 people=16 group=test test_questions=24 recipe=paper ")
+    assert last.startswith(
+        "RESULT seeds=1 people=16 group=test test_questions=24 recipe=paper pretrain_steps=30 questions_in_batches=0 "
+        "finetune_epochs=300 "
+    )
 
 
 def test_memory_finds_the_person_reads_the_top_entity_at_the_first_mention(bench):
