@@ -1109,7 +1109,8 @@ def result_fields(settings: Settings, result: dict) -> list[str]:
     fields = [f"seeds={len(result['runs'])}", f"people={settings.num_people}", f"group={group}",
               f"{group}_questions={result['runs'][0]['questions'][group]}", f"recipe={result['recipe']}",
               f"pretrain_steps={settings.pretrain_steps}", f"questions_in_batches={int(settings.questions_in_batches)}",
-              f"finetune_epochs={settings.finetune_epochs:g}", f"valid={int(validity['valid'])}", f"valid_system={validity['valid_system']}", "seed_level_interval=1"]  # fmt: skip
+              f"finetune_epochs={settings.finetune_epochs:g}", f"valid={int(validity['valid'])}",
+              f"valid_system={validity['valid_system']}", "seed_level_interval=1"]  # fmt: skip
     fields += [
         f"{key}={validity[key]}" for key in ("best_entity_em", "floor_entity", "best_literal_em", "floor_literal")
     ]
