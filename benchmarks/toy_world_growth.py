@@ -123,6 +123,9 @@ class GrowthSettings:
     written_row_share: float = 0.5
     written_only_share: float = 0.2
     writer_in_finetuning: bool = True  # fine-tuning reads written rows too (`--writer_corpus` of finetune_qa.py)
+    # people in pre-training only (pages, and questions when they sit in the batches), never asked at test; the
+    # writer's training reads them through written rows only, under fresh names (`--written_only_entities_file`)
+    practice_people: int = 0
     recipe: str = "paper"  # pre-training and fine-tuning levers of toy_world_qa's RECIPES (every model alike)
 
 
@@ -135,13 +138,17 @@ QUICK = GrowthSettings(qa=QA_QUICK, fit_steps=150, continued_steps=0, timed_addi
 
 def make_worlds(settings: GrowthSettings, seed: int, out: Path) -> dict:
     """The old world (without the held-out people): dump, corpus, question files of its two halves; the full
-    world's dump; the questions about the held-out people."""
+    world's dump; the questions about the held-out people. With `practice_people`, that many more people in the
+    old world's pages (and its mixed questions), in no question file: their names in `practice_people.txt`."""
     qa = settings.qa
-    world = generate_knowledge_world(KnowledgeWorldSettings(qa.num_people, qa.biographies), seed=seed)
+    world = generate_knowledge_world(KnowledgeWorldSettings(qa.num_people + settings.practice_people, qa.biographies),
+                                     seed=seed)  # fmt: skip
     people = sorted(entity.name for entity in world.entities if entity.type == "person")
+    practice = sorted(random.Random(f"{seed}-practice").sample(people, settings.practice_people))
+    people = [name for name in people if name not in set(practice)]
     held = sorted(random.Random(seed).sample(people, max(2, round(settings.held_out_fraction * len(people)))))
     old = without_people(world, held)
-    splits = split_people(old, seed)
+    splits = split_people(without_people(old, practice), seed)
     out.mkdir(parents=True, exist_ok=True)
     old_dump = write_mediawiki_dump(with_questions_in_pages(old, splits["train"]) if qa.questions_on_pages else old,
                                     out / "old-wiki.xml.bz2")  # fmt: skip
@@ -153,10 +160,16 @@ def make_worlds(settings: GrowthSettings, seed: int, out: Path) -> dict:
     files = {}
     for split, pairs in splits.items():
         files[split], files[f"{split}_links"] = write_released_format(pairs, split, out)
+    mixed = qa.mixed_questions(files["train"])
+    if practice:
+        (out / "practice_people.txt").write_text("".join(f"{name}\n" for name in practice), encoding="utf-8")
+        if mixed is not None:  # the train questions and the practice people's
+            pairs = splits["train"] + [pair for pair in world.qa_pairs if pair.subject in set(practice)]
+            mixed = write_released_format(pairs, "train_and_practice", out)[0]
     test_people = sorted({pair.subject for pair in splits["test"]})
     return {"held": held, "corpus": corpus, "new_dump": new_dump, "files": files, "test_people": test_people,
-            "train_people": sorted({pair.subject for pair in splits["train"]}),
-            "mixed_questions": qa.mixed_questions(files["train"])}  # fmt: skip
+            "train_people": sorted({pair.subject for pair in splits["train"]}), "mixed_questions": mixed,
+            "practice_people": out / "practice_people.txt" if practice else None}  # fmt: skip
 
 
 # --- growing ----------------------------------------------------------------------------------------------------
@@ -474,7 +487,8 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
     if settings.writer:
         writer = pretrain_variant("edmem", data["corpus"], out / "pretrain-writer", settings.qa, seed, None, recipe,
                                   questions, entity_row_writer=True, written_row_share=settings.written_row_share,
-                                  written_only_share=settings.written_only_share)  # fmt: skip
+                                  written_only_share=settings.written_only_share,
+                                  written_only_entities_file=data["practice_people"] and str(data["practice_people"]))  # fmt: skip
         options = ("--writer_corpus", str(data["corpus"])) if settings.writer_in_finetuning else ()
         models[f"{WRITER}_before"] = finetune_model(writer, files["train"], out / "finetune-writer", settings.qa, seed,
                                                     None, weight, options=options)  # fmt: skip
@@ -610,13 +624,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="also EDMem with a writer of entity rows (default: on)")  # fmt: skip
     parser.add_argument("--written-row-share", type=float, help="the writer's training: share of written rows")
     parser.add_argument("--written-only-share", type=float, help="the writer's training: written-only entities")
+    parser.add_argument("--practice-people", type=int,
+                        help="people in pre-training only, read by the writer's training through written rows only")  # fmt: skip
     parser.add_argument("--recipe", choices=tuple(RECIPES),
                         help="toy_world_qa's pre-training and fine-tuning levers, for every model (default: paper)")  # fmt: skip
     args = parser.parse_args(argv)
     quiet_logging()
     settings = QUICK if args.quick else GrowthSettings()
     settings = replace(settings, qa=with_overrides(settings.qa, args))
-    for key in ("fit_steps", "continued_steps", "writer", "written_row_share", "written_only_share", "recipe"):
+    for key in ("fit_steps", "continued_steps", "writer", "written_row_share", "written_only_share", "recipe",
+                "practice_people"):
         if getattr(args, key) is not None:
             settings = replace(settings, **{key: getattr(args, key)})
     if args.timed_additions is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import bz2
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -44,6 +45,18 @@ def test_the_held_out_people_are_only_in_the_new_pages(bench, tmp_path):
     data = bench.make_worlds(batches, seed=1, out=tmp_path / "batches")
     assert data["mixed_questions"] == data["files"]["train"]
     assert question not in bz2.open(tmp_path / "batches" / "old-wiki.xml.bz2", "rt").read()
+    # practice people: in the old world's pages and vocabulary and in its mixed questions, asked in no question file
+    practice_settings = replace(batches, practice_people=6)
+    data = bench.make_worlds(practice_settings, seed=1, out=tmp_path / "practice")
+    practice = (tmp_path / "practice" / "practice_people.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    assert len(practice) == 6 and not set(practice) & set(data["held"])
+    assert set(practice) <= set(EntityVocab.load(data["corpus"] / "entity_vocab.json").names)
+    asked = {split: {record["link_target"][0] for record in read_jsonl(path)}
+             for split, path in data["files"].items() if not split.endswith("_links")}  # fmt: skip
+    assert asked["train"] and asked["test"] and not set(practice) & set().union(*asked.values())
+    mixed = {record["link_target"][0] for record in read_jsonl(data["mixed_questions"])}
+    assert mixed == asked["train"] | set(practice)
+    assert len(asked["train"] | asked["validation"] | asked["test"]) == 16 and len(data["held"]) == 4
 
 
 def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):

@@ -185,3 +185,29 @@ def test_mixed_questions_read_written_rows_too(corpus, tmp_path):
     assert pretrain(_args(corpus, killed, **common))["completed"]
     a, b = _weights(full), _weights(killed)
     assert all(torch.equal(a[key], b[key]) for key in a)
+
+
+def test_named_written_only_entities_join_the_share(corpus, tmp_path):
+    """Practice entities (`written_only_ids`, `--written_only_entities_file`) are written-only besides the share,
+    and `edmem pretrain` maps the file's names to them, refusing an unknown name or a model without a writer."""
+    from edmem_hf.pretraining import _dataloaders, build_model, load_corpus
+
+    shared = writer_collator(corpus, written_only_share=0.2, seed=1)
+    practice = [i for i, name in enumerate(shared.names) if name is not None and not shared.written_only[i]][:3]
+    named = writer_collator(corpus, written_only_share=0.2, seed=1, written_only_ids=practice)
+    assert set(named.written_only.nonzero()[0]) == set(shared.written_only.nonzero()[0]) | set(practice)
+    with pytest.raises(ValueError, match="written_only_ids outside"):
+        writer_collator(corpus, written_only_ids=[len(shared.names)])
+    passages, vocab, tokenizer = load_corpus(corpus)
+    names_file = tmp_path / "practice.txt"
+    names_file.write_text("".join(f"{shared.names[i]}\n" for i in practice), encoding="utf-8")
+    args = _args(corpus, tmp_path / "x", entity_row_writer=True, written_only_share=0.0,
+                 written_only_entities_file=str(names_file))  # fmt: skip
+    _, loader, _ = _dataloaders(args, passages, tokenizer, 1, build_model(args, tokenizer, vocab))
+    assert sorted(loader.collate_fn.written_only.nonzero()[0]) == sorted(practice)
+    names_file.write_text("Nobody Anywhere\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="not in the entity vocabulary.*Nobody Anywhere"):
+        _dataloaders(args, passages, tokenizer, 1, build_model(args, tokenizer, vocab))
+    plain = _args(corpus, tmp_path / "y", written_only_entities_file=str(names_file))
+    with pytest.raises(ValueError, match="the model has none"):
+        _dataloaders(plain, passages, tokenizer, 1, build_model(plain, tokenizer, vocab))

@@ -97,6 +97,13 @@ class PretrainingArguments:
     written_only_share: float = field(
         default=0.2, metadata={"help": "Share of all entities read through written rows only, as if added later."}
     )
+    written_only_entities_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "Entity names, one a line, read through written rows only besides --written_only_share: "
+            "practice entities that teach the writer (docs/model.md)."
+        },
+    )
     writer_max_length: int = field(default=128, metadata={"help": "Tokens of a writer input, name and passage."})
     max_written_rows: int = field(default=32, metadata={"help": "Written rows a batch at most."})
     fresh_names: bool = field(
@@ -800,6 +807,9 @@ def _dataloaders(
         train_collator = QuestionsAndPassagesCollator(train_collator, EDMemSeq2SeqCollator(tokenizer.pad_token_id))
     if getattr(getattr(model, "config", None), "entity_row_writer", False):  # questions too read written rows
         train_collator = _writer_collator(args, train_collator, datasets["train"], tokenizer, model)
+    elif args.written_only_entities_file:
+        raise ValueError("--written_only_entities_file names entities for the writer of entity rows to train on; "
+                         "the model has none (--entity_row_writer true)")  # fmt: skip
     sampler = _EpochShuffleSampler(len(train_set), seed=args.seed)
     train_dl = DataLoader(
         train_set,
@@ -841,11 +851,21 @@ def _writer_collator(args: PretrainingArguments, base: Any, passages: Any, token
 
     if model.entity_vocab is None:
         raise ValueError("training the entity row writer needs the model's entity_vocab: it writes names")
+    practice = []
+    if args.written_only_entities_file:
+        with open(args.written_only_entities_file, encoding="utf-8") as f:
+            names = [line.strip() for line in f if line.strip()]
+        unknown = [name for name in names if name not in model.entity_vocab]
+        if unknown:
+            raise ValueError(f"--written_only_entities_file: {len(unknown)} names not in the entity vocabulary, "
+                             f"e.g. {unknown[0]!r}")  # fmt: skip
+        practice = [model.entity_vocab.id_of(name) for name in names]
     return WriterCollator(
         base, passages, EntityPassages.from_dataset(passages, model.config.entity_vocab_size),
         model.entity_vocab.names, tokenizer, model.config, written_row_share=args.written_row_share,
         written_only_share=args.written_only_share, max_length=args.writer_max_length,
         max_written_rows=args.max_written_rows, fresh_names=args.fresh_names, seed=args.seed,
+        written_only_ids=practice,
     )  # fmt: skip
 
 

@@ -67,7 +67,8 @@ class WriterCollator:
     passage of `passages` that mentions it and that the batch does not read (an example's `example_index` is its
     passage in `passages`, as `edmem pretrain` gives it; a fine-tuning example, a question, is no passage). An
     entity with no such passage, or no name, keeps its table row. At most `max_written_rows` a batch, the written-
-    only entities first. A written-only entity with a name of several words is renamed, in the examples and in its
+    only entities first. `written_only_ids` are written-only besides that share (practice entities: people that
+    pre-training reads about only to teach the writer, docs/model.md). A written-only entity with a name of several words is renamed, in the examples and in its
     writer input, with the first word of one entity's name and the last of another's (a name no entity has), when
     `fresh_names`. The choices are drawn from `seed` and the examples' tokens, so that a resumed run draws them again
     as the uninterrupted one did.
@@ -93,6 +94,7 @@ class WriterCollator:
     max_written_rows: int = 32
     fresh_names: bool = True
     seed: int = 0
+    written_only_ids: Sequence[int] = ()
     _name_ids: dict[int, list[int]] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -105,6 +107,10 @@ class WriterCollator:
             raise ValueError(f"{len(self.names)} entity names for a table of {self.config.entity_vocab_size} rows")
         draws = np.random.default_rng([self.seed, 0x57121]).random(self.config.entity_vocab_size)
         self.written_only = draws < self.written_only_share
+        chosen = np.asarray(list(self.written_only_ids), dtype=np.int64)
+        if ((chosen < 0) | (chosen >= self.config.entity_vocab_size)).any():
+            raise ValueError(f"written_only_ids outside the table of {self.config.entity_vocab_size} rows")
+        self.written_only[chosen] = True
         words = [name.split() for name in self.names if name is not None and len(name.split()) > 1]
         self._name_words = (sorted({w[0] for w in words}), sorted({w[-1] for w in words}))
         self._known_names = {name for name in self.names if name is not None}
