@@ -632,8 +632,8 @@ def main(argv: list[str] | None = None) -> int:
     quiet_logging()
     settings = QUICK if args.quick else GrowthSettings()
     settings = replace(settings, qa=with_overrides(settings.qa, args))
-    for key in ("fit_steps", "continued_steps", "writer", "written_row_share", "written_only_share", "recipe",
-                "practice_people"):
+    overrides = ("fit_steps", "continued_steps", "writer", "written_row_share", "written_only_share", "recipe")
+    for key in (*overrides, "practice_people"):
         if getattr(args, key) is not None:
             settings = replace(settings, **{key: getattr(args, key)})
     if args.timed_additions is not None:
