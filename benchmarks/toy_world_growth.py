@@ -17,7 +17,9 @@ out people's biographies among its pages, and they are added as `edmem add-entit
 
 Beside it, EDMem with a writer of entity rows (`EDMemConfig.entity_row_writer`; off with `--no-writer`), pre-trained
 and fine-tuned reading rows written from other passages (`writer_batches.WriterCollator`), grown by
-`add_entities` with its writer (`writer`; before adding: `writer_before`).
+`add_entities` with its writer (`writer`; before adding: `writer_before`). With `--practice-people N`, N more people
+are in the old world's pages (and its mixed questions), asked in no question file: the writer's training reads them
+through written rows only (docs/model.md, "Practice entities"); every model reads the same pages.
 
 Scored by `edmem evaluate`'s code, free and static decoding: *added*, the six questions about each added person;
 *trained*, the questions about the test-half people (read in pre-training, never fine-tuned on), before and after
