@@ -668,6 +668,8 @@ def main(argv: list[str] | None = None) -> int:
     fields = [
         f"seeds={len(runs)}",
         f"people_added={len(runs[0]['held_out'])}",
+        f"practice_people={settings.practice_people}",
+        f"pretrain_steps={settings.qa.pretrain_steps}",
         f"added_questions={runs[0]['questions']['added']}",
         f"trained_questions={runs[0]['questions']['test']}",
     ]
