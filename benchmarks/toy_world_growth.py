@@ -128,6 +128,7 @@ class GrowthSettings:
     # people in pre-training only (pages, and questions when they sit in the batches), never asked at test; the
     # writer's training reads them through written rows only, under fresh names (`--written_only_entities_file`)
     practice_people: int = 0
+    written_table: bool = False  # the writer's model leaves pre-training with every row written (`--written_table`)
     recipe: str = "paper"  # pre-training and fine-tuning levers of toy_world_qa's RECIPES (every model alike)
 
 
@@ -487,15 +488,17 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
         models[estimator], seconds[estimator] = grow(finetuned, data["new_dump"], estimator, out / f"grown-{estimator}",
                                                      held, settings, seed, data["train_people"])  # fmt: skip
     if settings.writer:
-        writer = pretrain_variant("edmem", data["corpus"], out / "pretrain-writer", settings.qa, seed, None, recipe,
+        folder = "writer-written-table" if settings.written_table else "writer"  # a model of its own
+        writer = pretrain_variant("edmem", data["corpus"], out / f"pretrain-{folder}", settings.qa, seed, None, recipe,
                                   questions, entity_row_writer=True, written_row_share=settings.written_row_share,
                                   written_only_share=settings.written_only_share,
-                                  written_only_entities_file=data["practice_people"] and str(data["practice_people"]))  # fmt: skip
+                                  written_only_entities_file=data["practice_people"] and str(data["practice_people"]),
+                                  written_table=settings.written_table)  # fmt: skip
         options = ("--writer_corpus", str(data["corpus"])) if settings.writer_in_finetuning else ()
-        models[f"{WRITER}_before"] = finetune_model(writer, files["train"], out / "finetune-writer", settings.qa, seed,
+        models[f"{WRITER}_before"] = finetune_model(writer, files["train"], out / f"finetune-{folder}", settings.qa, seed,
                                                     None, weight, options=options)  # fmt: skip
         models[WRITER], seconds[WRITER] = grow(models[f"{WRITER}_before"], data["new_dump"], WRITER,
-                                               out / f"grown-{WRITER}", held, settings, seed, data["train_people"])  # fmt: skip
+                                               out / f"grown-{folder}", held, settings, seed, data["train_people"])  # fmt: skip
     if settings.continued_steps:
         continued = continue_pretraining(
             pretrained, data["new_dump"], out / "pretrain-continued", settings, seed, held
@@ -520,7 +523,7 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
                                                      data["new_dump"], seed, out / "diagnostics-default.json")}  # fmt: skip
     if settings.writer:
         results["diagnostics"][WRITER] = diagnostics(models[f"{WRITER}_before"], models[WRITER], WRITER, files,
-                                                     data["new_dump"], seed, out / f"diagnostics-{WRITER}.json")  # fmt: skip
+                                                     data["new_dump"], seed, out / f"diagnostics-{folder}.json")  # fmt: skip
     sizes = {split: sum(1 for _ in open(files[split], encoding="utf-8")) for split in ("train", "test", "added")}
     # this call's time: what a rerun with the same --out reuses (pre-training, fine-tuning) costs nothing here
     return {"seed": seed, "held_out": held, "questions": sizes, "results": results, "seconds_to_add": seconds,
@@ -628,6 +631,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--written-only-share", type=float, help="the writer's training: written-only entities")
     parser.add_argument("--practice-people", type=int,
                         help="people in pre-training only, read by the writer's training through written rows only")  # fmt: skip
+    parser.add_argument("--written-table", action=argparse.BooleanOptionalAction,
+                        help="the writer's model leaves pre-training with every row written from text (default: off)")  # fmt: skip
     parser.add_argument("--recipe", choices=tuple(RECIPES),
                         help="toy_world_qa's pre-training and fine-tuning levers, for every model (default: paper)")  # fmt: skip
     args = parser.parse_args(argv)
@@ -635,7 +640,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = QUICK if args.quick else GrowthSettings()
     settings = replace(settings, qa=with_overrides(settings.qa, args))
     overrides = ("fit_steps", "continued_steps", "writer", "written_row_share", "written_only_share", "recipe")
-    for key in (*overrides, "practice_people"):
+    for key in (*overrides, "practice_people", "written_table"):
         if getattr(args, key) is not None:
             settings = replace(settings, **{key: getattr(args, key)})
     if args.timed_additions is not None:
@@ -670,6 +675,7 @@ def main(argv: list[str] | None = None) -> int:
         f"people_added={len(runs[0]['held_out'])}",
         f"practice_people={settings.practice_people}",
         f"pretrain_steps={settings.qa.pretrain_steps}",
+        f"written_table={int(settings.written_table)}",
         f"added_questions={runs[0]['questions']['added']}",
         f"trained_questions={runs[0]['questions']['test']}",
     ]

@@ -109,7 +109,9 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     assert -1.0 <= bound["added_query_cosine_between_people"] <= 1.0
     assert 0.0 <= bound["added_recall_with_rows_from_their_questions"] <= 100.0
     last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert last.startswith(f"RESULT seeds=1 people_added={len(held)} practice_people=3 pretrain_steps=30 ")
+    assert last.startswith(
+        f"RESULT seeds=1 people_added={len(held)} practice_people=3 pretrain_steps=30 written_table=0 "
+    )
     for key in ("added_over_trained_em", "trained_em_change", "seconds_to_add_10_fitted", "seconds_to_add_10_mean",
                 "added_over_trained_em_with_floor", "added_recall", "row_swap_follow", "writer_cost_on_trained_em",
                 "seconds_to_add_10_writer", "estimator=writer"):  # fmt: skip

@@ -150,7 +150,7 @@ def test_pretraining_with_the_writer_resumes_exactly_and_writes_the_written_only
     # the written-only entities' rows are the writer's rows of their passages
     model = EDMemForConditionalGeneration.from_pretrained(full)
     collator = writer_collator(corpus, written_only_share=0.3, seed=42)  # _args' seed
-    ids, inputs = collator.written_only_inputs()
+    ids, inputs = collator.rows_to_write()
     assert ids
     table = model.model.entity_embeddings.weight.detach()
     assert torch.allclose(table[ids], written_rows(model, inputs), atol=1e-6)
@@ -208,6 +208,19 @@ def test_named_written_only_entities_join_the_share(corpus, tmp_path):
     names_file.write_text("Nobody Anywhere\n", encoding="utf-8")
     with pytest.raises(ValueError, match="not in the entity vocabulary.*Nobody Anywhere"):
         _dataloaders(args, passages, tokenizer, 1, build_model(args, tokenizer, vocab))
-    plain = _args(corpus, tmp_path / "y", written_only_entities_file=str(names_file))
-    with pytest.raises(ValueError, match="the model has none"):
-        _dataloaders(plain, passages, tokenizer, 1, build_model(plain, tokenizer, vocab))
+    for option in (dict(written_only_entities_file=str(names_file)), dict(written_table=True)):
+        plain = _args(corpus, tmp_path / "y", **option)
+        with pytest.raises(ValueError, match=f"--{next(iter(option))} is an option of training the writer"):
+            _dataloaders(plain, passages, tokenizer, 1, build_model(plain, tokenizer, vocab))
+
+
+def test_a_written_table_is_every_entity_row_written_from_its_passages(corpus, tmp_path):
+    """`--written_table`: when training ends, every entity with passages has the row the writer makes of them."""
+    pretrain(_args(corpus, tmp_path / "m", max_steps=2, entity_row_writer=True, written_only_share=0.3,
+                   written_table=True))  # fmt: skip
+    model = EDMemForConditionalGeneration.from_pretrained(tmp_path / "m")
+    collator = writer_collator(corpus, written_only_share=0.3, seed=42)
+    ids, inputs = collator.rows_to_write(every_entity=True)
+    assert len(ids) > collator.written_only.sum() and len(ids) >= 0.9 * len(collator.names)
+    table = model.model.entity_embeddings.weight.detach()
+    assert torch.allclose(table[ids], written_rows(model, inputs), atol=1e-6)

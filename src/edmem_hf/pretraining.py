@@ -104,6 +104,14 @@ class PretrainingArguments:
             "practice entities that teach the writer (docs/model.md)."
         },
     )
+    written_table: bool = field(
+        default=False,
+        metadata={
+            "help": "When training ends, write every entity's table row with the writer (from up to 4 train passages "
+            "each), not only the written-only entities': trained and added entities' rows are then alike "
+            "(docs/model.md)."
+        },
+    )
     writer_max_length: int = field(default=128, metadata={"help": "Tokens of a writer input, name and passage."})
     max_written_rows: int = field(default=32, metadata={"help": "Written rows a batch at most."})
     fresh_names: bool = field(
@@ -807,9 +815,10 @@ def _dataloaders(
         train_collator = QuestionsAndPassagesCollator(train_collator, EDMemSeq2SeqCollator(tokenizer.pad_token_id))
     if getattr(getattr(model, "config", None), "entity_row_writer", False):  # questions too read written rows
         train_collator = _writer_collator(args, train_collator, datasets["train"], tokenizer, model)
-    elif args.written_only_entities_file:
-        raise ValueError("--written_only_entities_file names entities for the writer of entity rows to train on; "
-                         "the model has none (--entity_row_writer true)")  # fmt: skip
+    elif args.written_only_entities_file or args.written_table:
+        option = "--written_only_entities_file" if args.written_only_entities_file else "--written_table"
+        raise ValueError(f"{option} is an option of training the writer of entity rows; the model has none "
+                         "(--entity_row_writer true)")  # fmt: skip
     sampler = _EpochShuffleSampler(len(train_set), seed=args.seed)
     train_dl = DataLoader(
         train_set,
@@ -900,7 +909,7 @@ class _PretrainingRun:
         set_seed(args.seed)
         model = _given_or_new_model(args, model, tokenizer, entity_vocab)
         self.sampler, train_dl, eval_dl = _dataloaders(args, datasets, tokenizer, accelerator.num_processes, model)
-        self.writer_collator = train_dl.collate_fn if hasattr(train_dl.collate_fn, "written_only_inputs") else None
+        self.writer_collator = train_dl.collate_fn if hasattr(train_dl.collate_fn, "rows_to_write") else None
         sharded = accelerator.distributed_type in (DistributedType.DEEPSPEED, DistributedType.FSDP)
         if self.writer_collator is not None and sharded:
             raise ValueError("training the entity row writer runs on one process or DDP, not FSDP or DeepSpeed")
@@ -1163,7 +1172,7 @@ class _PretrainingRun:
         if self.writer_collator is not None:  # the written-only entities' rows: what the writer makes of them
             from .entity_growth import write_rows_into_table
 
-            write_rows_into_table(unwrapped, *self.writer_collator.written_only_inputs())
+            write_rows_into_table(unwrapped, *self.writer_collator.rows_to_write(self.args.written_table))
             unwrapped.set_entity_mask(None)
         with _as_unsharded_class(unwrapped):
             unwrapped.save_pretrained(

@@ -226,11 +226,15 @@ class WriterCollator:
         handed = (input_ids == start) & name_hidden & torch.isin(labels, written)
         return torch.where(handed, labels, torch.full_like(labels, IGNORE_INDEX))
 
-    def written_only_inputs(self, max_passages: int = 4) -> tuple[list[int], list[list[list[int]]]]:
-        """The written-only entities that have passages, and up to `max_passages` writer inputs of each: what
-        `write_rows_into_table` writes their table rows from once training ends."""
+    def rows_to_write(
+        self, every_entity: bool = False, max_passages: int = 4
+    ) -> tuple[list[int], list[list[list[int]]]]:
+        """The entities whose table rows `write_rows_into_table` writes once training ends, and up to `max_passages`
+        writer inputs of each: the written-only entities that have passages, or with `every_entity` every entity
+        that has passages and a name (the table written from text)."""
         ids, inputs = [], []
-        for entity in np.flatnonzero(self.written_only).tolist():
+        entities = range(len(self.names)) if every_entity else np.flatnonzero(self.written_only).tolist()
+        for entity in entities:
             passages = self.entity_passages.of(entity)[:max_passages]
             if len(passages) and self.names[entity] is not None:
                 ids.append(entity)
