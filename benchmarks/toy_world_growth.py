@@ -172,7 +172,7 @@ def make_worlds(settings: GrowthSettings, seed: int, out: Path) -> dict:
     test_people = sorted({pair.subject for pair in splits["test"]})
     return {"held": held, "corpus": corpus, "new_dump": new_dump, "files": files, "test_people": test_people,
             "train_people": sorted({pair.subject for pair in splits["train"]}), "mixed_questions": mixed,
-            "practice_people": out / "practice_people.txt" if practice else None}  # fmt: skip
+            "practice_people": out / "practice_people.txt" if practice else None, "practice": practice}  # fmt: skip
 
 
 # --- growing ----------------------------------------------------------------------------------------------------
@@ -516,6 +516,9 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
                 figures[mode] = em(question_hits(files[split], files[f"{split}_links"], path))
             hits = memory_hits(model_dir, files[split])
             figures["memory_recall"] = round(100 * sum(hits) / len(hits), 2)
+            if data["practice_people"] is not None:  # how much of the recall the practice people's rows take
+                hits = memory_hits(model_dir, files[split], hidden=data["practice"])
+                figures["memory_recall_practice_rows_hidden"] = round(100 * sum(hits) / len(hits), 2)
             results.setdefault(split, {})[name] = figures
     results["rows_alone"] = rows_alone_ceiling(finetuned, files)
     results["floor"] = floors(files, out)
@@ -687,6 +690,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in summary["test"]:
         fields += [f"trained_em_{name}={figure('test', name, 'free')}",
                    f"trained_memory_recall_{name}={summary['test'][name]['memory_recall']['mean']}"]  # fmt: skip
+        if "memory_recall_practice_rows_hidden" in summary["test"][name]:
+            hidden = summary["test"][name]["memory_recall_practice_rows_hidden"]["mean"]
+            fields.append(f"trained_memory_recall_practice_rows_hidden_{name}={hidden}")
     fields += [f"{key}={value['mean']}" for key, value in summary["rows_alone"].items()]
     fields += [f"floor_em_{split}={value['mean']}" for split, value in summary["floor"].items()]
     for system, figures in summary["diagnostics"].items():

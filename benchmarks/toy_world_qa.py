@@ -40,6 +40,7 @@ import statistics
 import sys
 import time
 from collections import Counter
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -655,10 +656,15 @@ def memory_finds_the_person(model, tokenizer, world: ToyWorld, people: list[str]
 
 
 @torch.no_grad()
-def memory_hits(model_dir: Path, data_file: Path) -> list[bool]:
-    """For each question (file order): is the memory's top entity at the marked subject the subject?"""
+def memory_hits(model_dir: Path, data_file: Path, hidden: Sequence[str] = ()) -> list[bool]:
+    """For each question (file order): is the memory's top entity at the marked subject the subject? `hidden`:
+    names of entities whose rows are hidden from the memory meanwhile."""
     model = EDMemForConditionalGeneration.from_pretrained(model_dir).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if hidden:
+        mask = torch.ones(model.config.entity_vocab_size, dtype=torch.bool)
+        mask[[model.entity_vocab.id_of(name) for name in hidden]] = False
+        model.set_entity_mask(mask)
     subjects = {record["id"]: record["link_target"][0] for record in read_jsonl(data_file)}
     rows = read_qa(data_file, model.entity_vocab)
     hits = {}
