@@ -142,7 +142,8 @@ QUICK = GrowthSettings(qa=QA_QUICK, fit_steps=150, continued_steps=0, timed_addi
 def make_worlds(settings: GrowthSettings, seed: int, out: Path) -> dict:
     """The old world (without the held-out people): dump, corpus, question files of its two halves; the full
     world's dump; the questions about the held-out people. With `practice_people`, that many more people in the
-    old world's pages (and its mixed questions), in no question file: their names in `practice_people.txt`."""
+    old world's pages (and its mixed questions), their names in `practice_people.txt`, none of them in the train,
+    validation, test or added questions; 20 of them are asked in `practice` (what each model learnt of them)."""
     qa = settings.qa
     world = generate_knowledge_world(KnowledgeWorldSettings(qa.num_people + settings.practice_people, qa.biographies),
                                      seed=seed)  # fmt: skip
@@ -160,6 +161,9 @@ def make_worlds(settings: GrowthSettings, seed: int, out: Path) -> dict:
     if not (corpus / "entity_vocab.json").exists():
         build_corpus(old_dump, corpus, num_entities=100_000, num_proc=2, vocab_size=3000, seed=seed)
     splits["added"] = [pair for pair in world.qa_pairs if pair.subject in held]
+    if practice:  # questions of 20 practice people, asked to see what the models learnt of them
+        asked = set(random.Random(f"{seed}-practice-asked").sample(practice, min(20, len(practice))))
+        splits["practice"] = [pair for pair in world.qa_pairs if pair.subject in asked]
     files = {}
     for split, pairs in splits.items():
         files[split], files[f"{split}_links"] = write_released_format(pairs, split, out)
@@ -507,8 +511,10 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
                                                          settings.qa, seed, None, weight)  # fmt: skip
     results: dict[str, dict] = {}
     for name, model_dir in models.items():
-        for split in ("added", "test"):
+        for split in ("added", "test", "practice"):
             if split == "test" and name == "random":
+                continue
+            if split == "practice" and (split not in files or name not in ("before", f"{WRITER}_before")):
                 continue
             figures = {}
             for mode in ("free", "static"):
@@ -516,7 +522,7 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
                 figures[mode] = em(question_hits(files[split], files[f"{split}_links"], path))
             hits = memory_hits(model_dir, files[split])
             figures["memory_recall"] = round(100 * sum(hits) / len(hits), 2)
-            if data["practice_people"] is not None:  # how much of the recall the practice people's rows take
+            if data["practice_people"] is not None and split != "practice":  # what the practice people's rows take
                 hits = memory_hits(model_dir, files[split], hidden=data["practice"])
                 figures["memory_recall_practice_rows_hidden"] = round(100 * sum(hits) / len(hits), 2)
             results.setdefault(split, {})[name] = figures
@@ -693,6 +699,8 @@ def main(argv: list[str] | None = None) -> int:
         if "memory_recall_practice_rows_hidden" in summary["test"][name]:
             hidden = summary["test"][name]["memory_recall_practice_rows_hidden"]["mean"]
             fields.append(f"trained_memory_recall_practice_rows_hidden_{name}={hidden}")
+    for name in summary.get("practice", {}):  # questions in pre-training, through written rows for the writer
+        fields.append(f"practice_em_{name}={figure('practice', name, 'free')}")
     fields += [f"{key}={value['mean']}" for key, value in summary["rows_alone"].items()]
     fields += [f"floor_em_{split}={value['mean']}" for split, value in summary["floor"].items()]
     for system, figures in summary["diagnostics"].items():

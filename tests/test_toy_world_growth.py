@@ -53,6 +53,7 @@ def test_the_held_out_people_are_only_in_the_new_pages(bench, tmp_path):
     assert set(practice) <= set(EntityVocab.load(data["corpus"] / "entity_vocab.json").names)
     asked = {split: {record["link_target"][0] for record in read_jsonl(path)}
              for split, path in data["files"].items() if not split.endswith("_links")}  # fmt: skip
+    assert asked.pop("practice") == set(practice)  # all 6 asked (20 at most)
     assert asked["train"] and asked["test"] and not set(practice) & set().union(*asked.values())
     mixed = {record["link_target"][0] for record in read_jsonl(data["mixed_questions"])}
     assert mixed == asked["train"] | set(practice)
@@ -114,7 +115,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     )
     for key in ("added_over_trained_em", "trained_em_change", "seconds_to_add_10_fitted", "seconds_to_add_10_mean",
                 "added_over_trained_em_with_floor", "added_recall", "row_swap_follow", "writer_cost_on_trained_em",
-                "seconds_to_add_10_writer", "estimator=writer", "trained_memory_recall_practice_rows_hidden_writer"):  # fmt: skip
+                "seconds_to_add_10_writer", "estimator=writer", "trained_memory_recall_practice_rows_hidden_writer", "practice_em_writer_before"):  # fmt: skip
         assert f" {key}" in last
     _a_grown_model_recalls_and_answers_on_a_case_built_to_succeed(bench, seed, tmp_path)
     # a rerun reuses the answers and times only what is asked and not yet measured
