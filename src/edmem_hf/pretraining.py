@@ -1169,7 +1169,7 @@ class _PretrainingRun:
         # save_pretrained knows its tied weights (token embeddings, entity table) best.
         sharded = accelerator.distributed_type in (DistributedType.DEEPSPEED, DistributedType.FSDP)
         state_dict = accelerator.get_state_dict(self.model) if sharded else None
-        if self.writer_collator is not None:  # the written-only entities' rows: what the writer makes of them
+        if self.writer_collator is not None:  # written-only rows (every row, --written_table): the writer's
             from .entity_growth import write_rows_into_table
 
             write_rows_into_table(unwrapped, *self.writer_collator.rows_to_write(self.args.written_table))

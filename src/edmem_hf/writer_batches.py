@@ -68,9 +68,9 @@ class WriterCollator:
     passage in `passages`, as `edmem pretrain` gives it; a fine-tuning example, a question, is no passage). An
     entity with no such passage, or no name, keeps its table row. At most `max_written_rows` a batch, the written-
     only entities first. `written_only_ids` are written-only besides that share (practice entities: people that
-    pre-training reads about only to teach the writer, docs/model.md). A written-only entity with a name of several words is renamed, in the examples and in its
-    writer input, with the first word of one entity's name and the last of another's (a name no entity has), when
-    `fresh_names`. The choices are drawn from `seed` and the examples' tokens, so that a resumed run draws them again
+    pre-training reads about only to teach the writer, docs/model.md). A written-only entity with a name of several
+    words is renamed, in the examples and in its writer input, with the first word of one entity's name and the last
+    of another's (a name no entity has), when `fresh_names`. The choices are drawn from `seed` and the examples' tokens, so that a resumed run draws them again
     as the uninterrupted one did.
 
     Args:
