@@ -149,7 +149,8 @@ def make_worlds(settings: GrowthSettings, seed: int, out: Path) -> dict:
                                      seed=seed)  # fmt: skip
     people = sorted(entity.name for entity in world.entities if entity.type == "person")
     practice = sorted(random.Random(f"{seed}-practice").sample(people, settings.practice_people))
-    people = [name for name in people if name not in set(practice)]
+    practice_set = set(practice)
+    people = [name for name in people if name not in practice_set]
     held = sorted(random.Random(seed).sample(people, max(2, round(settings.held_out_fraction * len(people)))))
     old = without_people(world, held)
     splits = split_people(without_people(old, practice), seed)
@@ -171,7 +172,7 @@ def make_worlds(settings: GrowthSettings, seed: int, out: Path) -> dict:
     if practice:
         (out / "practice_people.txt").write_text("".join(f"{name}\n" for name in practice), encoding="utf-8")
         if mixed is not None:  # the train questions and the practice people's
-            pairs = splits["train"] + [pair for pair in world.qa_pairs if pair.subject in set(practice)]
+            pairs = splits["train"] + [pair for pair in world.qa_pairs if pair.subject in practice_set]
             mixed = write_released_format(pairs, "train_and_practice", out)[0]
     test_people = sorted({pair.subject for pair in splits["test"]})
     return {"held": held, "corpus": corpus, "new_dump": new_dump, "files": files, "test_people": test_people,
@@ -476,6 +477,12 @@ def floors(files: dict[str, Path], out: Path) -> dict[str, float]:
             for split in ("added", "test")}  # fmt: skip
 
 
+def writer_folder(settings: GrowthSettings) -> str:
+    """The name in the folders of the writer's model (`pretrain-`, `finetune-`, `grown-`): a written table is a
+    model of its own."""
+    return "writer-written-table" if settings.written_table else "writer"
+
+
 def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
     started = time.perf_counter()
     data = make_worlds(settings, seed, out)
@@ -492,7 +499,7 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
         models[estimator], seconds[estimator] = grow(finetuned, data["new_dump"], estimator, out / f"grown-{estimator}",
                                                      held, settings, seed, data["train_people"])  # fmt: skip
     if settings.writer:
-        folder = "writer-written-table" if settings.written_table else "writer"  # a model of its own
+        folder = writer_folder(settings)
         writer = pretrain_variant("edmem", data["corpus"], out / f"pretrain-{folder}", settings.qa, seed, None, recipe,
                                   questions, entity_row_writer=True, written_row_share=settings.written_row_share,
                                   written_only_share=settings.written_only_share,
@@ -669,7 +676,8 @@ def main(argv: list[str] | None = None) -> int:
     (out / "results.json").write_text(json.dumps(result, indent=1))  # the answers, before the timing
     first = out / f"seed-{settings.qa.seeds[0]}"
     timing = time_additions(first / "finetune", settings.timed_additions, settings, out / "seconds_to_add.json",
-                            settings.time_the_base_shape, first / "finetune-writer" if settings.writer else None)  # fmt: skip
+                            settings.time_the_base_shape,
+                            first / f"finetune-{writer_folder(settings)}" if settings.writer else None)  # fmt: skip
     result["seconds_to_add"] = timing
     (out / "results.json").write_text(json.dumps(result, indent=1))
     if not args.no_plots:

@@ -115,7 +115,8 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     )
     for key in ("added_over_trained_em", "trained_em_change", "seconds_to_add_10_fitted", "seconds_to_add_10_mean",
                 "added_over_trained_em_with_floor", "added_recall", "row_swap_follow", "writer_cost_on_trained_em",
-                "seconds_to_add_10_writer", "estimator=writer", "trained_memory_recall_practice_rows_hidden_writer", "practice_em_writer_before"):  # fmt: skip
+                "seconds_to_add_10_writer", "estimator=writer", "trained_memory_recall_practice_rows_hidden_writer",
+                "practice_em_writer_before"):  # fmt: skip
         assert f" {key}" in last
     _a_grown_model_recalls_and_answers_on_a_case_built_to_succeed(bench, seed, tmp_path)
     # a rerun reuses the answers and times only what is asked and not yet measured
