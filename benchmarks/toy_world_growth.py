@@ -19,7 +19,9 @@ Beside it, EDMem with a writer of entity rows (`EDMemConfig.entity_row_writer`; 
 and fine-tuned reading rows written from other passages (`writer_batches.WriterCollator`), grown by
 `add_entities` with its writer (`writer`; before adding: `writer_before`). With `--practice-people N`, N more people
 are in the old world's pages (and its mixed questions), asked in no question file: the writer's training reads them
-through written rows only (docs/model.md, "Practice entities"); every model reads the same pages.
+through written rows only (docs/model.md, "Practice entities"); every model reads the same pages. With
+`--written-table`, the writer's model leaves pre-training with every entity's row written from its passages
+(`edmem pretrain --written_table`), in folders of its own (`writer-written-table`).
 
 Scored by `edmem evaluate`'s code, free and static decoding: *added*, the six questions about each added person;
 *trained*, the questions about the test-half people (read in pre-training, never fine-tuned on), before and after
