@@ -485,9 +485,17 @@ def writer_folder(settings: GrowthSettings) -> str:
     return "writer-written-table" if settings.written_table else "writer"
 
 
+def models_folder(seed_dir: Path, settings: GrowthSettings) -> Path:
+    """Where a seed's models go: beside its world for the paper's recipe, in `recipe-NAME` for another, so that a
+    run with another recipe never reuses the paper's models."""
+    return seed_dir if settings.recipe == "paper" else seed_dir / f"recipe-{settings.recipe}"
+
+
 def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
     started = time.perf_counter()
     data = make_worlds(settings, seed, out)
+    world, out = out, models_folder(out, settings)
+    out.mkdir(parents=True, exist_ok=True)
     files, held = data["files"], data["held"]
     recipe, questions = RECIPES[settings.recipe], data["mixed_questions"]
     pretrained = pretrain_variant("edmem", data["corpus"], out / "pretrain-edmem", settings.qa, seed, None, recipe,
@@ -536,7 +544,7 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
                 figures["memory_recall_practice_rows_hidden"] = round(100 * sum(hits) / len(hits), 2)
             results.setdefault(split, {})[name] = figures
     results["rows_alone"] = rows_alone_ceiling(finetuned, files)
-    results["floor"] = floors(files, out)
+    results["floor"] = floors(files, world)
     results["diagnostics"] = {"default": diagnostics(finetuned, models[DEFAULT_ESTIMATOR], DEFAULT_ESTIMATOR, files,
                                                      data["new_dump"], seed, out / "diagnostics-default.json")}  # fmt: skip
     if settings.writer:
@@ -652,7 +660,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--written-table", action=argparse.BooleanOptionalAction,
                         help="the writer's model leaves pre-training with every row written from text (default: off)")  # fmt: skip
     parser.add_argument("--recipe", choices=tuple(RECIPES),
-                        help="toy_world_qa's pre-training and fine-tuning levers, for every model (default: paper)")  # fmt: skip
+                        help="toy_world_qa's pre-training and fine-tuning levers, for every model (default: paper); "
+                             "another recipe's models go to seed-N/recipe-NAME")  # fmt: skip
     args = parser.parse_args(argv)
     quiet_logging()
     settings = QUICK if args.quick else GrowthSettings()
@@ -676,7 +685,7 @@ def main(argv: list[str] | None = None) -> int:
     headline = headline_figures(summary, settings.writer)
     result = {"settings": asdict(settings), "headline": headline, "runs": runs, "summary": summary}
     (out / "results.json").write_text(json.dumps(result, indent=1))  # the answers, before the timing
-    first = out / f"seed-{settings.qa.seeds[0]}"
+    first = models_folder(out / f"seed-{settings.qa.seeds[0]}", settings)
     timing = time_additions(first / "finetune", settings.timed_additions, settings, out / "seconds_to_add.json",
                             settings.time_the_base_shape,
                             first / f"finetune-{writer_folder(settings)}" if settings.writer else None)  # fmt: skip

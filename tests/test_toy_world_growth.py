@@ -60,6 +60,14 @@ def test_the_held_out_people_are_only_in_the_new_pages(bench, tmp_path):
     assert len(asked["train"] | asked["validation"] | asked["test"]) == 16 and len(data["held"]) == 4
 
 
+def test_each_recipe_keeps_its_models_apart(bench, tmp_path):
+    """A run with another recipe trains its own models beside the same world, never reusing the paper's."""
+    paper = bench.GrowthSettings()
+    assert bench.models_folder(tmp_path, paper) == tmp_path
+    folders = {bench.models_folder(tmp_path, replace(paper, recipe=name)) for name in bench.RECIPES}
+    assert len(folders) == len(bench.RECIPES) and all(folder.parent == tmp_path for folder in folders - {tmp_path})
+
+
 def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     """A tiny world, a few steps: the model is grown by each estimator, decoded and scored, the plot drawn."""
     out = tmp_path / "run"
