@@ -31,8 +31,9 @@ model pre-trained further on the full world, then fine-tuned as before (skipped 
 what it knows (`diagnostics`, for the default EDMem with mean-query rows and for the writer): *row swap*, two trained
 people's rows swapped, the share of their answers that follow the row; *oracle read*, the added people's questions
 with the encoder's memory read forced onto the subject's new row (EM with finding solved); *rewrite*, the trained
-people's rows replaced by rows written from their passages (their EM kept). Time to add 1,000 (and 100,000) entities
-is measured.
+people's rows replaced by rows written from their passages (their EM kept); *row content*, a linear probe fitted on
+the trained people's rows reading the added people's occupation and field from theirs. Time to add 1,000 (and
+100,000) entities is measured.
 
     python benchmarks/toy_world_growth.py --quick --out runs/growth-quick
     python benchmarks/toy_world_growth.py --out runs/growth
@@ -461,14 +462,73 @@ def rewrite(model_dir: Path, data_file: Path, new_dump: str, estimator: str) -> 
     return {"plain": plain, "rewritten": em_of(answer_questions(model, tokenizer, data_file), data_file)}
 
 
+# Literal facts of 16 values each: enough people share a value for a linear probe to be fitted on 80 people.
+PROBED_RELATIONS = ("occupation", "field")
+
+
+def _facts_by_person(data_files: list[Path], relation: str) -> dict[str, str]:
+    return {
+        r["link_target"][0]: r["answer"][0] for f in data_files for r in read_jsonl(f) if r["relation"] == relation
+    }
+
+
+def linear_probe(x: torch.Tensor, y: torch.Tensor, x_score: torch.Tensor, classes: int) -> torch.Tensor:
+    """The classes a multinomial logistic regression fitted on `(x, y)` (standardised, L2-regularised) predicts for
+    `x_score`."""
+    mean, std = x.mean(0), x.std(0) + 1e-6
+    weight = torch.zeros(x.shape[1], classes, requires_grad=True)
+    bias = torch.zeros(classes, requires_grad=True)
+    optimizer = torch.optim.LBFGS([weight, bias], max_iter=200)
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad()
+        logits = (x - mean) / std @ weight + bias
+        loss = torch.nn.functional.cross_entropy(logits, y) + 1e-2 * weight.pow(2).sum()
+        loss.backward()
+        return loss
+
+    with torch.enable_grad():
+        optimizer.step(closure)
+    return ((x_score - mean) / std @ weight + bias).argmax(-1)
+
+
+def row_content(grown: Path, fit_files: list[Path], score_file: Path) -> dict[str, float]:
+    """Whether table rows carry facts: for each of `PROBED_RELATIONS`, a linear probe fitted on the rows of the
+    people asked in `fit_files` (the trained people) predicts the value for the people of `score_file` (the added),
+    accuracy %, beside the majority value of the fitted people (`majority_*`). Rows that are only keys of who a
+    person is give the probe nothing to beat the majority with."""
+    model = EDMemForConditionalGeneration.from_pretrained(grown)
+    table = model.get_encoder().entity_embeddings.weight.detach().float()
+    result = {}
+    for relation in PROBED_RELATIONS:
+        fit, score = _facts_by_person(fit_files, relation), _facts_by_person([score_file], relation)
+        values = sorted(set(fit.values()) | set(score.values()))
+        x, x_score = (
+            table[torch.tensor([model.entity_vocab.id_of(person) for person in facts])] for facts in (fit, score)
+        )
+        y, y_score = (torch.tensor([values.index(value) for value in facts.values()]) for facts in (fit, score))
+        predicted = linear_probe(x, y, x_score, len(values))
+        majority = torch.bincount(y, minlength=len(values)).argmax()
+        result[relation] = round(100 * predicted.eq(y_score).float().mean().item(), 2)
+        result[f"majority_{relation}"] = round(100 * y_score.eq(majority).float().mean().item(), 2)
+    result["probe"] = round(statistics.mean(result[r] for r in PROBED_RELATIONS), 2)
+    result["majority"] = round(statistics.mean(result[f"majority_{r}"] for r in PROBED_RELATIONS), 2)
+    return result
+
+
 def diagnostics(trained: Path, grown: Path, estimator: str, files: dict[str, Path], new_dump: str, seed: int,
                 out: Path) -> dict[str, dict[str, float]]:  # fmt: skip
-    """The three diagnostics of a trained model and of it grown by `estimator` (kept in `out`, not run again)."""
-    if out.exists():
-        return json.loads(out.read_text())
-    result = {"row_swap": row_swap(trained, files["test"], seed), "oracle_read": oracle_read(grown, files["added"]),
-              "rewrite": rewrite(trained, files["test"], new_dump, estimator)}  # fmt: skip
-    out.write_text(json.dumps(result, indent=1))
+    """The diagnostics of a trained model and of it grown by `estimator` (kept in `out`, not run again; one added
+    to the file when it lacks it)."""
+    result = json.loads(out.read_text()) if out.exists() else {}
+    todo = {"row_swap": lambda: row_swap(trained, files["test"], seed),
+            "oracle_read": lambda: oracle_read(grown, files["added"]),
+            "rewrite": lambda: rewrite(trained, files["test"], new_dump, estimator),
+            "row_content": lambda: row_content(grown, [files["train"], files["test"]], files["added"])}  # fmt: skip
+    for name, measure in todo.items():
+        if name not in result:
+            result[name] = measure()
+            out.write_text(json.dumps(result, indent=1))
     return result
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import bz2
 import json
+import random
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +18,7 @@ from edmem_hf.dump import iter_parsed_pages
 from edmem_hf.entity_growth import add_entities
 from edmem_hf.task_features import in_running_text
 from edmem_hf.tasks import exact_match, read_jsonl, read_qa
-from tiny_models import load_benchmark
+from tiny_models import load_benchmark, tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +70,34 @@ def test_each_recipe_keeps_its_models_apart(bench, tmp_path):
     assert len(folders) == len(bench.RECIPES) and all(folder.parent == tmp_path for folder in folders - {tmp_path})
 
 
+def test_the_row_probe_reads_a_fact_that_rows_carry_and_not_one_they_do_not(bench, tmp_path):
+    """`row_content`: rows that spell each person's occupation give the probe every added person's; their field,
+    which no row carries, stays near the majority value."""
+    model = tiny_model(entity_vocab_size=48)
+    people = model.entity_vocab.names
+    occupations, fields = ["poet", "pilot", "banker", "lawyer"], ["law", "music", "history"]
+    rng = random.Random(0)
+    facts = {person: (occupations[i % 4], rng.choice(fields)) for i, person in enumerate(people)}
+    with torch.no_grad():
+        table = model.get_encoder().entity_embeddings.weight
+        table.normal_(0.0, 0.1, generator=torch.Generator().manual_seed(0))
+        for i, person in enumerate(people):
+            table[i, occupations.index(facts[person][0])] += 1.0
+    model.save_pretrained(tmp_path / "model")
+
+    def questions(name: str, group: list[str]) -> Path:
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(json.dumps({"link_target": [person], "relation": relation, "answer": [value]}) + "\n"
+                                for person in group for relation, value in zip(("occupation", "field"), facts[person])))  # fmt: skip
+        return path
+
+    figures = bench.row_content(tmp_path / "model", [questions("fit", people[:36])], questions("added", people[36:]))
+    assert figures["occupation"] == 100.0 and figures["majority_occupation"] <= 50.0
+    assert figures["field"] <= 75.0 and figures["probe"] == pytest.approx(
+        (figures["occupation"] + figures["field"]) / 2, abs=0.01
+    )
+
+
 def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     """A tiny world, a few steps: the model is grown by each estimator, decoded and scored, the plot drawn."""
     out = tmp_path / "run"
@@ -103,6 +133,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
         figures = result["runs"][0]["results"]["diagnostics"][system]
         assert figures["row_swap"]["questions"] > 0 and 0 <= figures["row_swap"]["follow"] <= 100
         assert set(figures["oracle_read"]) == {"plain", "oracle"} and set(figures["rewrite"]) == {"plain", "rewritten"}
+        assert 0 <= figures["row_content"]["probe"] <= 100 and 0 <= figures["row_content"]["majority"] <= 100
     trained = EDMemForConditionalGeneration.from_pretrained(seed / "finetune")
     fitted = EDMemForConditionalGeneration.from_pretrained(seed / "grown-fitted").model.entity_embeddings.weight
     mean = EDMemForConditionalGeneration.from_pretrained(seed / "grown-mean_query").model.entity_embeddings.weight
