@@ -613,6 +613,7 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
     sizes = {split: sum(1 for _ in open(files[split], encoding="utf-8")) for split in ("train", "test", "added")}
     # this call's time: what a rerun with the same --out reuses (pre-training, fine-tuning) costs nothing here
     return {"seed": seed, "held_out": held, "questions": sizes, "results": results, "seconds_to_add": seconds,
+            "models": {name: str(path) for name, path in models.items()},
             "seconds_this_call": round(time.perf_counter() - started)}  # fmt: skip
 
 
@@ -745,10 +746,9 @@ def main(argv: list[str] | None = None) -> int:
     headline = headline_figures(summary, settings.writer)
     result = {"settings": asdict(settings), "headline": headline, "runs": runs, "summary": summary}
     (out / "results.json").write_text(json.dumps(result, indent=1))  # the answers, before the timing
-    first = models_folder(out / f"seed-{settings.qa.seeds[0]}", settings)
-    timing = time_additions(first / "finetune", settings.timed_additions, settings, out / "seconds_to_add.json",
-                            settings.time_the_base_shape,
-                            first / f"finetune-{writer_folder(settings)}" if settings.writer else None)  # fmt: skip
+    first = {name: Path(path) for name, path in runs[0]["models"].items()}  # fine-tuned, or pre-trained without it
+    timing = time_additions(first["before"], settings.timed_additions, settings, out / "seconds_to_add.json",
+                            settings.time_the_base_shape, first.get(f"{WRITER}_before"))  # fmt: skip
     result["seconds_to_add"] = timing
     (out / "results.json").write_text(json.dumps(result, indent=1))
     if not args.no_plots:
