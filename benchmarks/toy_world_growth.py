@@ -132,6 +132,7 @@ class GrowthSettings:
     # writer's training reads them through written rows only, under fresh names (`--written_only_entities_file`)
     practice_people: int = 0
     written_table: bool = False  # the writer's model leaves pre-training with every row written (`--written_table`)
+    row_autoencoding_share: float = 0.0  # the writer's training: passages read as their written row alone
     recipe: str = "paper"  # pre-training and fine-tuning levers of toy_world_qa's RECIPES (every model alike)
 
 
@@ -542,7 +543,8 @@ def floors(files: dict[str, Path], out: Path) -> dict[str, float]:
 def writer_folder(settings: GrowthSettings) -> str:
     """The name in the folders of the writer's model (`pretrain-`, `finetune-`, `grown-`): a written table is a
     model of its own."""
-    return "writer-written-table" if settings.written_table else "writer"
+    name = "writer-written-table" if settings.written_table else "writer"
+    return name + (f"-row-autoencoding-{settings.row_autoencoding_share}" if settings.row_autoencoding_share else "")
 
 
 def models_folder(seed_dir: Path, settings: GrowthSettings) -> Path:
@@ -574,7 +576,8 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
                                   questions, entity_row_writer=True, written_row_share=settings.written_row_share,
                                   written_only_share=settings.written_only_share,
                                   written_only_entities_file=data["practice_people"] and str(data["practice_people"]),
-                                  written_table=settings.written_table)  # fmt: skip
+                                  written_table=settings.written_table,
+                                  row_autoencoding_share=settings.row_autoencoding_share)  # fmt: skip
         options = ("--writer_corpus", str(data["corpus"])) if settings.writer_in_finetuning else ()
         models[f"{WRITER}_before"] = finetune_model(writer, files["train"], out / f"finetune-{folder}", settings.qa, seed,
                                                     None, weight, options=options)  # fmt: skip
@@ -720,6 +723,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="people in pre-training only, read by the writer's training through written rows only")  # fmt: skip
     parser.add_argument("--written-table", action=argparse.BooleanOptionalAction,
                         help="the writer's model leaves pre-training with every row written from text (default: off)")  # fmt: skip
+    parser.add_argument("--row-autoencoding-share", type=float,
+                        help="the writer's training: share of the passages about a written entity read as its "
+                             "written row alone, the decoder rebuilding the passage (default: 0)")  # fmt: skip
     parser.add_argument("--recipe", choices=tuple(RECIPES),
                         help="toy_world_qa's pre-training and fine-tuning levers, for every model (default: paper); "
                              "another recipe's models go to seed-N/recipe-NAME")  # fmt: skip
@@ -728,7 +734,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = QUICK if args.quick else GrowthSettings()
     settings = replace(settings, qa=with_overrides(settings.qa, args))
     overrides = ("fit_steps", "continued_steps", "writer", "written_row_share", "written_only_share", "recipe")
-    for key in (*overrides, "practice_people", "written_table"):
+    for key in (*overrides, "practice_people", "written_table", "row_autoencoding_share"):
         if getattr(args, key) is not None:
             settings = replace(settings, **{key: getattr(args, key)})
     if args.timed_additions is not None:
@@ -764,6 +770,7 @@ def main(argv: list[str] | None = None) -> int:
         f"practice_people={settings.practice_people}",
         f"pretrain_steps={settings.qa.pretrain_steps}",
         f"written_table={int(settings.written_table)}",
+        f"row_autoencoding_share={settings.row_autoencoding_share}",
         f"added_questions={runs[0]['questions']['added']}",
         f"trained_questions={runs[0]['questions']['test']}",
     ]

@@ -103,25 +103,31 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     out = tmp_path / "run"
     argv = ["--quick", "--out", str(out), "--num-people", "10", "--pretrain-steps", "30", "--finetune-epochs", "150",
             "--finetune-learning-rate", "1e-2", "--d-model", "32", "--fit-steps", "3",
-            "--questions-in-batches", "--recipe", "masked_spans", "--practice-people", "3", "--timed-additions", "10"]  # fmt: skip
+            "--questions-in-batches", "--recipe", "masked_spans", "--practice-people", "3", "--row-autoencoding-share", "0.5",
+            "--timed-additions", "10"]  # fmt: skip
     assert bench.main(argv) == 0
     result = json.loads((out / "results.json").read_text())
     seed = out / "seed-0"
+    models = seed / "recipe-masked_spans"  # another recipe's models, beside the world
     held = result["runs"][0]["held_out"]
     added = list(read_jsonl(seed / "edmem_toy-added.jsonl"))
     for model_dir in ("finetune", "grown-fitted"):
-        predictions = json.loads((seed / model_dir / "predict-added-free" / "free_predictions.json").read_text())
+        predictions = json.loads((models / model_dir / "predict-added-free" / "free_predictions.json").read_text())
         texts = [predictions[r["id"]].replace("<E_s>", "").replace("<E_e>", "").strip() for r in added]
         assert len(texts) == 6 * len(held) and all(texts)  # an answer to every question before it is scored
     assert set(result["summary"]["added"]) == {"before", *bench.ESTIMATORS, "writer_before", "writer"}
     # before adding, the memory cannot hold a new subject
     assert result["summary"]["added"]["before"]["memory_recall"]["mean"] == 0.0
     assert result["summary"]["added"]["writer_before"]["memory_recall"]["mean"] == 0.0
-    for trained_dir, estimators in (("finetune", bench.ESTIMATORS), ("finetune-writer", ["writer"])):
-        trained = EDMemForConditionalGeneration.from_pretrained(seed / trained_dir)
+    for trained_dir, estimators in (
+        ("finetune", bench.ESTIMATORS),
+        ("finetune-writer-row-autoencoding-0.5", ["writer"]),
+    ):
+        trained = EDMemForConditionalGeneration.from_pretrained(models / trained_dir)
         size = trained.config.entity_vocab_size
         for estimator in estimators:
-            grown = EDMemForConditionalGeneration.from_pretrained(seed / f"grown-{estimator}")
+            folder = "grown-writer-row-autoencoding-0.5" if estimator == "writer" else f"grown-{estimator}"
+            grown = EDMemForConditionalGeneration.from_pretrained(models / folder)
             assert grown.entity_vocab.names == trained.entity_vocab.names + held
             # only the new rows differ from the trained model; every other weight is the trained one
             for key, value in trained.state_dict().items():
@@ -134,30 +140,30 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
         assert figures["row_swap"]["questions"] > 0 and 0 <= figures["row_swap"]["follow"] <= 100
         assert set(figures["oracle_read"]) == {"plain", "oracle"} and set(figures["rewrite"]) == {"plain", "rewritten"}
         assert 0 <= figures["row_content"]["probe"] <= 100 and 0 <= figures["row_content"]["majority"] <= 100
-    trained = EDMemForConditionalGeneration.from_pretrained(seed / "finetune")
-    fitted = EDMemForConditionalGeneration.from_pretrained(seed / "grown-fitted").model.entity_embeddings.weight
-    mean = EDMemForConditionalGeneration.from_pretrained(seed / "grown-mean_query").model.entity_embeddings.weight
+    trained = EDMemForConditionalGeneration.from_pretrained(models / "finetune")
+    fitted = EDMemForConditionalGeneration.from_pretrained(models / "grown-fitted").model.entity_embeddings.weight
+    mean = EDMemForConditionalGeneration.from_pretrained(models / "grown-mean_query").model.entity_embeddings.weight
     assert not torch.allclose(fitted[size:], mean[size:])
     assert (out / "growth.png").stat().st_size > 0
     # the queries the rows-alone bound reads are the memory's own: their best rows are what the memory found
-    tokenizer = AutoTokenizer.from_pretrained(seed / "finetune")
+    tokenizer = AutoTokenizer.from_pretrained(models / "finetune")
     names, queries = bench.subject_queries(trained.eval(), tokenizer, seed / "edmem_toy-test.jsonl")
     table = trained.model.entity_embeddings.weight.detach()
     found = [trained.entity_vocab.name_of(int(i)) == name for i, name in zip((queries @ table.T).argmax(-1), names)]
-    assert found == bench.memory_hits(seed / "finetune", seed / "edmem_toy-test.jsonl")
+    assert found == bench.memory_hits(models / "finetune", seed / "edmem_toy-test.jsonl")
     bound = result["runs"][0]["results"]["rows_alone"]
     assert -1.0 <= bound["added_query_cosine_between_people"] <= 1.0
     assert 0.0 <= bound["added_recall_with_rows_from_their_questions"] <= 100.0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith(
-        f"RESULT seeds=1 people_added={len(held)} practice_people=3 pretrain_steps=30 written_table=0 "
+        f"RESULT seeds=1 people_added={len(held)} practice_people=3 pretrain_steps=30 written_table=0 row_autoencoding_share=0.5 "
     )
     for key in ("added_over_trained_em", "trained_em_change", "seconds_to_add_10_fitted", "seconds_to_add_10_mean",
                 "added_over_trained_em_with_floor", "added_recall", "row_swap_follow", "writer_cost_on_trained_em",
                 "seconds_to_add_10_writer", "estimator=writer", "trained_memory_recall_practice_rows_hidden_writer",
                 "practice_em_writer_before"):  # fmt: skip
         assert f" {key}" in last
-    _a_grown_model_recalls_and_answers_on_a_case_built_to_succeed(bench, seed, tmp_path)
+    _a_grown_model_recalls_and_answers_on_a_case_built_to_succeed(bench, seed, models, tmp_path)
     # a rerun reuses the answers and times only what is asked and not yet measured
     assert bench.main([*argv[:-1], "20", "--timed-estimators", "mean_query", "--no-plots"]) == 0
     timed = json.loads((out / "seconds_to_add.json").read_text())["toy_model"]
@@ -166,7 +172,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     )
 
 
-def _a_grown_model_recalls_and_answers_on_a_case_built_to_succeed(bench, seed, tmp_path):
+def _a_grown_model_recalls_and_answers_on_a_case_built_to_succeed(bench, seed, models, tmp_path):
     """The trained model grown with rows written from the very queries they will be asked with, measured as the
     experiment measures: an added person whose row is the memory's query at the question's subject is the memory's
     top entity there (`memory_hits`), and a new place whose row is the entity-linking head's query at that question
@@ -174,10 +180,10 @@ def _a_grown_model_recalls_and_answers_on_a_case_built_to_succeed(bench, seed, t
     record = next(r for r in read_jsonl(seed / "edmem_toy-added.jsonl") if r["relation"] == "born_in")
     person, asked = record["link_target"][0], tmp_path / "asked.jsonl"
     asked.write_text(json.dumps(record) + "\n")
-    tokenizer = AutoTokenizer.from_pretrained(seed / "finetune")
-    model = EDMemForConditionalGeneration.from_pretrained(seed / "finetune").eval()
+    tokenizer = AutoTokenizer.from_pretrained(models / "finetune")
+    model = EDMemForConditionalGeneration.from_pretrained(models / "finetune").eval()
     longest = 2 * model.model.entity_embeddings.weight.norm(dim=-1).max().item()  # the row outscores every other
-    assert bench.memory_hits(seed / "finetune", asked) == [False]
+    assert bench.memory_hits(models / "finetune", asked) == [False]
     _, query = bench.subject_queries(model, tokenizer, asked)
     add_entities(model, [person], rows=query / query.norm(dim=-1, keepdim=True) * longest)
     question = tokenizer([in_running_text(read_qa(asked, model.entity_vocab)["question"][0])], return_tensors="pt")

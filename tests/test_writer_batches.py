@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import random
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -133,6 +134,52 @@ def test_shares_of_written_rows(corpus):
     assert set(capped.choose(examples)[0]) <= chosen and len(capped(examples)["writer_input_ids"]) == 2
     with pytest.raises(ValueError, match="written_row_share"):
         writer_collator(corpus, written_row_share=1.5)
+
+
+def test_row_autoencoding_reads_a_written_row_alone(corpus):
+    """With row auto-encoding a share of the passages about a written entity is read as `<s> <E_s> <mask> <E_e>
+    </s>`, the first such entity's written row handed to the memory there, its target still the whole passage; the
+    other passages are untouched; and the LM loss of those rows alone trains the writer."""
+    plain = writer_collator(corpus, written_row_share=1.0, seed=2)
+    coded = writer_collator(corpus, written_row_share=1.0, seed=2, row_autoencoding_share=0.5)
+    tokenizer = plain.tokenizer
+    examples = [{**plain.passages[i], "example_index": i, "epoch": 0} for i in range(16)]
+    before, after = plain(examples), coded(examples)
+    assert torch.equal(before["labels"], after["labels"])  # the target: the whole passage
+    assert torch.equal(before["written_entity_ids"], after["written_entity_ids"])
+    alone = [tokenizer.bos_token_id, 5, tokenizer.mask_token_id, 6, tokenizer.eos_token_id]
+    written, coded_rows, kept_rows = before["written_entity_ids"], [], []
+    for row in range(len(examples)):
+        if after["input_ids"][row, :5].tolist() != alone:
+            for key in ("input_ids", "attention_mask", "entity_labels", "written_read_entity_ids"):
+                assert torch.equal(before[key][row], after[key][row]), key
+            kept_rows.append(row)
+            continue
+        coded_rows.append(row)
+        mentions = ((before["input_ids"][row] == 5) & torch.isin(before["entity_labels"][row], written)).nonzero()
+        assert (
+            int(after["attention_mask"][row].sum()) == 5
+            and (after["input_ids"][row, 5:] == tokenizer.pad_token_id).all()
+        )
+        assert (after["entity_labels"][row] == -100).all()  # nothing linked
+        handed = after["written_read_entity_ids"][row]
+        assert int(handed[1]) == int(before["entity_labels"][row, mentions[0, 0]]) and (handed[2:] == -100).all()
+    assert coded_rows and kept_rows
+    model = EDMemForConditionalGeneration(replace(coded.config, entity_row_writer=True)).train()
+    fields = (
+        "input_ids",
+        "attention_mask",
+        "labels",
+        "entity_labels",
+        "decoder_entity_labels",
+        "written_read_entity_ids",
+    )
+    batch = {key: after[key][coded_rows] for key in fields}
+    model(**batch, written_entity_ids=after["written_entity_ids"], writer_input_ids=after["writer_input_ids"],
+          writer_attention_mask=after["writer_attention_mask"]).loss.backward()  # fmt: skip
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.entity_writer.parameters())
+    with pytest.raises(ValueError, match="row_autoencoding_share"):
+        writer_collator(corpus, row_autoencoding_share=2.0)
 
 
 def test_pretraining_with_the_writer_resumes_exactly_and_writes_the_written_only_rows(corpus, tmp_path):

@@ -112,6 +112,13 @@ class PretrainingArguments:
             "(docs/model.md)."
         },
     )
+    row_autoencoding_share: float = field(
+        default=0.0,
+        metadata={
+            "help": "Share of the passages about a written entity read as its written row alone, the decoder "
+            "rebuilding the passage from it (row auto-encoding, docs/model.md)."
+        },
+    )
     writer_max_length: int = field(default=128, metadata={"help": "Tokens of a writer input, name and passage."})
     max_written_rows: int = field(default=32, metadata={"help": "Written rows a batch at most."})
     fresh_names: bool = field(
@@ -815,8 +822,9 @@ def _dataloaders(
         train_collator = QuestionsAndPassagesCollator(train_collator, EDMemSeq2SeqCollator(tokenizer.pad_token_id))
     if getattr(getattr(model, "config", None), "entity_row_writer", False):  # questions too read written rows
         train_collator = _writer_collator(args, train_collator, datasets["train"], tokenizer, model)
-    elif args.written_only_entities_file or args.written_table:
-        option = "--written_only_entities_file" if args.written_only_entities_file else "--written_table"
+    elif args.written_only_entities_file or args.written_table or args.row_autoencoding_share:
+        option = next(f"--{name}" for name in ("written_only_entities_file", "written_table", "row_autoencoding_share")
+                      if getattr(args, name))  # fmt: skip
         raise ValueError(f"{option} is an option of training the writer of entity rows; the model has none "
                          "(--entity_row_writer true)")  # fmt: skip
     sampler = _EpochShuffleSampler(len(train_set), seed=args.seed)
@@ -874,7 +882,7 @@ def _writer_collator(args: PretrainingArguments, base: Any, passages: Any, token
         model.entity_vocab.names, tokenizer, model.config, written_row_share=args.written_row_share,
         written_only_share=args.written_only_share, max_length=args.writer_max_length,
         max_written_rows=args.max_written_rows, fresh_names=args.fresh_names, seed=args.seed,
-        written_only_ids=practice,
+        written_only_ids=practice, row_autoencoding_share=args.row_autoencoding_share,
     )  # fmt: skip
 
 

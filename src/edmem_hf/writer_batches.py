@@ -95,10 +95,11 @@ class WriterCollator:
     fresh_names: bool = True
     seed: int = 0
     written_only_ids: Sequence[int] = ()
+    row_autoencoding_share: float = 0.0
     _name_ids: dict[int, list[int]] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("written_row_share", "written_only_share"):
+        for name in ("written_row_share", "written_only_share", "row_autoencoding_share"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         if self.max_written_rows < 1:
@@ -208,7 +209,36 @@ class WriterCollator:
         batch["writer_input_ids"] = torch.tensor([ids + [pad] * (width - len(ids)) for ids in inputs])
         batch["writer_attention_mask"] = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids in inputs])
         batch["written_read_entity_ids"] = self._masked_names(batch, batch["written_entity_ids"])
+        if self.row_autoencoding_share > 0:
+            self._autoencode(batch, examples)
         return batch
+
+    def _autoencode(self, batch: dict[str, torch.Tensor], examples: Sequence[dict]) -> None:
+        """Row auto-encoding (EMAT's key-value auto-encoding, for entity rows): for `row_autoencoding_share` of the
+        passages (not questions) that mention a written entity, the input becomes `<s> <E_s> <mask> <E_e> </s>` with the first such
+        entity's written row handed to the memory at its `<E_s>`, and the target stays the whole passage: the decoder
+        rebuilds a passage about the entity from its row alone (written from another passage), so that a row comes to
+        carry the entity's name and facts and the reader to take them. Nothing is linked in such an input."""
+        tokens = np.concatenate([np.asarray(example["input_ids"], dtype=np.int64) for example in examples])
+        rng = np.random.default_rng([self.seed, zlib.crc32(tokens.tobytes()), 0xAE])
+        input_ids, labels = batch["input_ids"], batch["entity_labels"]
+        start, written = self.config.entity_start_token_id, batch["written_entity_ids"]
+        handed = batch["written_read_entity_ids"]
+        alone = [self.tokenizer.bos_token_id, start, self.tokenizer.mask_token_id,
+                 self.config.entity_end_token_id, self.config.eos_token_id]  # fmt: skip
+        passages = sum("labels" not in example for example in examples)  # stacked first, before any question
+        for row in range(passages):
+            mentions = ((input_ids[row] == start) & torch.isin(labels[row], written)).nonzero()
+            if not len(mentions) or rng.random() >= self.row_autoencoding_share:
+                continue
+            entity = int(labels[row, mentions[0, 0]])
+            input_ids[row] = self.config.pad_token_id
+            input_ids[row, : len(alone)] = torch.tensor(alone)
+            batch["attention_mask"][row] = 0
+            batch["attention_mask"][row, : len(alone)] = 1
+            labels[row] = IGNORE_INDEX
+            handed[row] = IGNORE_INDEX
+            handed[row, 1] = entity
 
     def _masked_names(self, batch: dict[str, torch.Tensor], written: torch.Tensor) -> torch.Tensor:
         """`entity_labels` kept at each `<E_s>` of a written entity whose name (the tokens up to `<E_e>`) is all
