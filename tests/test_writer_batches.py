@@ -255,7 +255,8 @@ def test_named_written_only_entities_join_the_share(corpus, tmp_path):
     names_file.write_text("Nobody Anywhere\n", encoding="utf-8")
     with pytest.raises(ValueError, match="not in the entity vocabulary.*Nobody Anywhere"):
         _dataloaders(args, passages, tokenizer, 1, build_model(args, tokenizer, vocab))
-    for option in (dict(written_only_entities_file=str(names_file)), dict(written_table=True)):
+    for option in (dict(written_only_entities_file=str(names_file)), dict(written_table=True),
+                   dict(row_autoencoding_share=0.5)):  # fmt: skip
         plain = _args(corpus, tmp_path / "y", **option)
         with pytest.raises(ValueError, match=f"--{next(iter(option))} is an option of training the writer"):
             _dataloaders(plain, passages, tokenizer, 1, build_model(plain, tokenizer, vocab))

@@ -62,16 +62,17 @@ class WriterCollator:
     `input_ids`): the written entity at each `<E_s>` of the input whose name is all `<mask>`, where the encoder's
     memory reads the written row itself.
 
-    Each entity labelled in the batch's examples (`entity_labels`, `decoder_entity_labels`) is written when it is one of the
-    `written_only_share` of all entities (fixed by `seed`), or else with probability `written_row_share`, from a
-    passage of `passages` that mentions it and that the batch does not read (an example's `example_index` is its
+    Each entity labelled in the batch's examples (`entity_labels`, `decoder_entity_labels`) is written when it is one
+    of the `written_only_share` of all entities (fixed by `seed`), or else with probability `written_row_share`, from
+    a passage of `passages` that mentions it and that the batch does not read (an example's `example_index` is its
     passage in `passages`, as `edmem pretrain` gives it; a fine-tuning example, a question, is no passage). An
     entity with no such passage, or no name, keeps its table row. At most `max_written_rows` a batch, the written-
     only entities first. `written_only_ids` are written-only besides that share (practice entities: people that
     pre-training reads about only to teach the writer, docs/model.md). A written-only entity with a name of several
     words is renamed, in the examples and in its writer input, with the first word of one entity's name and the last
-    of another's (a name no entity has), when `fresh_names`. The choices are drawn from `seed` and the examples' tokens, so that a resumed run draws them again
-    as the uninterrupted one did.
+    of another's (a name no entity has), when `fresh_names`. With `row_autoencoding_share`, that share of the passages
+    about a written entity is read as the entity's written row alone (`_autoencode`). The choices are drawn from
+    `seed` and the examples' tokens, so that a resumed run draws them again as the uninterrupted one did.
 
     Args:
         base: the collator whose batch this extends.
@@ -163,9 +164,7 @@ class WriterCollator:
         read = {int(example["example_index"]) for example in examples if "example_index" in example}
         entities = sorted({int(label) for example in examples for key in ("entity_labels", "decoder_entity_labels")
                            for label in (example.get(key) or ()) if label != IGNORE_INDEX})  # fmt: skip
-        tokens = np.concatenate([np.asarray(example["input_ids"], dtype=np.int64) for example in examples])
-        epochs = [int(example.get("epoch", 0)) for example in examples]
-        rng = np.random.default_rng([self.seed, zlib.crc32(tokens.tobytes()), *epochs])
+        rng = self._batch_rng(examples, *(int(example.get("epoch", 0)) for example in examples))
         first, then = [], []
         for entity in entities:
             if self.names[entity] is None:
@@ -184,6 +183,12 @@ class WriterCollator:
                 if name is not None:
                     fresh[entity] = self._tokens_of_name(name)
         return chosen, fresh
+
+    def _batch_rng(self, examples: Sequence[dict], *salt: int) -> np.random.Generator:
+        """A generator drawn from `seed`, the examples' tokens and `salt`: a resumed run draws what the uninterrupted
+        one drew for the same batch."""
+        tokens = np.concatenate([np.asarray(example["input_ids"], dtype=np.int64) for example in examples])
+        return np.random.default_rng([self.seed, zlib.crc32(tokens.tobytes()), *salt])
 
     def _fresh_name(self, rng: np.random.Generator) -> str | None:
         """The first word of one entity's name and the last of another's, a name no entity has (None if ten draws
@@ -215,12 +220,12 @@ class WriterCollator:
 
     def _autoencode(self, batch: dict[str, torch.Tensor], examples: Sequence[dict]) -> None:
         """Row auto-encoding (EMAT's key-value auto-encoding, for entity rows): for `row_autoencoding_share` of the
-        passages (not questions) that mention a written entity, the input becomes `<s> <E_s> <mask> <E_e> </s>` with the first such
-        entity's written row handed to the memory at its `<E_s>`, and the target stays the whole passage: the decoder
-        rebuilds a passage about the entity from its row alone (written from another passage), so that a row comes to
-        carry the entity's name and facts and the reader to take them. Nothing is linked in such an input."""
-        tokens = np.concatenate([np.asarray(example["input_ids"], dtype=np.int64) for example in examples])
-        rng = np.random.default_rng([self.seed, zlib.crc32(tokens.tobytes()), 0xAE])
+        passages (not questions) that mention a written entity, the input becomes `<s> <E_s> <mask> <E_e> </s>` with
+        the first such entity's written row handed to the memory at its `<E_s>`, and the target stays the whole
+        passage: the decoder rebuilds a passage about the entity from its row alone (written from another passage),
+        so that a row comes to carry the entity's name and facts and the reader to take them. Nothing is linked in
+        such an input."""
+        rng = self._batch_rng(examples, 0xAE)
         input_ids, labels = batch["input_ids"], batch["entity_labels"]
         start, written = self.config.entity_start_token_id, batch["written_entity_ids"]
         handed = batch["written_read_entity_ids"]
