@@ -32,8 +32,9 @@ what it knows (`diagnostics`, for the default EDMem with mean-query rows and for
 people's rows swapped, the share of their answers that follow the row; *oracle read*, the added people's questions
 with the encoder's memory read forced onto the subject's new row (EM with finding solved); *rewrite*, the trained
 people's rows replaced by rows written from their passages (their EM kept); *row content*, a linear probe fitted on
-the trained people's rows reading the added people's occupation and field from theirs. Time to add 1,000 (and
-100,000) entities is measured.
+the trained people's rows reading the added people's occupation and field from theirs; for the writer, *written
+facts*, the shares of its rows' variance that a sentence's name and its fact explain, and a probe at the fact.
+Time to add 1,000 (and 100,000) entities is measured.
 
     python benchmarks/toy_world_growth.py --quick --out runs/growth-quick
     python benchmarks/toy_world_growth.py --out runs/growth
@@ -81,6 +82,7 @@ from toy_world_qa import (  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
 from edmem_hf import EDMemForConditionalGeneration, EntityVocab  # noqa: E402
+from edmem_hf.configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN  # noqa: E402
 from edmem_hf.corpus import build_corpus  # noqa: E402
 from edmem_hf.dump import iter_parsed_pages  # noqa: E402
 from edmem_hf.entity_growth import (  # noqa: E402
@@ -93,9 +95,13 @@ from edmem_hf.entity_growth import (  # noqa: E402
     pretraining_examples,
     write_rows_into_table,
     writer_inputs,
+    written_rows,
 )
 from edmem_hf.evaluation import strip_generation  # noqa: E402
 from edmem_hf.knowledge_world import (  # noqa: E402
+    FIELDS,
+    OCCUPATIONS,
+    TEMPLATES,
     KnowledgeWorldSettings,
     generate_knowledge_world,
     split_people,
@@ -517,6 +523,55 @@ def row_content(grown: Path, fit_files: list[Path], score_file: Path) -> dict[st
     return result
 
 
+def variance_shares_and_probe(rows: torch.Tensor) -> dict[str, float]:
+    """`rows` `(names, values, dim)`: rows written about each name with each value of one fact. The shares (%) of
+    the rows' variance explained by the name and by the value (two-way main effects), and a linear probe's accuracy
+    (%) at the value for the last third of the names, fitted on the others, beside chance."""
+    names, values, dim = rows.shape
+    total = rows.reshape(-1, dim).var(0, unbiased=False).sum()
+    by_name = rows.mean(1).var(0, unbiased=False).sum() / total
+    by_value = rows.mean(0).var(0, unbiased=False).sum() / total
+    fitted = names - names // 3
+    y = torch.arange(values).repeat(names, 1)
+    x = rows.float()
+    predicted = linear_probe(x[:fitted].reshape(-1, dim), y[:fitted].reshape(-1), x[fitted:].reshape(-1, dim), values)
+    return {"name_share": round(100 * by_name.item(), 2), "fact_share": round(100 * by_value.item(), 2),
+            "probe": round(100 * predicted.eq(y[fitted:].reshape(-1)).float().mean().item(), 2),
+            "chance": round(100 / values, 2)}  # fmt: skip
+
+
+WRITTEN_FACT_NAMES = 24
+
+
+def written_facts(model_dir: Path, seed: int) -> dict[str, float]:
+    """What a written row is made of: the writer's rows of one sentence, `<E_s> name <E_e>` in the world's first form
+    of a fact (`knowledge_world.TEMPLATES`), for `WRITTEN_FACT_NAMES` names made of the model's people's first and
+    last names (none of them a person's) and each of the fact's 16 values, for each of `PROBED_RELATIONS`
+    (`variance_shares_and_probe`, averaged over the relations). A row that says who and not what has a fact share
+    near 0 and a probe at chance, whatever the reader makes of it."""
+    model = EDMemForConditionalGeneration.from_pretrained(model_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    people = [name for name in model.entity_vocab.names if name is not None and len(name.split()) == 2]
+    firsts, lasts = sorted({p.split()[0] for p in people}), sorted({p.split()[1] for p in people})
+    rng = random.Random(seed)
+    names: list[str] = []
+    while len(names) < WRITTEN_FACT_NAMES:
+        name = f"{rng.choice(firsts)} {rng.choice(lasts)}"
+        if name not in people and name not in names:
+            names.append(name)
+    figures: dict[str, float] = {}
+    for relation in PROBED_RELATIONS:
+        form, values = TEMPLATES[relation][0], {"occupation": OCCUPATIONS, "field": FIELDS}[relation]
+        texts = [[form.format(S=f"{ENTITY_START_TOKEN} {name} {ENTITY_END_TOKEN}", V=value)]
+                 for name in names for value in values]  # fmt: skip
+        inputs = writer_inputs(model, [name for name in names for _ in values], texts, tokenizer)
+        shares = variance_shares_and_probe(written_rows(model, inputs).view(len(names), len(values), -1))
+        figures.update({f"{key}_{relation}": value for key, value in shares.items()})
+    for key in ("name_share", "fact_share", "probe", "chance"):
+        figures[key] = round(statistics.mean(figures[f"{key}_{r}"] for r in PROBED_RELATIONS), 2)
+    return figures
+
+
 def diagnostics(trained: Path, grown: Path, estimator: str, files: dict[str, Path], new_dump: str, seed: int,
                 out: Path) -> dict[str, dict[str, float]]:  # fmt: skip
     """The diagnostics of a trained model and of it grown by `estimator` (kept in `out`, not run again; one added
@@ -526,6 +581,8 @@ def diagnostics(trained: Path, grown: Path, estimator: str, files: dict[str, Pat
             "oracle_read": lambda: oracle_read(grown, files["added"]),
             "rewrite": lambda: rewrite(trained, files["test"], new_dump, estimator),
             "row_content": lambda: row_content(grown, [files["train"], files["test"]], files["added"])}  # fmt: skip
+    if estimator == WRITER:
+        todo["written_facts"] = lambda: written_facts(trained, seed)
     for name, measure in todo.items():
         if name not in result:
             result[name] = measure()

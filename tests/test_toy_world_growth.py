@@ -98,6 +98,21 @@ def test_the_row_probe_reads_a_fact_that_rows_carry_and_not_one_they_do_not(benc
     )
 
 
+def test_written_fact_figures_split_a_row_into_name_and_fact(bench):
+    """`variance_shares_and_probe`: rows made of a name code and a fact code give each its share of the variance, and
+    the probe reads the fact for names it was not fitted on only when the rows carry it (at chance otherwise)."""
+    generator = torch.Generator().manual_seed(0)
+    names, facts = torch.randn(12, 1, 32, generator=generator), torch.randn(1, 8, 32, generator=generator)
+    carrying = bench.variance_shares_and_probe(names + 0.5 * facts)  # the fact a quarter of the name's variance
+    assert 70.0 < carrying["name_share"] < 90.0 and carrying["probe"] >= 75.0
+    assert carrying["name_share"] + carrying["fact_share"] == pytest.approx(100.0, abs=0.1)
+    assert carrying["chance"] == 12.5
+    only_names = bench.variance_shares_and_probe(
+        names.expand(12, 8, 32) + 0.01 * torch.randn(12, 8, 32, generator=generator)
+    )
+    assert only_names["fact_share"] < 1.0 and only_names["name_share"] > 99.0 and only_names["probe"] <= 25.0
+
+
 def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     """A tiny world, a few steps: the model is grown by each estimator, decoded and scored, the plot drawn."""
     out = tmp_path / "run"
@@ -140,6 +155,9 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
         assert figures["row_swap"]["questions"] > 0 and 0 <= figures["row_swap"]["follow"] <= 100
         assert set(figures["oracle_read"]) == {"plain", "oracle"} and set(figures["rewrite"]) == {"plain", "rewritten"}
         assert 0 <= figures["row_content"]["probe"] <= 100 and 0 <= figures["row_content"]["majority"] <= 100
+    written = result["runs"][0]["results"]["diagnostics"]["writer"]["written_facts"]
+    assert 0 <= written["fact_share"] <= 100 and 0 <= written["name_share"] <= 100 and written["chance"] == 6.25
+    assert "written_facts" not in result["runs"][0]["results"]["diagnostics"]["default"]
     trained = EDMemForConditionalGeneration.from_pretrained(models / "finetune")
     fitted = EDMemForConditionalGeneration.from_pretrained(models / "grown-fitted").model.entity_embeddings.weight
     mean = EDMemForConditionalGeneration.from_pretrained(models / "grown-mean_query").model.entity_embeddings.weight
