@@ -139,6 +139,7 @@ class GrowthSettings:
     practice_people: int = 0
     written_table: bool = False  # the writer's model leaves pre-training with every row written (`--written_table`)
     row_autoencoding_share: float = 0.0  # the writer's training: passages read as their written row alone
+    row_autoencoding_written_only: bool = False  # ... only passages about written-only (practice) entities
     recipe: str = "paper"  # pre-training and fine-tuning levers of toy_world_qa's RECIPES (every model alike)
 
 
@@ -601,7 +602,10 @@ def writer_folder(settings: GrowthSettings) -> str:
     """The name in the folders of the writer's model (`pretrain-`, `finetune-`, `grown-`): a written table is a
     model of its own."""
     name = "writer-written-table" if settings.written_table else "writer"
-    return name + (f"-row-autoencoding-{settings.row_autoencoding_share}" if settings.row_autoencoding_share else "")
+    if settings.row_autoencoding_share:
+        name += f"-row-autoencoding-{settings.row_autoencoding_share}"
+        name += "-written-only" if settings.row_autoencoding_written_only else ""
+    return name
 
 
 def models_folder(seed_dir: Path, settings: GrowthSettings) -> Path:
@@ -634,7 +638,8 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
                                   written_only_share=settings.written_only_share,
                                   written_only_entities_file=data["practice_people"] and str(data["practice_people"]),
                                   written_table=settings.written_table,
-                                  row_autoencoding_share=settings.row_autoencoding_share)  # fmt: skip
+                                  row_autoencoding_share=settings.row_autoencoding_share,
+                                  row_autoencoding_written_only=settings.row_autoencoding_written_only)  # fmt: skip
         options = ("--writer_corpus", str(data["corpus"])) if settings.writer_in_finetuning else ()
         models[f"{WRITER}_before"] = finetune_model(writer, files["train"], out / f"finetune-{folder}", settings.qa, seed,
                                                     None, weight, options=options)  # fmt: skip
@@ -783,6 +788,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--row-autoencoding-share", type=float,
                         help="the writer's training: share of the passages about a written entity read as its "
                              "written row alone, the decoder rebuilding the passage (default: 0)")  # fmt: skip
+    parser.add_argument("--row-autoencoding-written-only", action=argparse.BooleanOptionalAction,
+                        help="row auto-encoding of passages about written-only (practice) entities only (default: off)")  # fmt: skip
     parser.add_argument("--recipe", choices=tuple(RECIPES),
                         help="toy_world_qa's pre-training and fine-tuning levers, for every model (default: paper); "
                              "another recipe's models go to seed-N/recipe-NAME")  # fmt: skip
@@ -791,7 +798,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = QUICK if args.quick else GrowthSettings()
     settings = replace(settings, qa=with_overrides(settings.qa, args))
     overrides = ("fit_steps", "continued_steps", "writer", "written_row_share", "written_only_share", "recipe")
-    for key in (*overrides, "practice_people", "written_table", "row_autoencoding_share"):
+    for key in (*overrides, "practice_people", "written_table", "row_autoencoding_share",
+                "row_autoencoding_written_only"):  # fmt: skip
         if getattr(args, key) is not None:
             settings = replace(settings, **{key: getattr(args, key)})
     if args.timed_additions is not None:
@@ -828,6 +836,7 @@ def main(argv: list[str] | None = None) -> int:
         f"pretrain_steps={settings.qa.pretrain_steps}",
         f"written_table={int(settings.written_table)}",
         f"row_autoencoding_share={settings.row_autoencoding_share}",
+        f"row_autoencoding_written_only={int(settings.row_autoencoding_written_only)}",
         f"added_questions={runs[0]['questions']['added']}",
         f"trained_questions={runs[0]['questions']['test']}",
     ]

@@ -119,6 +119,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     argv = ["--quick", "--out", str(out), "--num-people", "10", "--pretrain-steps", "30", "--finetune-epochs", "150",
             "--finetune-learning-rate", "1e-2", "--d-model", "32", "--fit-steps", "3",
             "--questions-in-batches", "--recipe", "masked_spans", "--practice-people", "3", "--row-autoencoding-share", "0.5",
+            "--row-autoencoding-written-only",
             "--timed-additions", "10"]  # fmt: skip
     assert bench.main(argv) == 0
     result = json.loads((out / "results.json").read_text())
@@ -136,12 +137,14 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     assert result["summary"]["added"]["writer_before"]["memory_recall"]["mean"] == 0.0
     for trained_dir, estimators in (
         ("finetune", bench.ESTIMATORS),
-        ("finetune-writer-row-autoencoding-0.5", ["writer"]),
+        ("finetune-writer-row-autoencoding-0.5-written-only", ["writer"]),
     ):
         trained = EDMemForConditionalGeneration.from_pretrained(models / trained_dir)
         size = trained.config.entity_vocab_size
         for estimator in estimators:
-            folder = "grown-writer-row-autoencoding-0.5" if estimator == "writer" else f"grown-{estimator}"
+            folder = (
+                "grown-writer-row-autoencoding-0.5-written-only" if estimator == "writer" else f"grown-{estimator}"
+            )
             grown = EDMemForConditionalGeneration.from_pretrained(models / folder)
             assert grown.entity_vocab.names == trained.entity_vocab.names + held
             # only the new rows differ from the trained model; every other weight is the trained one
@@ -175,6 +178,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith(
         f"RESULT seeds=1 people_added={len(held)} practice_people=3 pretrain_steps=30 written_table=0 row_autoencoding_share=0.5 "
+        "row_autoencoding_written_only=1 "
     )
     for key in ("added_over_trained_em", "trained_em_change", "seconds_to_add_10_fitted", "seconds_to_add_10_mean",
                 "added_over_trained_em_with_floor", "added_recall", "row_swap_follow", "writer_cost_on_trained_em",

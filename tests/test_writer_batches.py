@@ -256,10 +256,33 @@ def test_named_written_only_entities_join_the_share(corpus, tmp_path):
     with pytest.raises(ValueError, match="not in the entity vocabulary.*Nobody Anywhere"):
         _dataloaders(args, passages, tokenizer, 1, build_model(args, tokenizer, vocab))
     for option in (dict(written_only_entities_file=str(names_file)), dict(written_table=True),
-                   dict(row_autoencoding_share=0.5)):  # fmt: skip
+                   dict(row_autoencoding_share=0.5), dict(row_autoencoding_written_only=True)):  # fmt: skip
         plain = _args(corpus, tmp_path / "y", **option)
         with pytest.raises(ValueError, match=f"--{next(iter(option))} is an option of training the writer"):
             _dataloaders(plain, passages, tokenizer, 1, build_model(plain, tokenizer, vocab))
+
+
+def test_row_autoencoding_of_written_only_entities_leaves_the_others_passages_alone(corpus):
+    """With `row_autoencoding_written_only`, a passage is read as a written row alone only for a written-only entity:
+    every row handed in an auto-encoded input is one, and passages about other written entities are untouched."""
+    settings = dict(written_row_share=1.0, written_only_share=0.3, seed=2, row_autoencoding_share=1.0)
+    plain = writer_collator(corpus, **{**settings, "row_autoencoding_share": 0.0})
+    coded = writer_collator(corpus, **settings, row_autoencoding_written_only=True)
+    examples = [{**plain.passages[i], "example_index": i, "epoch": 0} for i in range(16)]
+    before, after = plain(examples), coded(examples)
+    written = before["written_entity_ids"]
+    written_only = written[torch.from_numpy(coded.written_only)[written]]
+    assert 0 < len(written_only) < len(written)  # both kinds are written in this batch
+    coded_rows = []
+    for row in range(len(examples)):
+        about = before["entity_labels"][row][before["input_ids"][row] == 5]
+        if torch.isin(about, written_only).any():  # every such passage is auto-encoded (share 1.0)
+            assert int(after["attention_mask"][row].sum()) == 5
+            assert int(after["written_read_entity_ids"][row, 1]) in written_only.tolist()
+            coded_rows.append(row)
+        else:
+            assert torch.equal(before["input_ids"][row], after["input_ids"][row])
+    assert coded_rows and len(coded_rows) < len(examples)
 
 
 def test_a_written_table_is_every_entity_row_written_from_its_passages(corpus, tmp_path):

@@ -119,6 +119,13 @@ class PretrainingArguments:
             "rebuilding the passage from it (row auto-encoding, docs/model.md)."
         },
     )
+    row_autoencoding_written_only: bool = field(
+        default=False,
+        metadata={
+            "help": "Row auto-encoding reads only passages about written-only entities (practice entities), whose "
+            "facts no layer holds (docs/model.md)."
+        },
+    )
     writer_max_length: int = field(default=128, metadata={"help": "Tokens of a writer input, name and passage."})
     max_written_rows: int = field(default=32, metadata={"help": "Written rows a batch at most."})
     fresh_names: bool = field(
@@ -822,9 +829,8 @@ def _dataloaders(
         train_collator = QuestionsAndPassagesCollator(train_collator, EDMemSeq2SeqCollator(tokenizer.pad_token_id))
     if getattr(getattr(model, "config", None), "entity_row_writer", False):  # questions too read written rows
         train_collator = _writer_collator(args, train_collator, datasets["train"], tokenizer, model)
-    elif args.written_only_entities_file or args.written_table or args.row_autoencoding_share:
-        option = next(f"--{name}" for name in ("written_only_entities_file", "written_table", "row_autoencoding_share")
-                      if getattr(args, name))  # fmt: skip
+    elif any(getattr(args, name) for name in _WRITER_TRAINING_OPTIONS):
+        option = next(f"--{name}" for name in _WRITER_TRAINING_OPTIONS if getattr(args, name))
         raise ValueError(f"{option} is an option of training the writer of entity rows; the model has none "
                          "(--entity_row_writer true)")  # fmt: skip
     sampler = _EpochShuffleSampler(len(train_set), seed=args.seed)
@@ -862,6 +868,15 @@ def _dataloaders(
     return sampler, train_dl, eval_dl
 
 
+# options that only a model with a writer of entity rows can take (an error names the first one given otherwise)
+_WRITER_TRAINING_OPTIONS = (
+    "written_only_entities_file",
+    "written_table",
+    "row_autoencoding_share",
+    "row_autoencoding_written_only",
+)
+
+
 def _writer_collator(args: PretrainingArguments, base: Any, passages: Any, tokenizer: Any, model: Any) -> Any:
     """`base` extended with written rows from the train split (`writer_batches.WriterCollator`)."""
     from .writer_batches import EntityPassages, WriterCollator
@@ -883,6 +898,7 @@ def _writer_collator(args: PretrainingArguments, base: Any, passages: Any, token
         written_only_share=args.written_only_share, max_length=args.writer_max_length,
         max_written_rows=args.max_written_rows, fresh_names=args.fresh_names, seed=args.seed,
         written_only_ids=practice, row_autoencoding_share=args.row_autoencoding_share,
+        row_autoencoding_written_only=args.row_autoencoding_written_only,
     )  # fmt: skip
 
 

@@ -71,7 +71,8 @@ class WriterCollator:
     pre-training reads about only to teach the writer, docs/model.md). A written-only entity with a name of several
     words is renamed, in the examples and in its writer input, with the first word of one entity's name and the last
     of another's (a name no entity has), when `fresh_names`. With `row_autoencoding_share`, that share of the passages
-    about a written entity is read as the entity's written row alone (`_autoencode`). The choices are drawn from
+    about a written entity (a written-only one, with `row_autoencoding_written_only`) is read as the entity's written
+    row alone (`_autoencode`). The choices are drawn from
     `seed` and the examples' tokens, so that a resumed run draws them again as the uninterrupted one did.
 
     Args:
@@ -97,6 +98,7 @@ class WriterCollator:
     seed: int = 0
     written_only_ids: Sequence[int] = ()
     row_autoencoding_share: float = 0.0
+    row_autoencoding_written_only: bool = False
     _name_ids: dict[int, list[int]] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -224,10 +226,14 @@ class WriterCollator:
         the first such entity's written row handed to the memory at its `<E_s>`, and the target stays the whole
         passage: the decoder rebuilds a passage about the entity from its row alone (written from another passage),
         so that a row comes to carry the entity's name and facts and the reader to take them. Nothing is linked in
-        such an input."""
+        such an input. With `row_autoencoding_written_only`, only passages about written-only entities are: an
+        entity trained on has its facts in the layers, and a decoder rebuilding its passage needs only who the row
+        is, not what it says."""
         rng = self._batch_rng(examples, 0xAE)
         input_ids, labels = batch["input_ids"], batch["entity_labels"]
         start, written = self.config.entity_start_token_id, batch["written_entity_ids"]
+        if self.row_autoencoding_written_only:
+            written = written[torch.from_numpy(self.written_only)[written]]
         handed = batch["written_read_entity_ids"]
         alone = [self.tokenizer.bos_token_id, start, self.tokenizer.mask_token_id,
                  self.config.entity_end_token_id, self.config.eos_token_id]  # fmt: skip
