@@ -471,7 +471,7 @@ def rewrite(model_dir: Path, data_file: Path, new_dump: str, estimator: str) -> 
 
 
 # Literal facts of 16 values each: enough people share a value for a linear probe to be fitted on 80 people.
-PROBED_RELATIONS = ("occupation", "field")
+PROBED_RELATIONS = {"occupation": OCCUPATIONS, "field": FIELDS}
 
 
 def _facts_by_person(data_files: list[Path], relation: str) -> dict[str, str]:
@@ -528,14 +528,15 @@ def variance_shares_and_probe(rows: torch.Tensor) -> dict[str, float]:
     """`rows` `(names, values, dim)`: rows written about each name with each value of one fact. The shares (%) of
     the rows' variance explained by the name and by the value (two-way main effects), and a linear probe's accuracy
     (%) at the value for the last third of the names, fitted on the others, beside chance."""
+    rows = rows.float()
     names, values, dim = rows.shape
     total = rows.reshape(-1, dim).var(0, unbiased=False).sum()
     by_name = rows.mean(1).var(0, unbiased=False).sum() / total
     by_value = rows.mean(0).var(0, unbiased=False).sum() / total
     fitted = names - names // 3
     y = torch.arange(values).repeat(names, 1)
-    x = rows.float()
-    predicted = linear_probe(x[:fitted].reshape(-1, dim), y[:fitted].reshape(-1), x[fitted:].reshape(-1, dim), values)
+    predicted = linear_probe(rows[:fitted].reshape(-1, dim), y[:fitted].reshape(-1), rows[fitted:].reshape(-1, dim),
+                             values)  # fmt: skip
     return {"name_share": round(100 * by_name.item(), 2), "fact_share": round(100 * by_value.item(), 2),
             "probe": round(100 * predicted.eq(y[fitted:].reshape(-1)).float().mean().item(), 2),
             "chance": round(100 / values, 2)}  # fmt: skip
@@ -547,22 +548,25 @@ WRITTEN_FACT_NAMES = 24
 def written_facts(model_dir: Path, seed: int) -> dict[str, float]:
     """What a written row is made of: the writer's rows of one sentence, `<E_s> name <E_e>` in the world's first form
     of a fact (`knowledge_world.TEMPLATES`), for `WRITTEN_FACT_NAMES` names made of the model's people's first and
-    last names (none of them a person's) and each of the fact's 16 values, for each of `PROBED_RELATIONS`
-    (`variance_shares_and_probe`, averaged over the relations). A row that says who and not what has a fact share
-    near 0 and a probe at chance, whatever the reader makes of it."""
+    last names (none of them a person's; fewer when the names allow fewer, at least 3) and each of the fact's 16
+    values, for each of `PROBED_RELATIONS` (`variance_shares_and_probe`, averaged over the relations). A row that
+    says who and not what has a fact share near 0 and a probe at chance, whatever the reader makes of it."""
     model = EDMemForConditionalGeneration.from_pretrained(model_dir).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    people = [name for name in model.entity_vocab.names if name is not None and len(name.split()) == 2]
+    people = {name for name in model.entity_vocab.names if name is not None and len(name.split()) == 2}
     firsts, lasts = sorted({p.split()[0] for p in people}), sorted({p.split()[1] for p in people})
+    wanted = min(WRITTEN_FACT_NAMES, sum(f"{first} {last}" not in people for first in firsts for last in lasts))
+    if wanted < 3:
+        raise ValueError(f"written_facts needs 3 names no person has; {model_dir}'s people's names give {wanted}")
     rng = random.Random(seed)
     names: list[str] = []
-    while len(names) < WRITTEN_FACT_NAMES:
+    while len(names) < wanted:
         name = f"{rng.choice(firsts)} {rng.choice(lasts)}"
         if name not in people and name not in names:
             names.append(name)
     figures: dict[str, float] = {}
-    for relation in PROBED_RELATIONS:
-        form, values = TEMPLATES[relation][0], {"occupation": OCCUPATIONS, "field": FIELDS}[relation]
+    for relation, values in PROBED_RELATIONS.items():
+        form = TEMPLATES[relation][0]
         texts = [[form.format(S=f"{ENTITY_START_TOKEN} {name} {ENTITY_END_TOKEN}", V=value)]
                  for name in names for value in values]  # fmt: skip
         inputs = writer_inputs(model, [name for name in names for _ in values], texts, tokenizer)

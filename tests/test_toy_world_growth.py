@@ -18,7 +18,7 @@ from edmem_hf.dump import iter_parsed_pages
 from edmem_hf.entity_growth import add_entities
 from edmem_hf.task_features import in_running_text
 from edmem_hf.tasks import exact_match, read_jsonl, read_qa
-from tiny_models import load_benchmark, tiny_model
+from tiny_models import load_benchmark, tiny_model, tiny_model_with_entities
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +111,16 @@ def test_written_fact_figures_split_a_row_into_name_and_fact(bench):
         names.expand(12, 8, 32) + 0.01 * torch.randn(12, 8, 32, generator=generator)
     )
     assert only_names["fact_share"] < 1.0 and only_names["name_share"] > 99.0 and only_names["probe"] <= 25.0
+
+
+def test_written_facts_says_when_the_names_allow_too_few_new_ones(bench, tmp_path):
+    """`written_facts` makes its names of the people's first and last names; when every combination is a person's
+    there is nothing to write, and it says so instead of drawing forever."""
+    model, tokenizer, names, _ = tiny_model_with_entities(num_entities=2, words=["Ann", "Lee", "Bob", "Lee"])
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    with pytest.raises(ValueError, match="written_facts needs 3 names no person has.* give 0"):
+        bench.written_facts(tmp_path / "model", seed=0)
 
 
 def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
