@@ -180,6 +180,8 @@ def test_row_autoencoding_reads_a_written_row_alone(corpus):
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.entity_writer.parameters())
     with pytest.raises(ValueError, match="row_autoencoding_share"):
         writer_collator(corpus, row_autoencoding_share=2.0)
+    with pytest.raises(ValueError, match="row_autoencoding_written_only limits row auto-encoding, which is off"):
+        writer_collator(corpus, row_autoencoding_written_only=True)
 
 
 def test_pretraining_with_the_writer_resumes_exactly_and_writes_the_written_only_rows(corpus, tmp_path):

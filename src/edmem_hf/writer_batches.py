@@ -105,6 +105,9 @@ class WriterCollator:
         for name in ("written_row_share", "written_only_share", "row_autoencoding_share"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.row_autoencoding_written_only and not self.row_autoencoding_share:
+            raise ValueError("row_autoencoding_written_only limits row auto-encoding, which is off: give "
+                             "row_autoencoding_share > 0")  # fmt: skip
         if self.max_written_rows < 1:
             raise ValueError(f"max_written_rows must be >= 1, got {self.max_written_rows}")
         if len(self.names) != self.config.entity_vocab_size:
