@@ -795,6 +795,15 @@ def _given_or_new_model(args: PretrainingArguments, model: Any, tokenizer: Any, 
     return model
 
 
+# options that only a model with a writer of entity rows can take (an error names the first one given otherwise)
+_WRITER_TRAINING_OPTIONS = (
+    "written_only_entities_file",
+    "written_table",
+    "row_autoencoding_share",
+    "row_autoencoding_written_only",
+)
+
+
 def _dataloaders(
     args: PretrainingArguments, datasets: Any, tokenizer: Any, num_processes: int, model: Any = None
 ) -> tuple[_EpochShuffleSampler, DataLoader, DataLoader | None]:
@@ -866,15 +875,6 @@ def _dataloaders(
         generator=torch.Generator().manual_seed(0),
     )
     return sampler, train_dl, eval_dl
-
-
-# options that only a model with a writer of entity rows can take (an error names the first one given otherwise)
-_WRITER_TRAINING_OPTIONS = (
-    "written_only_entities_file",
-    "written_table",
-    "row_autoencoding_share",
-    "row_autoencoding_written_only",
-)
 
 
 def _writer_collator(args: PretrainingArguments, base: Any, passages: Any, tokenizer: Any, model: Any) -> Any:
