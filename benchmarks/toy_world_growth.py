@@ -140,6 +140,7 @@ class GrowthSettings:
     written_table: bool = False  # the writer's model leaves pre-training with every row written (`--written_table`)
     row_autoencoding_share: float = 0.0  # the writer's training: passages read as their written row alone
     row_autoencoding_written_only: bool = False  # ... only passages about written-only (practice) entities
+    writer_passages_by_mentions: bool = False  # the writer's training writes from passages that mention most
     recipe: str = "paper"  # pre-training and fine-tuning levers of toy_world_qa's RECIPES (every model alike)
 
 
@@ -545,24 +546,24 @@ def variance_shares_and_probe(rows: torch.Tensor) -> dict[str, float]:
 WRITTEN_FACT_NAMES = 24
 
 
-def written_facts(model_dir: Path, seed: int) -> dict[str, float]:
+def written_facts(model_dir: Path, people: set[str], seed: int) -> dict[str, float]:
     """What a written row is made of: the writer's rows of one sentence, `<E_s> name <E_e>` in the world's first form
-    of a fact (`knowledge_world.TEMPLATES`), for `WRITTEN_FACT_NAMES` names made of the model's people's first and
-    last names (none of them a person's; fewer when the names allow fewer, at least 3) and each of the fact's 16
+    of a fact (`knowledge_world.TEMPLATES`), for `WRITTEN_FACT_NAMES` names made of the first and last names of
+    `people` (none of them an entity's; fewer when the names allow fewer, at least 3) and each of the fact's 16
     values, for each of `PROBED_RELATIONS` (`variance_shares_and_probe`, averaged over the relations). A row that
     says who and not what has a fact share near 0 and a probe at chance, whatever the reader makes of it."""
     model = EDMemForConditionalGeneration.from_pretrained(model_dir).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    people = {name for name in model.entity_vocab.names if name is not None and len(name.split()) == 2}
-    firsts, lasts = sorted({p.split()[0] for p in people}), sorted({p.split()[1] for p in people})
-    wanted = min(WRITTEN_FACT_NAMES, sum(f"{first} {last}" not in people for first in firsts for last in lasts))
+    taken = set(model.entity_vocab.names) | people
+    firsts, lasts = sorted({p.split()[0] for p in people}), sorted({p.split()[-1] for p in people})
+    wanted = min(WRITTEN_FACT_NAMES, sum(f"{first} {last}" not in taken for first in firsts for last in lasts))
     if wanted < 3:
-        raise ValueError(f"written_facts needs 3 names no person has; {model_dir}'s people's names give {wanted}")
+        raise ValueError(f"written_facts needs 3 names no entity has; the people's names give {wanted}")
     rng = random.Random(seed)
     names: list[str] = []
     while len(names) < wanted:
         name = f"{rng.choice(firsts)} {rng.choice(lasts)}"
-        if name not in people and name not in names:
+        if name not in taken and name not in names:
             names.append(name)
     figures: dict[str, float] = {}
     for relation, values in PROBED_RELATIONS.items():
@@ -587,7 +588,10 @@ def diagnostics(trained: Path, grown: Path, estimator: str, files: dict[str, Pat
             "rewrite": lambda: rewrite(trained, files["test"], new_dump, estimator),
             "row_content": lambda: row_content(grown, [files["train"], files["test"]], files["added"])}  # fmt: skip
     if estimator == WRITER:
-        todo["written_facts"] = lambda: written_facts(trained, seed)
+        people = {
+            p for r in PROBED_RELATIONS for p in _facts_by_person([files[s] for s in ("train", "test", "added")], r)
+        }
+        todo["written_facts"] = lambda: written_facts(trained, people, seed)
     for name, measure in todo.items():
         if name not in result:
             result[name] = measure()
@@ -609,7 +613,7 @@ def writer_folder(settings: GrowthSettings) -> str:
     if settings.row_autoencoding_share:
         name += f"-row-autoencoding-{settings.row_autoencoding_share}"
         name += "-written-only" if settings.row_autoencoding_written_only else ""
-    return name
+    return name + ("-by-mentions" if settings.writer_passages_by_mentions else "")
 
 
 def models_folder(seed_dir: Path, settings: GrowthSettings) -> Path:
@@ -643,7 +647,8 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
                                   written_only_entities_file=data["practice_people"] and str(data["practice_people"]),
                                   written_table=settings.written_table,
                                   row_autoencoding_share=settings.row_autoencoding_share,
-                                  row_autoencoding_written_only=settings.row_autoencoding_written_only)  # fmt: skip
+                                  row_autoencoding_written_only=settings.row_autoencoding_written_only,
+                                  writer_passages_by_mentions=settings.writer_passages_by_mentions)  # fmt: skip
         options = ("--writer_corpus", str(data["corpus"])) if settings.writer_in_finetuning else ()
         models[f"{WRITER}_before"] = finetune_model(writer, files["train"], out / f"finetune-{folder}", settings.qa, seed,
                                                     None, weight, options=options)  # fmt: skip
@@ -794,6 +799,9 @@ def main(argv: list[str] | None = None) -> int:
                              "written row alone, the decoder rebuilding the passage (default: 0)")  # fmt: skip
     parser.add_argument("--row-autoencoding-written-only", action=argparse.BooleanOptionalAction,
                         help="row auto-encoding of passages about written-only (practice) entities only (default: off)")  # fmt: skip
+    parser.add_argument("--writer-passages-by-mentions", action=argparse.BooleanOptionalAction,
+                        help="the writer's training draws the passage a row is written from in proportion to its "
+                             "mentions of the entity (default: off, uniformly)")  # fmt: skip
     parser.add_argument("--recipe", choices=tuple(RECIPES),
                         help="toy_world_qa's pre-training and fine-tuning levers, for every model (default: paper); "
                              "another recipe's models go to seed-N/recipe-NAME")  # fmt: skip
@@ -803,7 +811,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = replace(settings, qa=with_overrides(settings.qa, args))
     overrides = ("fit_steps", "continued_steps", "writer", "written_row_share", "written_only_share", "recipe")
     for key in (*overrides, "practice_people", "written_table", "row_autoencoding_share",
-                "row_autoencoding_written_only"):  # fmt: skip
+                "row_autoencoding_written_only", "writer_passages_by_mentions"):  # fmt: skip
         if getattr(args, key) is not None:
             settings = replace(settings, **{key: getattr(args, key)})
     if args.timed_additions is not None:
@@ -841,6 +849,7 @@ def main(argv: list[str] | None = None) -> int:
         f"written_table={int(settings.written_table)}",
         f"row_autoencoding_share={settings.row_autoencoding_share}",
         f"row_autoencoding_written_only={int(settings.row_autoencoding_written_only)}",
+        f"writer_passages_by_mentions={int(settings.writer_passages_by_mentions)}",
         f"added_questions={runs[0]['questions']['added']}",
         f"trained_questions={runs[0]['questions']['test']}",
     ]

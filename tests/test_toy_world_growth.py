@@ -114,13 +114,16 @@ def test_written_fact_figures_split_a_row_into_name_and_fact(bench):
 
 
 def test_written_facts_says_when_the_names_allow_too_few_new_ones(bench, tmp_path):
-    """`written_facts` makes its names of the people's first and last names; when every combination is a person's
-    there is nothing to write, and it says so instead of drawing forever."""
-    model, tokenizer, names, _ = tiny_model_with_entities(num_entities=2, words=["Ann", "Lee", "Bob", "Lee"])
+    """`written_facts` makes its names of the people's first and last names, not of other entities' (a lab's last
+    word is no surname); when the combinations are all taken there is nothing to write, and it says so instead of
+    drawing forever."""
+    words = ["Ann", "Lee", "Bob", "Lee", "Acme", "Labs"]
+    model, tokenizer, names, _ = tiny_model_with_entities(num_entities=3, words=words)
     model.save_pretrained(tmp_path / "model")
     tokenizer.save_pretrained(tmp_path / "model")
-    with pytest.raises(ValueError, match="written_facts needs 3 names no person has.* give 0"):
-        bench.written_facts(tmp_path / "model", seed=0)
+    people = {"Ann Lee", "Bob Lee"}  # "Acme Labs" is an entity, not a person
+    with pytest.raises(ValueError, match="written_facts needs 3 names no entity has.* give 0"):
+        bench.written_facts(tmp_path / "model", people, seed=0)
 
 
 def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
@@ -129,7 +132,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     argv = ["--quick", "--out", str(out), "--num-people", "10", "--pretrain-steps", "30", "--finetune-epochs", "150",
             "--finetune-learning-rate", "1e-2", "--d-model", "32", "--fit-steps", "3",
             "--questions-in-batches", "--recipe", "masked_spans", "--practice-people", "3", "--row-autoencoding-share", "0.5",
-            "--row-autoencoding-written-only",
+            "--row-autoencoding-written-only", "--writer-passages-by-mentions",
             "--timed-additions", "10"]  # fmt: skip
     assert bench.main(argv) == 0
     result = json.loads((out / "results.json").read_text())
@@ -147,13 +150,15 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     assert result["summary"]["added"]["writer_before"]["memory_recall"]["mean"] == 0.0
     for trained_dir, estimators in (
         ("finetune", bench.ESTIMATORS),
-        ("finetune-writer-row-autoencoding-0.5-written-only", ["writer"]),
+        ("finetune-writer-row-autoencoding-0.5-written-only-by-mentions", ["writer"]),
     ):
         trained = EDMemForConditionalGeneration.from_pretrained(models / trained_dir)
         size = trained.config.entity_vocab_size
         for estimator in estimators:
             folder = (
-                "grown-writer-row-autoencoding-0.5-written-only" if estimator == "writer" else f"grown-{estimator}"
+                "grown-writer-row-autoencoding-0.5-written-only-by-mentions"
+                if estimator == "writer"
+                else f"grown-{estimator}"
             )
             grown = EDMemForConditionalGeneration.from_pretrained(models / folder)
             assert grown.entity_vocab.names == trained.entity_vocab.names + held
@@ -188,7 +193,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith(
         f"RESULT seeds=1 people_added={len(held)} practice_people=3 pretrain_steps=30 written_table=0 row_autoencoding_share=0.5 "
-        "row_autoencoding_written_only=1 "
+        "row_autoencoding_written_only=1 writer_passages_by_mentions=1 "
     )
     for key in ("added_over_trained_em", "trained_em_change", "seconds_to_add_10_fitted", "seconds_to_add_10_mean",
                 "added_over_trained_em_with_floor", "added_recall", "row_swap_follow", "writer_cost_on_trained_em",

@@ -9,6 +9,7 @@ import random
 import sys
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 from datasets import load_from_disk
@@ -50,8 +51,9 @@ def writer_collator(corpus, **settings) -> WriterCollator:
                           config, **settings)  # fmt: skip
 
 
-def test_a_row_is_never_written_from_a_passage_the_batch_reads(corpus):
-    collator = writer_collator(corpus, written_row_share=1.0, max_written_rows=64)
+@pytest.mark.parametrize("by_mentions", [False, True])
+def test_a_row_is_never_written_from_a_passage_the_batch_reads(corpus, by_mentions):
+    collator = writer_collator(corpus, written_row_share=1.0, max_written_rows=64, passages_by_mentions=by_mentions)
     passages = collator.passages
     rng = random.Random(0)
     written = handed_reads = 0
@@ -258,10 +260,45 @@ def test_named_written_only_entities_join_the_share(corpus, tmp_path):
     with pytest.raises(ValueError, match="not in the entity vocabulary.*Nobody Anywhere"):
         _dataloaders(args, passages, tokenizer, 1, build_model(args, tokenizer, vocab))
     for option in (dict(written_only_entities_file=str(names_file)), dict(written_table=True),
-                   dict(row_autoencoding_share=0.5), dict(row_autoencoding_written_only=True)):  # fmt: skip
+                   dict(row_autoencoding_share=0.5), dict(row_autoencoding_written_only=True),
+                   dict(writer_passages_by_mentions=True)):  # fmt: skip
         plain = _args(corpus, tmp_path / "y", **option)
         with pytest.raises(ValueError, match=f"--{next(iter(option))} is an option of training the writer"):
             _dataloaders(plain, passages, tokenizer, 1, build_model(plain, tokenizer, vocab))
+
+
+def test_passages_by_mentions_are_drawn_in_proportion_to_the_entity_s_mentions():
+    """`passages_by_mentions`: a row is written from a passage in proportion to how often it mentions the entity
+    (its own page most), never from one the batch reads; the written table takes the passages that mention it most."""
+    from edmem_hf.writer_batches import _passage_not_read
+
+    # entity 0 is mentioned once in passage 3, four times in passage 5, five times in passage 8; entity 1 in 5
+    index = EntityPassages(np.array([3, 5, 5, 5, 5, 8, 8, 8, 8, 8, 5]), np.array([0] * 10 + [1]), num_entities=2)
+    assert index.of(0).tolist() == [3, 5, 8] and index.mentions_of(0).tolist() == [1, 4, 5]
+    assert index.most_mentioning(0, 2).tolist() == [8, 5] and index.of(1).tolist() == [5]
+    rng = np.random.default_rng(0)
+    draws = [_passage_not_read(index.of(0), set(), rng, index.mentions_of(0)) for _ in range(5000)]
+    shares = {p: draws.count(p) / len(draws) for p in (3, 5, 8)}
+    assert shares == pytest.approx({3: 0.1, 5: 0.4, 8: 0.5}, abs=0.03)
+    uniform = [_passage_not_read(index.of(0), set(), rng) for _ in range(3000)]
+    assert uniform.count(3) / len(uniform) == pytest.approx(1 / 3, abs=0.03)
+    assert {_passage_not_read(index.of(0), {8, 5}, rng, index.mentions_of(0)) for _ in range(50)} == {3}
+    assert _passage_not_read(index.of(0), {3, 5, 8}, rng, index.mentions_of(0)) is None
+
+
+def test_the_written_table_by_mentions_takes_the_passages_that_mention_most(corpus):
+    plain = writer_collator(corpus)
+    by_mentions = writer_collator(corpus, passages_by_mentions=True)
+    index = plain.entity_passages
+    ids, inputs = by_mentions.rows_to_write(every_entity=True, max_passages=2)
+    differ = 0
+    for entity, written in zip(ids, inputs):
+        most = index.most_mentioning(entity, 2)
+        assert written == [plain.writer_input(entity, passage) for passage in most]
+        kept = index.mentions_of(entity)[np.isin(index.of(entity), most)]
+        assert kept.min() >= np.delete(index.mentions_of(entity), np.isin(index.of(entity), most)).max(initial=0)
+        differ += not np.array_equal(np.sort(most), index.of(entity)[:2])
+    assert differ > 0  # this corpus has entities whose first passages are not those that mention them most
 
 
 def test_row_autoencoding_of_written_only_entities_leaves_the_others_passages_alone(corpus):

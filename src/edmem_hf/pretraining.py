@@ -126,6 +126,14 @@ class PretrainingArguments:
             "facts no layer holds (docs/model.md)."
         },
     )
+    writer_passages_by_mentions: bool = field(
+        default=False,
+        metadata={
+            "help": "Draw the passage a row is written from in proportion to how often it mentions the entity (its "
+            "own page most), not uniformly, and write the table from the passages that mention it most "
+            "(docs/model.md)."
+        },
+    )
     writer_max_length: int = field(default=128, metadata={"help": "Tokens of a writer input, name and passage."})
     max_written_rows: int = field(default=32, metadata={"help": "Written rows a batch at most."})
     fresh_names: bool = field(
@@ -801,6 +809,7 @@ _WRITER_TRAINING_OPTIONS = (
     "written_table",
     "row_autoencoding_share",
     "row_autoencoding_written_only",
+    "writer_passages_by_mentions",
 )
 
 
@@ -899,6 +908,7 @@ def _writer_collator(args: PretrainingArguments, base: Any, passages: Any, token
         max_written_rows=args.max_written_rows, fresh_names=args.fresh_names, seed=args.seed,
         written_only_ids=practice, row_autoencoding_share=args.row_autoencoding_share,
         row_autoencoding_written_only=args.row_autoencoding_written_only,
+        passages_by_mentions=args.writer_passages_by_mentions,
     )  # fmt: skip
 
 

@@ -29,11 +29,13 @@ from .entity_writer import writer_input_ids
 
 
 class EntityPassages:
-    """Which passages of a split mention each entity (by its `entity_labels`), as CSR arrays over entity ids."""
+    """Which passages of a split mention each entity (by its `entity_labels`) and how often, as CSR arrays over
+    entity ids."""
 
     def __init__(self, passage_of_mention: np.ndarray, entity_of_mention: np.ndarray, num_entities: int):
-        pairs = np.unique(np.stack([entity_of_mention, passage_of_mention]), axis=1)  # (entity, passage), sorted
-        self.passages = pairs[1].astype(np.int64)
+        pairs, mentions = np.unique(np.stack([entity_of_mention, passage_of_mention]), axis=1, return_counts=True)
+        self.passages = pairs[1].astype(np.int64)  # (entity, passage) pairs, sorted
+        self.mentions = mentions.astype(np.int64)
         self.offsets = np.searchsorted(pairs[0], np.arange(num_entities + 1))
 
     @classmethod
@@ -53,6 +55,15 @@ class EntityPassages:
         """The indices of the passages that mention `entity`, ascending."""
         return self.passages[self.offsets[entity] : self.offsets[entity + 1]]
 
+    def mentions_of(self, entity: int) -> np.ndarray:
+        """How often each passage of `of(entity)` mentions `entity`."""
+        return self.mentions[self.offsets[entity] : self.offsets[entity + 1]]
+
+    def most_mentioning(self, entity: int, count: int) -> np.ndarray:
+        """The `count` passages that mention `entity` most (its own page's, in an encyclopaedia), ascending ties."""
+        order = np.argsort(-self.mentions_of(entity), kind="stable")[:count]
+        return self.of(entity)[order]
+
 
 @dataclass
 class WriterCollator:
@@ -65,7 +76,8 @@ class WriterCollator:
     Each entity labelled in the batch's examples (`entity_labels`, `decoder_entity_labels`) is written when it is one
     of the `written_only_share` of all entities (fixed by `seed`), or else with probability `written_row_share`, from
     a passage of `passages` that mentions it and that the batch does not read (an example's `example_index` is its
-    passage in `passages`, as `edmem pretrain` gives it; a fine-tuning example, a question, is no passage). An
+    passage in `passages`, as `edmem pretrain` gives it; a fine-tuning example, a question, is no passage), drawn
+    uniformly or, with `passages_by_mentions`, in proportion to how often it mentions the entity. An
     entity with no such passage, or no name, keeps its table row. At most `max_written_rows` a batch, the written-
     only entities first. `written_only_ids` are written-only besides that share (practice entities: people that
     pre-training reads about only to teach the writer, docs/model.md). A written-only entity with a name of several
@@ -99,6 +111,7 @@ class WriterCollator:
     written_only_ids: Sequence[int] = ()
     row_autoencoding_share: float = 0.0
     row_autoencoding_written_only: bool = False
+    passages_by_mentions: bool = False
     _name_ids: dict[int, list[int]] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -177,7 +190,8 @@ class WriterCollator:
             written_only = bool(self.written_only[entity])
             if not (written_only or rng.random() < self.written_row_share):
                 continue
-            passage = _passage_not_read(self.entity_passages.of(entity), read, rng)
+            weights = self.entity_passages.mentions_of(entity) if self.passages_by_mentions else None
+            passage = _passage_not_read(self.entity_passages.of(entity), read, rng, weights)
             if passage is not None:
                 (first if written_only else then).append((entity, passage))
         chosen = dict((first + then)[: self.max_written_rows])
@@ -274,12 +288,16 @@ class WriterCollator:
         self, every_entity: bool = False, max_passages: int = 4
     ) -> tuple[list[int], list[list[list[int]]]]:
         """The entities whose table rows `write_rows_into_table` writes once training ends, and up to `max_passages`
-        writer inputs of each: the written-only entities that have passages, or with `every_entity` every entity
-        that has passages and a name (the table written from text)."""
+        writer inputs of each (the first passages, or with `passages_by_mentions` those that mention it most): the
+        written-only entities that have passages, or with `every_entity` every entity that has passages and a name
+        (the table written from text)."""
         ids, inputs = [], []
         entities = range(len(self.names)) if every_entity else np.flatnonzero(self.written_only).tolist()
         for entity in entities:
-            passages = self.entity_passages.of(entity)[:max_passages]
+            if self.passages_by_mentions:
+                passages = self.entity_passages.most_mentioning(entity, max_passages)
+            else:
+                passages = self.entity_passages.of(entity)[:max_passages]
             if len(passages) and self.names[entity] is not None:
                 ids.append(entity)
                 inputs.append([self.writer_input(entity, passage) for passage in passages])
@@ -317,16 +335,25 @@ def _renamed_example(example: dict, fresh: dict[int, list[int]], config: Any) ->
     return example
 
 
-def _passage_not_read(passages: np.ndarray, read: set[int], rng: np.random.Generator) -> int | None:
-    """One of `passages` drawn uniformly among those not in `read`, or None: a few draws from all of them when most
-    are not read (an entity of a million passages is not listed each batch), else from the list of the others."""
-    if len(passages) > 4 * len(read):
-        for _ in range(8):
-            passage = int(passages[rng.integers(len(passages))])
-            if passage not in read:
-                return passage
-    others = [passage for passage in passages.tolist() if passage not in read]
-    return others[rng.integers(len(others))] if others else None
+def _passage_not_read(
+    passages: np.ndarray, read: set[int], rng: np.random.Generator, weights: np.ndarray | None = None
+) -> int | None:
+    """One of `passages` not in `read`, drawn uniformly (or in proportion to `weights`), or None: a few draws from
+    all of them when most are not read (an entity of a million passages is not listed each batch), else from the
+    list of the others."""
+    if weights is None:
+        if len(passages) > 4 * len(read):
+            for _ in range(8):
+                passage = int(passages[rng.integers(len(passages))])
+                if passage not in read:
+                    return passage
+        others = [passage for passage in passages.tolist() if passage not in read]
+        return others[rng.integers(len(others))] if others else None
+    keep = ~np.isin(passages, np.fromiter(read, dtype=np.int64, count=len(read)))
+    if not keep.any():
+        return None
+    cumulative = np.cumsum(np.where(keep, weights, 0))
+    return int(passages[np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right")])
 
 
 __all__ = ["EntityPassages", "WriterCollator"]
