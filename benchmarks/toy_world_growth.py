@@ -111,6 +111,7 @@ from edmem_hf.pretraining import PretrainingArguments, build_config, load_corpus
 from edmem_hf.task_features import in_running_text  # noqa: E402
 from edmem_hf.tasks import EDMemSeq2SeqCollator, encode_qa_record, exact_match, read_jsonl, read_qa  # noqa: E402
 from edmem_hf.toy_world import write_mediawiki_dump  # noqa: E402
+from edmem_hf.writer_batches import EntityPassages  # noqa: E402
 
 logger = logging.getLogger("toy_world_growth")
 ESTIMATORS = ("mean_query", "fitted", "fitted_pretraining", "random")  # of the default EDMem
@@ -525,6 +526,32 @@ def row_content(grown: Path, fit_files: list[Path], score_file: Path) -> dict[st
     return result
 
 
+def passage_facts(corpus: Path, files: list[Path]) -> dict[str, dict[str, float]]:
+    """How often the passage a row is written from in the writer's training states the fact a question asks: for
+    each relation of the questions in `files`, the share (%) of the subject's train passages that contain the answer,
+    drawn uniformly and in proportion to their mentions of the subject (`--writer_passages_by_mentions`), averaged
+    over the questions. A row written from a passage that does not state the fact cannot carry it."""
+    datasets, vocab, tokenizer = load_corpus(str(corpus))
+    passages = datasets["train"]
+    index = EntityPassages.from_dataset(passages, len(vocab))
+    texts = [tokenizer.decode(ids).lower() for ids in passages.with_format("numpy")["input_ids"]]
+    shares: dict[str, dict[str, list[float]]] = {"uniform": {}, "by_mentions": {}}
+    for record in (r for f in files for r in read_jsonl(f)):
+        entity = vocab.id_of(record["link_target"][0])
+        states = [record["answer"][0].lower() in texts[p] for p in index.of(entity)]
+        if not states:
+            continue
+        mentions = index.mentions_of(entity)
+        shares["uniform"].setdefault(record["relation"], []).append(statistics.fmean(states))
+        by_mentions = float(mentions[states].sum() / mentions.sum())
+        shares["by_mentions"].setdefault(record["relation"], []).append(by_mentions)
+    result = {}
+    for draw, by_relation in shares.items():
+        result[draw] = {relation: round(100 * statistics.fmean(v), 2) for relation, v in sorted(by_relation.items())}
+        result[draw]["all"] = round(statistics.fmean(result[draw].values()), 2)
+    return result
+
+
 def variance_shares_and_probe(rows: torch.Tensor) -> dict[str, float]:
     """`rows` `(names, values, dim)`: rows written about each name with each value of one fact. The shares (%) of
     the rows' variance explained by the name and by the value (two-way main effects), and a linear probe's accuracy
@@ -678,6 +705,8 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
                 figures["memory_recall_practice_rows_hidden"] = round(100 * sum(hits) / len(hits), 2)
             results.setdefault(split, {})[name] = figures
     results["rows_alone"] = rows_alone_ceiling(finetuned, files)
+    asked = [files[split] for split in ("train", "test", "practice") if split in files]
+    results["passage_facts"] = passage_facts(data["corpus"], asked)
     results["floor"] = floors(files, world)
     results["diagnostics"] = {"default": diagnostics(finetuned, models[DEFAULT_ESTIMATOR], DEFAULT_ESTIMATOR, files,
                                                      data["new_dump"], seed, out / "diagnostics-default.json")}  # fmt: skip
@@ -868,6 +897,7 @@ def main(argv: list[str] | None = None) -> int:
         fields.append(f"practice_em_{name}={figure('practice', name, 'free')}")
     fields += [f"{key}={value['mean']}" for key, value in summary["rows_alone"].items()]
     fields += [f"floor_em_{split}={value['mean']}" for split, value in summary["floor"].items()]
+    fields += [f"passage_facts_{draw}={value['all']['mean']}" for draw, value in summary["passage_facts"].items()]
     for system, figures in summary["diagnostics"].items():
         fields += [f"{name}_{key}_{system}={value['mean']}" for name, group in figures.items()
                    for key, value in group.items()]  # fmt: skip

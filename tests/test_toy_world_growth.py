@@ -187,6 +187,10 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     table = trained.model.entity_embeddings.weight.detach()
     found = [trained.entity_vocab.name_of(int(i)) == name for i, name in zip((queries @ table.T).argmax(-1), names)]
     assert found == bench.memory_hits(models / "finetune", seed / "edmem_toy-test.jsonl")
+    # the writer's passages state the asked fact more often drawn by mentions (the subject's own page) than uniformly
+    facts = result["runs"][0]["results"]["passage_facts"]
+    assert set(facts["uniform"]) == set(facts["by_mentions"]) and "occupation" in facts["uniform"]
+    assert 0 < facts["uniform"]["all"] < facts["by_mentions"]["all"] <= 100
     bound = result["runs"][0]["results"]["rows_alone"]
     assert -1.0 <= bound["added_query_cosine_between_people"] <= 1.0
     assert 0.0 <= bound["added_recall_with_rows_from_their_questions"] <= 100.0
@@ -198,7 +202,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     for key in ("added_over_trained_em", "trained_em_change", "seconds_to_add_10_fitted", "seconds_to_add_10_mean",
                 "added_over_trained_em_with_floor", "added_recall", "row_swap_follow", "writer_cost_on_trained_em",
                 "seconds_to_add_10_writer", "estimator=writer", "trained_memory_recall_practice_rows_hidden_writer",
-                "practice_em_writer_before"):  # fmt: skip
+                "practice_em_writer_before", "passage_facts_uniform", "passage_facts_by_mentions"):  # fmt: skip
         assert f" {key}" in last
     _a_grown_model_recalls_and_answers_on_a_case_built_to_succeed(bench, seed, models, tmp_path)
     # a rerun reuses the answers and times only what is asked and not yet measured
