@@ -142,6 +142,7 @@ class GrowthSettings:
     row_autoencoding_share: float = 0.0  # the writer's training: passages read as their written row alone
     row_autoencoding_written_only: bool = False  # ... only passages about written-only (practice) entities
     writer_passages_by_mentions: bool = False  # the writer's training writes from passages that mention most
+    entity_key_dim: int | None = None  # the writer's model: a row's columns that queries score (the rest its value)
     recipe: str = "paper"  # pre-training and fine-tuning levers of toy_world_qa's RECIPES (every model alike)
 
 
@@ -640,7 +641,8 @@ def writer_folder(settings: GrowthSettings) -> str:
     if settings.row_autoencoding_share:
         name += f"-row-autoencoding-{settings.row_autoencoding_share}"
         name += "-written-only" if settings.row_autoencoding_written_only else ""
-    return name + ("-by-mentions" if settings.writer_passages_by_mentions else "")
+    name += "-by-mentions" if settings.writer_passages_by_mentions else ""
+    return name + (f"-key-{settings.entity_key_dim}" if settings.entity_key_dim else "")
 
 
 def models_folder(seed_dir: Path, settings: GrowthSettings) -> Path:
@@ -675,7 +677,8 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
                                   written_table=settings.written_table,
                                   row_autoencoding_share=settings.row_autoencoding_share,
                                   row_autoencoding_written_only=settings.row_autoencoding_written_only,
-                                  writer_passages_by_mentions=settings.writer_passages_by_mentions)  # fmt: skip
+                                  writer_passages_by_mentions=settings.writer_passages_by_mentions,
+                                  entity_key_dim=settings.entity_key_dim)  # fmt: skip
         options = ("--writer_corpus", str(data["corpus"])) if settings.writer_in_finetuning else ()
         models[f"{WRITER}_before"] = finetune_model(writer, files["train"], out / f"finetune-{folder}", settings.qa, seed,
                                                     None, weight, options=options)  # fmt: skip
@@ -831,6 +834,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--writer-passages-by-mentions", action=argparse.BooleanOptionalAction,
                         help="the writer's training draws the passage a row is written from in proportion to its "
                              "mentions of the entity (default: off, uniformly)")  # fmt: skip
+    parser.add_argument("--entity-key-dim", type=int,
+                        help="the writer's model: the columns of a row that queries score, its key; the rest are its "
+                             "value, read by the memory (default: all, the paper's row)")  # fmt: skip
     parser.add_argument("--recipe", choices=tuple(RECIPES),
                         help="toy_world_qa's pre-training and fine-tuning levers, for every model (default: paper); "
                              "another recipe's models go to seed-N/recipe-NAME")  # fmt: skip
@@ -840,7 +846,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = replace(settings, qa=with_overrides(settings.qa, args))
     overrides = ("fit_steps", "continued_steps", "writer", "written_row_share", "written_only_share", "recipe")
     for key in (*overrides, "practice_people", "written_table", "row_autoencoding_share",
-                "row_autoencoding_written_only", "writer_passages_by_mentions"):  # fmt: skip
+                "row_autoencoding_written_only", "writer_passages_by_mentions", "entity_key_dim"):  # fmt: skip
         if getattr(args, key) is not None:
             settings = replace(settings, **{key: getattr(args, key)})
     if args.timed_additions is not None:
@@ -879,6 +885,7 @@ def main(argv: list[str] | None = None) -> int:
         f"row_autoencoding_share={settings.row_autoencoding_share}",
         f"row_autoencoding_written_only={int(settings.row_autoencoding_written_only)}",
         f"writer_passages_by_mentions={int(settings.writer_passages_by_mentions)}",
+        f"entity_key_dim={settings.entity_key_dim}",
         f"added_questions={runs[0]['questions']['added']}",
         f"trained_questions={runs[0]['questions']['test']}",
     ]

@@ -151,6 +151,21 @@ def test_memory_queries_are_unscaled_means(setup):
         memory_queries(model, [passages[0], ["nothing marked"]], tokenizer)
 
 
+def test_mean_query_rows_of_a_model_with_keys_fill_the_key(setup):
+    """With `entity_key_dim`, a query is a key: the mean-query row is the mean query in the key's columns and zero in
+    the value's, which no query scores and only reads fill."""
+    model, tokenizer, new, passages = setup
+    keyed, _, _, _ = tiny_model_with_entities(20)
+    keyed = type(keyed)(type(keyed.config)(**{**keyed.config.to_dict(), "entity_key_dim": 6})).eval()
+    keyed.entity_vocab = model.entity_vocab
+    queries = memory_queries(keyed, passages, tokenizer)
+    assert queries.shape == (2, keyed.config.entity_embed_dim)
+    assert queries[:, 6:].abs().sum() == 0 and queries[:, :6].abs().sum() > 0
+    with torch.no_grad():
+        expected = torch.cat([_lower_layer_queries(keyed, tokenizer, text) for text in passages[0]]).mean(0)
+    torch.testing.assert_close(queries[0, :6], expected, rtol=1e-4, atol=1e-5)
+
+
 def test_encdec_has_no_memory_to_grow(setup):
     _, tokenizer, new, passages = setup
     config = tiny_model(vocab_size=len(tokenizer), entity_vocab_size=20).config

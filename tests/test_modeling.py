@@ -7,6 +7,7 @@ import os
 
 import pytest
 import torch
+from huggingface_hub.errors import StrictDataclassClassValidationError
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, BartConfig, BartForConditionalGeneration
 
 from edmem_hf import (
@@ -705,3 +706,47 @@ def test_bf16_autocast_and_bf16_weights_train_and_generate():
     assert len({tuple(row) for row in written.tolist()}) == 4  # varied: each question its own text
     expected = float32.generate(input_ids=input_ids, **settings)
     assert (generated == expected).float().mean() >= 0.75  # the same text, but where bf16 rounding flips a token
+
+
+# --- keys and values ------------------------------------------------------------------------------------------------
+
+
+def test_entity_key_dim_scores_a_row_s_key_and_reads_its_value():
+    """`entity_key_dim`: queries score a row's first columns only: changing the value columns moves no score of the
+    memory or the linking head, and changes what the memory reads; the encoder memory's linking loss (its scores
+    alone, before any read) leaves the value columns alone and the LM loss trains them."""
+    model = tiny_model(entity_key_dim=6)  # rows 16 wide: 6 of key, 10 of value
+    assert model.model.encoder.memory.query_proj.out_features == 6
+    assert model.entity_linking_head.query_proj.out_features == 6
+    batch = tiny_batch()
+    out = model(**batch, output_attended_entities=True)
+    table = model.model.entity_embeddings.weight
+    encoder_nll = out.encoder_attended_entities.entity_nll.mean()
+    entity_grad = torch.autograd.grad(encoder_nll, table, retain_graph=True)[0]
+    lm_grad = torch.autograd.grad(out.lm_loss, table)[0]
+    assert entity_grad[:, :6].abs().sum() > 0 and entity_grad[:, 6:].abs().sum() == 0
+    assert lm_grad[:, 6:].abs().sum() > 0
+    model.eval()
+    with torch.no_grad():
+        before = model(**batch, output_attended_entities=True)
+        table[:, 6:] = torch.randn_like(table[:, 6:])
+        after = model(**batch, output_attended_entities=True)
+        # the encoder memory's scores come before any read; the linking head's, for the same states, alike
+        hidden, at = torch.randn(2, 5, 32), torch.rand(2, 5) < 0.5
+        linked = model.entity_linking_head(hidden, at, table, return_top_k=8)
+        table[:, 6:] = torch.randn_like(table[:, 6:])
+        linked_after = model.entity_linking_head(hidden, at, table, return_top_k=8)
+    old, new = before.encoder_attended_entities, after.encoder_attended_entities
+    assert torch.equal(old.top_entity_ids, new.top_entity_ids)
+    assert torch.allclose(old.top_entity_scores, new.top_entity_scores)
+    assert torch.equal(linked.top_entity_scores, linked_after.top_entity_scores)
+    assert torch.allclose(before.encoder_attended_entities.entity_nll, after.encoder_attended_entities.entity_nll)
+    assert not torch.allclose(before.logits, after.logits)  # the read carries the value
+
+
+def test_entity_key_dim_must_fit_the_row():
+    with pytest.raises(
+        StrictDataclassClassValidationError, match=r"entity_key_dim must be in \[1, entity_embed_dim=16\], got 17"
+    ):
+        tiny_config(entity_key_dim=17)
+    assert tiny_config().entity_key_dim is None  # the paper's row: key and value alike

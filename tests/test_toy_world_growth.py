@@ -132,7 +132,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     argv = ["--quick", "--out", str(out), "--num-people", "10", "--pretrain-steps", "30", "--finetune-epochs", "150",
             "--finetune-learning-rate", "1e-2", "--d-model", "32", "--fit-steps", "3",
             "--questions-in-batches", "--recipe", "masked_spans", "--practice-people", "3", "--row-autoencoding-share", "0.5",
-            "--row-autoencoding-written-only", "--writer-passages-by-mentions",
+            "--row-autoencoding-written-only", "--writer-passages-by-mentions", "--entity-key-dim", "8",
             "--timed-additions", "10"]  # fmt: skip
     assert bench.main(argv) == 0
     result = json.loads((out / "results.json").read_text())
@@ -150,13 +150,13 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     assert result["summary"]["added"]["writer_before"]["memory_recall"]["mean"] == 0.0
     for trained_dir, estimators in (
         ("finetune", bench.ESTIMATORS),
-        ("finetune-writer-row-autoencoding-0.5-written-only-by-mentions", ["writer"]),
+        ("finetune-writer-row-autoencoding-0.5-written-only-by-mentions-key-8", ["writer"]),
     ):
         trained = EDMemForConditionalGeneration.from_pretrained(models / trained_dir)
         size = trained.config.entity_vocab_size
         for estimator in estimators:
             folder = (
-                "grown-writer-row-autoencoding-0.5-written-only-by-mentions"
+                "grown-writer-row-autoencoding-0.5-written-only-by-mentions-key-8"
                 if estimator == "writer"
                 else f"grown-{estimator}"
             )
@@ -167,6 +167,8 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
                 other = grown.state_dict()[key]
                 assert torch.equal(other[:size] if "entity_embeddings" in key else other, value), key
     assert trained.entity_writer is not None and trained.config.entity_row_writer
+    assert trained.config.entity_key_dim == 8  # the writer's model only
+    assert EDMemForConditionalGeneration.from_pretrained(models / "finetune").config.entity_key_dim is None
     # the three diagnostics, for the default EDMem and for the writer
     for system in ("default", "writer"):
         figures = result["runs"][0]["results"]["diagnostics"][system]
@@ -197,7 +199,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith(
         f"RESULT seeds=1 people_added={len(held)} practice_people=3 pretrain_steps=30 written_table=0 row_autoencoding_share=0.5 "
-        "row_autoencoding_written_only=1 writer_passages_by_mentions=1 "
+        "row_autoencoding_written_only=1 writer_passages_by_mentions=1 entity_key_dim=8 "
     )
     for key in ("added_over_trained_em", "trained_em_change", "seconds_to_add_10_fitted", "seconds_to_add_10_mean",
                 "added_over_trained_em_with_floor", "added_recall", "row_swap_follow", "writer_cost_on_trained_em",

@@ -35,6 +35,10 @@ class EDMemConfig(PreTrainedConfig):
             L1 and L2 of the paper, for the encoder and the decoder.
         entity_vocab_size (`int`): rows of the entity table (N).
         entity_embed_dim (`int`): width of an entity embedding (256 in the paper).
+        entity_key_dim (`int` or `None`): the first `entity_key_dim` columns of a row are its key, the only ones a
+            query scores (the memory's and the entity-linking head's queries are that wide, zeros beyond); the rest
+            are its value, read by the memory and shaped by the LM loss alone (docs/model.md, "Keys and values").
+            `None`: the whole row is key and value, as in the paper.
         memory_top_k (`int` or `None`): entities read at inference; `None` reads the whole table.
         memory_chunk_size (`int`): entities scored at a time when the whole table is read, which bounds the
             memory of the read and of the entity-linking loss to `mentions x memory_chunk_size` scores.
@@ -95,6 +99,7 @@ class EDMemConfig(PreTrainedConfig):
     scale_embedding: bool = False
     entity_vocab_size: int = 1_000_000
     entity_embed_dim: int = 256
+    entity_key_dim: int | None = None
     memory_top_k: int | None = 100
     memory_chunk_size: int = 65536
     memory_dropout: float | int = 0.0
@@ -151,6 +156,10 @@ class EDMemConfig(PreTrainedConfig):
                         raise ValueError(
                             f"{name} and {other} are both {getattr(self, name)}: a marker needs its own id"
                         )
+        if self.entity_key_dim is not None and not 1 <= self.entity_key_dim <= self.entity_embed_dim:
+            raise ValueError(
+                f"entity_key_dim must be in [1, entity_embed_dim={self.entity_embed_dim}], got {self.entity_key_dim}"
+            )
         if self.entity_row_writer and self.variant != "edmem":
             raise ValueError(f"entity_row_writer is built on the full EDMem (variant 'edmem'), not {self.variant!r}")
         for name in ("memory_dropout", "upper_input_dropout"):

@@ -26,7 +26,7 @@ from torch import nn
 from .configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN
 from .dump import ParsedPage, iter_parsed_pages
 from .entity_writer import writer_input_ids
-from .modeling_edmem import MODEL_WITH_HEADS, EDMemForEntityLinking
+from .modeling_edmem import MODEL_WITH_HEADS, EDMemForEntityLinking, key_queries
 
 # How `add_entities` writes a new row: with the model's writer of entity rows, or as the mean memory query.
 ESTIMATORS = ("writer", "mean_query")
@@ -80,7 +80,8 @@ def memory_queries(
             hidden = encoder.lower_hidden_states(batch.input_ids, batch.attention_mask)
             starts = batch.input_ids == config.entity_start_token_id
             rows = torch.tensor(owners[begin : begin + batch_size])[starts.nonzero()[:, 0].cpu()]
-            sums.index_add_(0, rows, encoder.memory.query_proj(hidden[starts]).float().cpu())
+            queries = key_queries(encoder.memory.query_proj(hidden[starts]), config.entity_embed_dim)
+            sums.index_add_(0, rows, queries.float().cpu())
             counts += torch.bincount(rows, minlength=len(passages))
     finally:
         model.train(was_training)

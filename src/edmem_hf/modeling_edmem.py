@@ -74,6 +74,14 @@ class EntityMemoryAccess(ModelOutput):
     entity_nll: torch.FloatTensor | None = None
 
 
+def key_queries(queries: torch.Tensor, row_width: int) -> torch.Tensor:
+    """`(M, entity_key_dim)` queries padded with zeros to `row_width`: they score the key columns of a row only
+    (`config.entity_key_dim`); queries as wide as the row are returned as they are."""
+    return (
+        queries if queries.shape[-1] == row_width else nn.functional.pad(queries, (0, row_width - queries.shape[-1]))
+    )
+
+
 class EntityMemory(nn.Module):
     """The memory access between lower and upper layers (equations 1-2 of the paper).
 
@@ -87,7 +95,7 @@ class EntityMemory(nn.Module):
 
     def __init__(self, config: EDMemConfig):
         super().__init__()
-        self.query_proj = nn.Linear(config.d_model, config.entity_embed_dim)
+        self.query_proj = nn.Linear(config.d_model, config.entity_key_dim or config.entity_embed_dim)
         self.output_proj = nn.Linear(config.entity_embed_dim, config.d_model)
         self.layer_norm = nn.LayerNorm(config.d_model)
         self.projection_dropout = nn.Dropout(config.memory_dropout)
@@ -126,7 +134,7 @@ class EntityMemory(nn.Module):
             return upper_input, _empty_access(positions, hidden_states, need_nll)
         queries = self.projection_dropout(self.query_proj(hidden_states[mention_mask]))
         result = entity_attention(
-            queries,
+            key_queries(queries, entity_table.shape[-1]),
             entity_table,
             labels=entity_labels[mention_mask] if need_nll else None,
             entity_mask=entity_mask,
@@ -161,7 +169,7 @@ class EntityLinkingHead(nn.Module):
 
     def __init__(self, config: EDMemConfig):
         super().__init__()
-        self.query_proj = nn.Linear(config.d_model, config.entity_embed_dim)
+        self.query_proj = nn.Linear(config.d_model, config.entity_key_dim or config.entity_embed_dim)
         self.projection_dropout = nn.Dropout(config.memory_dropout)
         self.chunk_size = config.memory_chunk_size
 
@@ -190,7 +198,7 @@ class EntityLinkingHead(nn.Module):
         if queries.shape[0] == 0 or not (need_nll or return_top_k):
             return _empty_access(positions, hidden_states, need_nll)
         result = entity_attention(
-            queries,
+            key_queries(queries, entity_table.shape[-1]),
             entity_table,
             labels=entity_labels[mention_mask] if need_nll else None,
             entity_mask=entity_mask,

@@ -73,6 +73,10 @@ class PretrainingArguments:
     encoder_attention_heads: int | None = field(default=None, metadata={"help": "Encoder attention heads."})
     decoder_attention_heads: int | None = field(default=None, metadata={"help": "Decoder attention heads."})
     entity_embed_dim: int | None = field(default=None, metadata={"help": "Entity embedding width (paper: 256)."})
+    entity_key_dim: int | None = field(
+        default=None,
+        metadata={"help": "Columns of a row that queries score (its key); the rest are its value (default: all)."},
+    )
     max_position_embeddings: int | None = field(
         default=None, metadata={"help": "Longest sequence the position embeddings cover."}
     )
@@ -389,6 +393,7 @@ _ARCH_FIELDS = (
     "encoder_attention_heads",
     "decoder_attention_heads",
     "entity_embed_dim",
+    "entity_key_dim",
     "max_position_embeddings",
     "dropout",
     "entity_loss_weight",
