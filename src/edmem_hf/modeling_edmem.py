@@ -77,9 +77,9 @@ class EntityMemoryAccess(ModelOutput):
 def key_queries(queries: torch.Tensor, row_width: int) -> torch.Tensor:
     """`(M, entity_key_dim)` queries padded with zeros to `row_width`: they score the key columns of a row only
     (`config.entity_key_dim`); queries as wide as the row are returned as they are."""
-    return (
-        queries if queries.shape[-1] == row_width else nn.functional.pad(queries, (0, row_width - queries.shape[-1]))
-    )
+    if queries.shape[-1] == row_width:
+        return queries
+    return nn.functional.pad(queries, (0, row_width - queries.shape[-1]))
 
 
 class EntityMemory(nn.Module):

@@ -338,9 +338,9 @@ def _renamed_example(example: dict, fresh: dict[int, list[int]], config: Any) ->
 def _passage_not_read(
     passages: np.ndarray, read: set[int], rng: np.random.Generator, weights: np.ndarray | None = None
 ) -> int | None:
-    """One of `passages` not in `read`, drawn uniformly (or in proportion to `weights`), or None: a few draws from
-    all of them when most are not read (an entity of a million passages is not listed each batch), else from the
-    list of the others."""
+    """One of `passages` not in `read`, or None. Uniformly: a few draws from all of them when most are not read (an
+    entity of a million passages is not listed each batch), else from the list of the others; with `weights`, in
+    proportion to them over the others, in one pass over the list."""
     if weights is None:
         if len(passages) > 4 * len(read):
             for _ in range(8):
