@@ -616,10 +616,10 @@ def diagnostics(trained: Path, grown: Path, estimator: str, files: dict[str, Pat
             "rewrite": lambda: rewrite(trained, files["test"], new_dump, estimator),
             "row_content": lambda: row_content(grown, [files["train"], files["test"]], files["added"])}  # fmt: skip
     if estimator == WRITER:
-        people = {
-            p for r in PROBED_RELATIONS for p in _facts_by_person([files[s] for s in ("train", "test", "added")], r)
-        }
-        todo["written_facts"] = lambda: written_facts(trained, people, seed)
+        asked = [files[split] for split in ("train", "test", "added")]
+        todo["written_facts"] = lambda: written_facts(
+            trained, {person for r in PROBED_RELATIONS for person in _facts_by_person(asked, r)}, seed
+        )  # the people are read only when the figure is not kept yet
     for name, measure in todo.items():
         if name not in result:
             result[name] = measure()
