@@ -33,7 +33,9 @@ people's rows swapped, the share of their answers that follow the row; *oracle r
 with the encoder's memory read forced onto the subject's new row (EM with finding solved); *rewrite*, the trained
 people's rows replaced by rows written from their passages (their EM kept); *row content*, a linear probe fitted on
 the trained people's rows reading the added people's occupation and field from theirs; for the writer, *written
-facts*, the shares of its rows' variance that a sentence's name and its fact explain, and a probe at the fact.
+facts*, the shares of its rows' variance that a sentence's name and its fact explain, and a probe at the fact; with
+practice people, *name shape*, their questions answered (teacher-forced) through a row written in the batch, the
+subject under its own name, a fresh name of any entities' words, or a fresh name of people's words.
 Time to add 1,000 (and 100,000) entities is measured.
 
     python benchmarks/toy_world_growth.py --quick --out runs/growth-quick
@@ -111,7 +113,7 @@ from edmem_hf.pretraining import PretrainingArguments, build_config, load_corpus
 from edmem_hf.task_features import in_running_text  # noqa: E402
 from edmem_hf.tasks import EDMemSeq2SeqCollator, encode_qa_record, exact_match, read_jsonl, read_qa  # noqa: E402
 from edmem_hf.toy_world import write_mediawiki_dump  # noqa: E402
-from edmem_hf.writer_batches import EntityPassages  # noqa: E402
+from edmem_hf.writer_batches import EntityPassages, WriterCollator  # noqa: E402
 
 logger = logging.getLogger("toy_world_growth")
 ESTIMATORS = ("mean_query", "fitted", "fitted_pretraining", "random")  # of the default EDMem
@@ -143,6 +145,7 @@ class GrowthSettings:
     row_autoencoding_written_only: bool = False  # ... only passages about written-only (practice) entities
     writer_passages_by_mentions: bool = False  # the writer's training writes from passages that mention most
     entity_key_dim: int | None = None  # the writer's model: a row's columns that queries score (the rest its value)
+    fresh_names_like_written_only: bool = False  # the writer's training: fresh names of written-only entities' words
     recipe: str = "paper"  # pre-training and fine-tuning levers of toy_world_qa's RECIPES (every model alike)
 
 
@@ -606,10 +609,44 @@ def written_facts(model_dir: Path, people: set[str], seed: int) -> dict[str, flo
     return figures
 
 
+def name_shape(model_dir: Path, corpus: Path, practice_people: Path, data_file: Path, seed: int) -> dict[str, float]:
+    """Whether the reader takes a row whatever its subject's name looks like: the share of `data_file`'s questions
+    (about practice people) whose answer the model predicts whole, teacher-forced, each question's subject read
+    through a row written from one of its passages (the writer's training, `WriterCollator`), the subject named by
+    its own name (`own_name`), by a fresh name of any two entities' words (`fresh_any_words`, how the writer's
+    training renames by default), or by a fresh name of practice people's words (`fresh_people_words`). A reader
+    that reads rows only for names no person could have answers `fresh_any_words` well and the others poorly."""
+    from datasets import load_from_disk
+
+    model = EDMemForConditionalGeneration.from_pretrained(model_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    vocab = model.entity_vocab
+    passages = load_from_disk(str(corpus / "passages"))["train"]
+    index = EntityPassages.from_dataset(passages, model.config.entity_vocab_size)
+    practice = [vocab.id_of(line.strip()) for line in practice_people.read_text(encoding="utf-8").splitlines()]
+    base = EDMemSeq2SeqCollator(tokenizer.pad_token_id)
+    features = [encode_qa_record(row, tokenizer) for row in read_qa(str(data_file), vocab)]
+    namings = {"own_name": dict(fresh_names=False), "fresh_any_words": {},
+               "fresh_people_words": dict(fresh_names_like_written_only=True)}  # fmt: skip
+    figures = {}
+    for naming, options in namings.items():
+        collator = WriterCollator(base, passages, index, vocab.names, tokenizer, model.config, written_row_share=0.0,
+                                  written_only_share=0.0, written_only_ids=practice, seed=seed, **options)  # fmt: skip
+        whole = []
+        for start in range(0, len(features), 16):
+            batch = collator(features[start : start + 16])
+            with torch.no_grad():
+                logits = model(**{k: v for k, v in batch.items() if k != "example_index"}).logits
+            labels = batch["labels"]
+            whole += ((logits.argmax(-1) == labels) | (labels == -100)).all(1).tolist()
+        figures[naming] = round(100 * sum(whole) / len(whole), 2)
+    return {**figures, "questions": len(features)}
+
+
 def diagnostics(trained: Path, grown: Path, estimator: str, files: dict[str, Path], new_dump: str, seed: int,
-                out: Path) -> dict[str, dict[str, float]]:  # fmt: skip
+                out: Path, practice: tuple[Path, Path] | None = None) -> dict[str, dict[str, float]]:  # fmt: skip
     """The diagnostics of a trained model and of it grown by `estimator` (kept in `out`, not run again; one added
-    to the file when it lacks it)."""
+    to the file when it lacks it). `practice`: the corpus and the practice people's file, for `name_shape`."""
     result = json.loads(out.read_text()) if out.exists() else {}
     todo = {"row_swap": lambda: row_swap(trained, files["test"], seed),
             "oracle_read": lambda: oracle_read(grown, files["added"]),
@@ -620,6 +657,8 @@ def diagnostics(trained: Path, grown: Path, estimator: str, files: dict[str, Pat
         todo["written_facts"] = lambda: written_facts(
             trained, {person for r in PROBED_RELATIONS for person in _facts_by_person(asked, r)}, seed
         )  # the people are read only when the figure is not kept yet
+        if practice is not None and "practice" in files:
+            todo["name_shape"] = lambda: name_shape(trained, *practice, files["practice"], seed)
     for name, measure in todo.items():
         if name not in result:
             result[name] = measure()
@@ -642,6 +681,7 @@ def writer_folder(settings: GrowthSettings) -> str:
         name += f"-row-autoencoding-{settings.row_autoencoding_share}"
         name += "-written-only" if settings.row_autoencoding_written_only else ""
     name += "-by-mentions" if settings.writer_passages_by_mentions else ""
+    name += "-names-like-written-only" if settings.fresh_names_like_written_only else ""
     return name + (f"-key-{settings.entity_key_dim}" if settings.entity_key_dim else "")
 
 
@@ -678,6 +718,7 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
                                   row_autoencoding_share=settings.row_autoencoding_share,
                                   row_autoencoding_written_only=settings.row_autoencoding_written_only,
                                   writer_passages_by_mentions=settings.writer_passages_by_mentions,
+                                  fresh_names_like_written_only=settings.fresh_names_like_written_only,
                                   entity_key_dim=settings.entity_key_dim)  # fmt: skip
         options = ("--writer_corpus", str(data["corpus"])) if settings.writer_in_finetuning else ()
         models[f"{WRITER}_before"] = finetune_model(writer, files["train"], out / f"finetune-{folder}", settings.qa, seed,
@@ -715,7 +756,8 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
                                                      data["new_dump"], seed, out / "diagnostics-default.json")}  # fmt: skip
     if settings.writer:
         results["diagnostics"][WRITER] = diagnostics(models[f"{WRITER}_before"], models[WRITER], WRITER, files,
-                                                     data["new_dump"], seed, out / f"diagnostics-{folder}.json")  # fmt: skip
+                                                     data["new_dump"], seed, out / f"diagnostics-{folder}.json",
+                                                     (data["corpus"], data["practice_people"]) if data["practice"] else None)  # fmt: skip
     sizes = {split: sum(1 for _ in open(files[split], encoding="utf-8")) for split in ("train", "test", "added")}
     # this call's time: what a rerun with the same --out reuses (pre-training, fine-tuning) costs nothing here
     return {"seed": seed, "held_out": held, "questions": sizes, "results": results, "seconds_to_add": seconds,
@@ -837,6 +879,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--entity-key-dim", type=int,
                         help="the writer's model: the columns of a row that queries score, its key; the rest are its "
                              "value, read by the memory (default: all, the paper's row)")  # fmt: skip
+    parser.add_argument("--fresh-names-like-written-only", action=argparse.BooleanOptionalAction,
+                        help="the writer's training renames written-only entities with the words of their own names "
+                             "(people's, for practice people), not of every entity's (default: off)")  # fmt: skip
     parser.add_argument("--recipe", choices=tuple(RECIPES),
                         help="toy_world_qa's pre-training and fine-tuning levers, for every model (default: paper); "
                              "another recipe's models go to seed-N/recipe-NAME")  # fmt: skip
@@ -846,7 +891,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = replace(settings, qa=with_overrides(settings.qa, args))
     overrides = ("fit_steps", "continued_steps", "writer", "written_row_share", "written_only_share", "recipe")
     for key in (*overrides, "practice_people", "written_table", "row_autoencoding_share",
-                "row_autoencoding_written_only", "writer_passages_by_mentions", "entity_key_dim"):  # fmt: skip
+                "row_autoencoding_written_only", "writer_passages_by_mentions", "entity_key_dim",
+                "fresh_names_like_written_only"):  # fmt: skip
         if getattr(args, key) is not None:
             settings = replace(settings, **{key: getattr(args, key)})
     if args.timed_additions is not None:
@@ -886,6 +932,7 @@ def main(argv: list[str] | None = None) -> int:
         f"row_autoencoding_written_only={int(settings.row_autoencoding_written_only)}",
         f"writer_passages_by_mentions={int(settings.writer_passages_by_mentions)}",
         f"entity_key_dim={settings.entity_key_dim}",
+        f"fresh_names_like_written_only={int(settings.fresh_names_like_written_only)}",
         f"added_questions={runs[0]['questions']['added']}",
         f"trained_questions={runs[0]['questions']['test']}",
     ]

@@ -133,6 +133,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
             "--finetune-learning-rate", "1e-2", "--d-model", "32", "--fit-steps", "3",
             "--questions-in-batches", "--recipe", "masked_spans", "--practice-people", "3", "--row-autoencoding-share", "0.5",
             "--row-autoencoding-written-only", "--writer-passages-by-mentions", "--entity-key-dim", "8",
+            "--fresh-names-like-written-only",
             "--timed-additions", "10"]  # fmt: skip
     assert bench.main(argv) == 0
     result = json.loads((out / "results.json").read_text())
@@ -150,13 +151,13 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     assert result["summary"]["added"]["writer_before"]["memory_recall"]["mean"] == 0.0
     for trained_dir, estimators in (
         ("finetune", bench.ESTIMATORS),
-        ("finetune-writer-row-autoencoding-0.5-written-only-by-mentions-key-8", ["writer"]),
+        ("finetune-writer-row-autoencoding-0.5-written-only-by-mentions-names-like-written-only-key-8", ["writer"]),
     ):
         trained = EDMemForConditionalGeneration.from_pretrained(models / trained_dir)
         size = trained.config.entity_vocab_size
         for estimator in estimators:
             folder = (
-                "grown-writer-row-autoencoding-0.5-written-only-by-mentions-key-8"
+                "grown-writer-row-autoencoding-0.5-written-only-by-mentions-names-like-written-only-key-8"
                 if estimator == "writer"
                 else f"grown-{estimator}"
             )
@@ -193,6 +194,10 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     facts = result["runs"][0]["results"]["passage_facts"]
     assert set(facts["uniform"]) == set(facts["by_mentions"]) and "occupation" in facts["uniform"]
     assert 0 < facts["uniform"]["all"] < facts["by_mentions"]["all"] <= 100
+    # the reader's take of a row under each naming of the practice people: every practice question, figures in range
+    shape = result["runs"][0]["results"]["diagnostics"]["writer"]["name_shape"]
+    assert shape["questions"] == len(list(read_jsonl(seed / "edmem_toy-practice.jsonl")))
+    assert all(0.0 <= shape[k] <= 100.0 for k in ("own_name", "fresh_any_words", "fresh_people_words"))
     bound = result["runs"][0]["results"]["rows_alone"]
     assert -1.0 <= bound["added_query_cosine_between_people"] <= 1.0
     assert 0.0 <= bound["added_recall_with_rows_from_their_questions"] <= 100.0
@@ -200,11 +205,14 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     assert last.startswith(
         f"RESULT seeds=1 people_added={len(held)} practice_people=3 pretrain_steps=30 written_table=0 row_autoencoding_share=0.5 "
         "row_autoencoding_written_only=1 writer_passages_by_mentions=1 entity_key_dim=8 "
+        "fresh_names_like_written_only=1 "
     )
     for key in ("added_over_trained_em", "trained_em_change", "seconds_to_add_10_fitted", "seconds_to_add_10_mean",
                 "added_over_trained_em_with_floor", "added_recall", "row_swap_follow", "writer_cost_on_trained_em",
                 "seconds_to_add_10_writer", "estimator=writer", "trained_memory_recall_practice_rows_hidden_writer",
-                "practice_em_writer_before", "passage_facts_uniform", "passage_facts_by_mentions"):  # fmt: skip
+                "practice_em_writer_before", "passage_facts_uniform", "passage_facts_by_mentions",
+                "name_shape_own_name_writer", "name_shape_fresh_any_words_writer",
+                "name_shape_fresh_people_words_writer"):  # fmt: skip
         assert f" {key}" in last
     _a_grown_model_recalls_and_answers_on_a_case_built_to_succeed(bench, seed, models, tmp_path)
     # a rerun reuses the answers and times only what is asked and not yet measured

@@ -123,6 +123,33 @@ def test_written_only_entities_appear_under_a_fresh_name(corpus):
     assert plain.choose(examples) == (chosen, {})
 
 
+def test_fresh_names_like_written_only_are_made_of_written_only_entities_words(corpus):
+    """With `fresh_names_like_written_only`, a fresh name's first and last words are those of written-only entities'
+    names (a renamed practice person looks like a person), where by default they come from every entity's."""
+
+    def fresh_words(collator) -> tuple[set, set]:
+        firsts, lasts = set(), set()
+        for start in range(0, 64, 8):
+            examples = [{**collator.passages[i], "example_index": i} for i in range(start, start + 8)]
+            for name_ids in collator.choose(examples)[1].values():
+                first, last = collator.tokenizer.decode(name_ids).strip().split()
+                firsts.add(first)
+                lasts.add(last)
+        return firsts, lasts
+
+    settings = dict(written_row_share=0.0, written_only_share=0.3, seed=5)
+    like = writer_collator(corpus, fresh_names_like_written_only=True, **settings)
+    written_only = [like.names[e] for e in np.flatnonzero(like.written_only)]
+    firsts, lasts = fresh_words(like)
+    assert firsts and lasts
+    assert firsts <= {n.split()[0] for n in written_only} and lasts <= {n.split()[-1] for n in written_only}
+    default_firsts, default_lasts = fresh_words(writer_collator(corpus, **settings))
+    assert not (default_firsts <= {n.split()[0] for n in written_only} and
+                default_lasts <= {n.split()[-1] for n in written_only})  # fmt: skip
+    with pytest.raises(ValueError, match="fresh_names=True"):
+        writer_collator(corpus, fresh_names=False, fresh_names_like_written_only=True, **settings)
+
+
 def test_shares_of_written_rows(corpus):
     never = writer_collator(corpus, written_row_share=0.0, written_only_share=0.0)
     passages = never.passages
@@ -261,7 +288,7 @@ def test_named_written_only_entities_join_the_share(corpus, tmp_path):
         _dataloaders(args, passages, tokenizer, 1, build_model(args, tokenizer, vocab))
     for option in (dict(written_only_entities_file=str(names_file)), dict(written_table=True),
                    dict(row_autoencoding_share=0.5), dict(row_autoencoding_written_only=True),
-                   dict(writer_passages_by_mentions=True)):  # fmt: skip
+                   dict(writer_passages_by_mentions=True), dict(fresh_names_like_written_only=True)):  # fmt: skip
         plain = _args(corpus, tmp_path / "y", **option)
         with pytest.raises(ValueError, match=f"--{next(iter(option))} is an option of training the writer"):
             _dataloaders(plain, passages, tokenizer, 1, build_model(plain, tokenizer, vocab))

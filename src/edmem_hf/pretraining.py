@@ -143,6 +143,14 @@ class PretrainingArguments:
     fresh_names: bool = field(
         default=True, metadata={"help": "Written-only entities appear under a fresh name each batch (docs/model.md)."}
     )
+    fresh_names_like_written_only: bool = field(
+        default=False,
+        metadata={
+            "help": "Fresh names are made of the words of written-only entities' names only (people's names, for "
+            "practice people), not of every entity's: a fresh name's shape then does not tell the reader that the "
+            "answer is in a row (docs/model.md)."
+        },
+    )
     # --- masking ---
     random_mask_prob: float = field(default=0.3, metadata={"help": "P_rtm: per-token mask rate."})
     mention_mask_prob: float = field(default=0.5, metadata={"help": "P_ssm: per-mention whole-span mask rate."})
@@ -815,6 +823,7 @@ _WRITER_TRAINING_OPTIONS = (
     "row_autoencoding_share",
     "row_autoencoding_written_only",
     "writer_passages_by_mentions",
+    "fresh_names_like_written_only",
 )
 
 
@@ -914,6 +923,7 @@ def _writer_collator(args: PretrainingArguments, base: Any, passages: Any, token
         written_only_ids=practice, row_autoencoding_share=args.row_autoencoding_share,
         row_autoencoding_written_only=args.row_autoencoding_written_only,
         passages_by_mentions=args.writer_passages_by_mentions,
+        fresh_names_like_written_only=args.fresh_names_like_written_only,
     )  # fmt: skip
 
 

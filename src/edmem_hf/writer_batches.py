@@ -82,7 +82,9 @@ class WriterCollator:
     only entities first. `written_only_ids` are written-only besides that share (practice entities: people that
     pre-training reads about only to teach the writer, docs/model.md). A written-only entity with a name of several
     words is renamed, in the examples and in its writer input, with the first word of one entity's name and the last
-    of another's (a name no entity has), when `fresh_names`. With `row_autoencoding_share`, that share of the passages
+    of another's (a name no entity has), when `fresh_names`; with `fresh_names_like_written_only`, the words of written-
+    only entities' names only, so that a fresh name looks like the names of the entities that are read through rows
+    (people's names, for practice people) and its shape does not tell the reader that the answer is in a row. With `row_autoencoding_share`, that share of the passages
     about a written entity (a written-only one, with `row_autoencoding_written_only`) is read as the entity's written
     row alone (`_autoencode`). The choices are drawn from
     `seed` and the examples' tokens, so that a resumed run draws them again as the uninterrupted one did.
@@ -107,6 +109,7 @@ class WriterCollator:
     max_length: int = 128
     max_written_rows: int = 32
     fresh_names: bool = True
+    fresh_names_like_written_only: bool = False
     seed: int = 0
     written_only_ids: Sequence[int] = ()
     row_autoencoding_share: float = 0.0
@@ -131,7 +134,15 @@ class WriterCollator:
         if ((chosen < 0) | (chosen >= self.config.entity_vocab_size)).any():
             raise ValueError(f"written_only_ids outside the table of {self.config.entity_vocab_size} rows")
         self.written_only[chosen] = True
-        words = [name.split() for name in self.names if name is not None and len(name.split()) > 1]
+        if self.fresh_names_like_written_only and not self.fresh_names:
+            raise ValueError("fresh_names_like_written_only chooses the words of fresh names, which are off: give "
+                             "fresh_names=True")  # fmt: skip
+        named = (
+            [self.names[i] for i in np.flatnonzero(self.written_only)]
+            if self.fresh_names_like_written_only
+            else self.names
+        )
+        words = [name.split() for name in named if name is not None and len(name.split()) > 1]
         self._name_words = (sorted({w[0] for w in words}), sorted({w[-1] for w in words}))
         self._known_names = {name for name in self.names if name is not None}
 
