@@ -636,7 +636,7 @@ def name_shape(model_dir: Path, corpus: Path, practice_people: Path, data_file: 
         for start in range(0, len(features), 16):
             batch = collator(features[start : start + 16])
             with torch.no_grad():
-                logits = model(**{k: v for k, v in batch.items() if k != "example_index"}).logits
+                logits = model(**batch).logits
             labels = batch["labels"]
             whole += ((logits.argmax(-1) == labels) | (labels == -100)).all(1).tolist()
         figures[naming] = round(100 * sum(whole) / len(whole), 2)

@@ -82,12 +82,12 @@ class WriterCollator:
     only entities first. `written_only_ids` are written-only besides that share (practice entities: people that
     pre-training reads about only to teach the writer, docs/model.md). A written-only entity with a name of several
     words is renamed, in the examples and in its writer input, with the first word of one entity's name and the last
-    of another's (a name no entity has), when `fresh_names`; with `fresh_names_like_written_only`, the words of written-
-    only entities' names only, so that a fresh name looks like the names of the entities that are read through rows
-    (people's names, for practice people) and its shape does not tell the reader that the answer is in a row. With `row_autoencoding_share`, that share of the passages
-    about a written entity (a written-only one, with `row_autoencoding_written_only`) is read as the entity's written
-    row alone (`_autoencode`). The choices are drawn from
-    `seed` and the examples' tokens, so that a resumed run draws them again as the uninterrupted one did.
+    of another's (a name no entity has), when `fresh_names`; with `fresh_names_like_written_only`, of written-only
+    entities' words only, so that a fresh name looks like the names of the entities read through rows (people's, for
+    practice people) and its shape does not tell the reader that the answer is in a row. With
+    `row_autoencoding_share`, that share of the passages about a written entity (a written-only one, with
+    `row_autoencoding_written_only`) is read as the entity's written row alone (`_autoencode`). The choices are drawn
+    from `seed` and the examples' tokens, so that a resumed run draws them again as the uninterrupted one did.
 
     Args:
         base: the collator whose batch this extends.
