@@ -146,6 +146,7 @@ class GrowthSettings:
     writer_passages_by_mentions: bool = False  # the writer's training writes from passages that mention most
     entity_key_dim: int | None = None  # the writer's model: a row's columns that queries score (the rest its value)
     fresh_names_like_written_only: bool = False  # the writer's training: fresh names of written-only entities' words
+    writer_decoy_rows: int = 0  # the writer's training: decoys sharing a word with each renamed entity's fresh name
     recipe: str = "paper"  # pre-training and fine-tuning levers of toy_world_qa's RECIPES (every model alike)
 
 
@@ -682,6 +683,7 @@ def writer_folder(settings: GrowthSettings) -> str:
         name += "-written-only" if settings.row_autoencoding_written_only else ""
     name += "-by-mentions" if settings.writer_passages_by_mentions else ""
     name += "-names-like-written-only" if settings.fresh_names_like_written_only else ""
+    name += f"-decoys-{settings.writer_decoy_rows}" if settings.writer_decoy_rows else ""
     return name + (f"-key-{settings.entity_key_dim}" if settings.entity_key_dim else "")
 
 
@@ -719,6 +721,7 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
                                   row_autoencoding_written_only=settings.row_autoencoding_written_only,
                                   writer_passages_by_mentions=settings.writer_passages_by_mentions,
                                   fresh_names_like_written_only=settings.fresh_names_like_written_only,
+                                  writer_decoy_rows=settings.writer_decoy_rows,
                                   entity_key_dim=settings.entity_key_dim)  # fmt: skip
         options = ("--writer_corpus", str(data["corpus"])) if settings.writer_in_finetuning else ()
         models[f"{WRITER}_before"] = finetune_model(writer, files["train"], out / f"finetune-{folder}", settings.qa, seed,
@@ -882,6 +885,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fresh-names-like-written-only", action=argparse.BooleanOptionalAction,
                         help="the writer's training renames written-only entities with the words of their own names "
                              "(people's, for practice people), not of every entity's (default: off)")  # fmt: skip
+    parser.add_argument("--writer-decoy-rows", type=int,
+                        help="the writer's training: decoys each renamed entity brings, written under fresh names "
+                             "that share a word with its own (default: 0)")  # fmt: skip
     parser.add_argument("--recipe", choices=tuple(RECIPES),
                         help="toy_world_qa's pre-training and fine-tuning levers, for every model (default: paper); "
                              "another recipe's models go to seed-N/recipe-NAME")  # fmt: skip
@@ -892,7 +898,7 @@ def main(argv: list[str] | None = None) -> int:
     overrides = ("fit_steps", "continued_steps", "writer", "written_row_share", "written_only_share", "recipe")
     for key in (*overrides, "practice_people", "written_table", "row_autoencoding_share",
                 "row_autoencoding_written_only", "writer_passages_by_mentions", "entity_key_dim",
-                "fresh_names_like_written_only"):  # fmt: skip
+                "fresh_names_like_written_only", "writer_decoy_rows"):  # fmt: skip
         if getattr(args, key) is not None:
             settings = replace(settings, **{key: getattr(args, key)})
     if args.timed_additions is not None:
@@ -933,6 +939,7 @@ def main(argv: list[str] | None = None) -> int:
         f"writer_passages_by_mentions={int(settings.writer_passages_by_mentions)}",
         f"entity_key_dim={settings.entity_key_dim}",
         f"fresh_names_like_written_only={int(settings.fresh_names_like_written_only)}",
+        f"writer_decoy_rows={settings.writer_decoy_rows}",
         f"added_questions={runs[0]['questions']['added']}",
         f"trained_questions={runs[0]['questions']['test']}",
     ]

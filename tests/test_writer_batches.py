@@ -150,6 +150,41 @@ def test_fresh_names_like_written_only_are_made_of_written_only_entities_words(c
         writer_collator(corpus, fresh_names=False, fresh_names_like_written_only=True, **settings)
 
 
+def test_decoys_share_a_word_with_a_renamed_entity_and_are_absent_from_the_batch(corpus):
+    """With `decoy_rows`, each renamed entity brings up to that many other written-only entities, none labelled in
+    the batch, written under fresh names that keep its first or its last word; no decoy is renamed to a known name,
+    the batch's own choice is what it is without decoys, and the written rows stay within `max_written_rows`."""
+    settings = dict(written_row_share=0.0, written_only_share=0.6, seed=5, max_written_rows=12)
+    plain, decoyed = writer_collator(corpus, **settings), writer_collator(corpus, decoy_rows=2, **settings)
+    tokenizer, known, decoys = plain.tokenizer, set(plain.names), 0
+    for start in range(0, 64, 4):
+        examples = [{**plain.passages[i], "example_index": i} for i in range(start, start + 4)]
+        chosen, fresh = plain.choose(examples)
+        with_decoys, fresh_with = decoyed.choose(examples)
+        assert {e: with_decoys[e] for e in chosen} == chosen and {e: fresh_with[e] for e in fresh} == fresh
+        assert len(with_decoys) <= 12
+        labelled = {label for example in examples for label in example["entity_labels"] if label >= 0}
+        renamed = [tokenizer.decode(fresh[e]).strip().split() for e in fresh]
+        added = set(with_decoys) - set(chosen)
+        assert len(added) <= 2 * len(fresh)
+        for decoy in added:
+            assert decoyed.written_only[decoy] and decoy not in labelled
+            name = tokenizer.decode(fresh_with[decoy]).strip()
+            first, last = name.split()
+            assert name not in known and any(first == r[0] or last == r[-1] for r in renamed)
+        decoys += len(added)
+        batch = decoyed(examples)
+        assert set(batch["written_entity_ids"].tolist()) == set(with_decoys)
+        assert not torch.isin(batch["written_read_entity_ids"], torch.tensor(sorted(added) or [-1])).any()
+    assert decoys > 0
+    for wrong, match in (
+        (dict(decoy_rows=-1), "decoy_rows must be >= 0"),
+        (dict(decoy_rows=1, fresh_names=False), "fresh_names=True"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            writer_collator(corpus, **wrong)
+
+
 def test_shares_of_written_rows(corpus):
     never = writer_collator(corpus, written_row_share=0.0, written_only_share=0.0)
     passages = never.passages
@@ -288,7 +323,8 @@ def test_named_written_only_entities_join_the_share(corpus, tmp_path):
         _dataloaders(args, passages, tokenizer, 1, build_model(args, tokenizer, vocab))
     for option in (dict(written_only_entities_file=str(names_file)), dict(written_table=True),
                    dict(row_autoencoding_share=0.5), dict(row_autoencoding_written_only=True),
-                   dict(writer_passages_by_mentions=True), dict(fresh_names_like_written_only=True)):  # fmt: skip
+                   dict(writer_passages_by_mentions=True), dict(fresh_names_like_written_only=True),
+                   dict(writer_decoy_rows=2)):  # fmt: skip
         plain = _args(corpus, tmp_path / "y", **option)
         with pytest.raises(ValueError, match=f"--{next(iter(option))} is an option of training the writer"):
             _dataloaders(plain, passages, tokenizer, 1, build_model(plain, tokenizer, vocab))

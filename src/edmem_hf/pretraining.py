@@ -151,6 +151,14 @@ class PretrainingArguments:
             "answer is in a row (docs/model.md)."
         },
     )
+    writer_decoy_rows: int = field(
+        default=0,
+        metadata={
+            "help": "Decoys a renamed entity brings: other written-only entities, absent from the batch, written under "
+            "fresh names that share a word with its fresh name, so that a query learns to tell rows apart by the "
+            "whole name (docs/model.md)."
+        },
+    )
     # --- masking ---
     random_mask_prob: float = field(default=0.3, metadata={"help": "P_rtm: per-token mask rate."})
     mention_mask_prob: float = field(default=0.5, metadata={"help": "P_ssm: per-mention whole-span mask rate."})
@@ -824,6 +832,7 @@ _WRITER_TRAINING_OPTIONS = (
     "row_autoencoding_written_only",
     "writer_passages_by_mentions",
     "fresh_names_like_written_only",
+    "writer_decoy_rows",
 )
 
 
@@ -923,7 +932,7 @@ def _writer_collator(args: PretrainingArguments, base: Any, passages: Any, token
         written_only_ids=practice, row_autoencoding_share=args.row_autoencoding_share,
         row_autoencoding_written_only=args.row_autoencoding_written_only,
         passages_by_mentions=args.writer_passages_by_mentions,
-        fresh_names_like_written_only=args.fresh_names_like_written_only,
+        fresh_names_like_written_only=args.fresh_names_like_written_only, decoy_rows=args.writer_decoy_rows,
     )  # fmt: skip
 
 

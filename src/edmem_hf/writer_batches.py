@@ -84,7 +84,10 @@ class WriterCollator:
     words is renamed, in the examples and in its writer input, with the first word of one entity's name and the last
     of another's (a name no entity has), when `fresh_names`; with `fresh_names_like_written_only`, of written-only
     entities' words only, so that a fresh name looks like the names of the entities read through rows (people's, for
-    practice people) and its shape does not tell the reader that the answer is in a row. With
+    practice people) and its shape does not tell the reader that the answer is in a row. With `decoy_rows`, each
+    renamed entity brings up to that many decoys: other written-only entities, absent from the batch, written under
+    fresh names that share a word with its fresh name, linked by nothing: negatives that a query must tell from the
+    renamed entity's row by its whole name (a batch's other written rows seldom share a word with it). With
     `row_autoencoding_share`, that share of the passages about a written entity (a written-only one, with
     `row_autoencoding_written_only`) is read as the entity's written row alone (`_autoencode`). The choices are drawn
     from `seed` and the examples' tokens, so that a resumed run draws them again as the uninterrupted one did.
@@ -110,6 +113,7 @@ class WriterCollator:
     max_written_rows: int = 32
     fresh_names: bool = True
     fresh_names_like_written_only: bool = False
+    decoy_rows: int = 0
     seed: int = 0
     written_only_ids: Sequence[int] = ()
     row_autoencoding_share: float = 0.0
@@ -124,6 +128,10 @@ class WriterCollator:
         if self.row_autoencoding_written_only and not self.row_autoencoding_share:
             raise ValueError("row_autoencoding_written_only limits row auto-encoding, which is off: give "
                              "row_autoencoding_share > 0")  # fmt: skip
+        if self.decoy_rows < 0:
+            raise ValueError(f"decoy_rows must be >= 0, got {self.decoy_rows}")
+        if self.decoy_rows and not self.fresh_names:
+            raise ValueError("decoy_rows are written under fresh names, which are off: give fresh_names=True")
         if self.max_written_rows < 1:
             raise ValueError(f"max_written_rows must be >= 1, got {self.max_written_rows}")
         if len(self.names) != self.config.entity_vocab_size:
@@ -145,6 +153,8 @@ class WriterCollator:
         words = [name.split() for name in named if name is not None and len(name.split()) > 1]
         self._name_words = (sorted({w[0] for w in words}), sorted({w[-1] for w in words}))
         self._known_names = {name for name in self.names if name is not None}
+        self._decoy_pool = [entity for entity in np.flatnonzero(self.written_only).tolist()
+                            if self.names[entity] is not None and len(self.names[entity].split()) > 1]  # fmt: skip
 
     @classmethod
     def from_corpus(cls, base: Callable, corpus_dir: str, model: Any, tokenizer: Any, **settings) -> WriterCollator:
@@ -211,8 +221,35 @@ class WriterCollator:
             if self.fresh_names and self.written_only[entity] and len(self.names[entity].split()) > 1:
                 name = self._fresh_name(rng)
                 if name is not None:
-                    fresh[entity] = self._tokens_of_name(name)
-        return chosen, fresh
+                    fresh[entity] = name
+        if self.decoy_rows:
+            self._add_decoys(chosen, fresh, set(entities), read, rng)
+        return chosen, {entity: self._tokens_of_name(name) for entity, name in fresh.items()}
+
+    def _add_decoys(self, chosen: dict[int, int], fresh: dict[int, str], labelled: set[int], read: set[int],
+                    rng: np.random.Generator) -> None:  # fmt: skip
+        """Up to `decoy_rows` decoys for each renamed entity, into `chosen` and `fresh` (at most `max_written_rows`
+        written rows in all): written-only entities that the batch does not label, each under a fresh name that keeps
+        the renamed entity's first word (even decoys) or its last (odd ones)."""
+        firsts, lasts = self._name_words
+        taken = set(fresh.values())
+        for name in list(fresh.values()):
+            first, last = name.split()[0], name.split()[-1]
+            for i in range(self.decoy_rows):
+                if len(chosen) >= self.max_written_rows:
+                    return
+                decoy = self._decoy_pool[rng.integers(len(self._decoy_pool))]
+                if decoy in labelled or decoy in chosen:
+                    continue
+                passage = _passage_not_read(self.entity_passages.of(decoy), read, rng)
+                if passage is None:
+                    continue
+                other = f"{first} {lasts[rng.integers(len(lasts))]}" if i % 2 == 0 else \
+                    f"{firsts[rng.integers(len(firsts))]} {last}"  # fmt: skip
+                if other in self._known_names or other in taken:
+                    continue
+                chosen[decoy], fresh[decoy] = int(passage), other
+                taken.add(other)
 
     def _batch_rng(self, examples: Sequence[dict], *salt: int) -> np.random.Generator:
         """A generator drawn from `seed`, the examples' tokens and `salt`: a resumed run draws what the uninterrupted
