@@ -151,7 +151,10 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     assert result["summary"]["added"]["writer_before"]["memory_recall"]["mean"] == 0.0
     for trained_dir, estimators in (
         ("finetune", bench.ESTIMATORS),
-        ("finetune-writer-row-autoencoding-0.5-written-only-by-mentions-names-like-written-only-decoys-2-key-8", ["writer"]),
+        (
+            "finetune-writer-row-autoencoding-0.5-written-only-by-mentions-names-like-written-only-decoys-2-key-8",
+            ["writer"],
+        ),
     ):
         trained = EDMemForConditionalGeneration.from_pretrained(models / trained_dir)
         size = trained.config.entity_vocab_size
