@@ -617,22 +617,18 @@ def name_shape(model_dir: Path, corpus: Path, practice_people: Path, data_file: 
     its own name (`own_name`), by a fresh name of any two entities' words (`fresh_any_words`, how the writer's
     training renames by default), or by a fresh name of practice people's words (`fresh_people_words`). A reader
     that reads rows only for names no person could have answers `fresh_any_words` well and the others poorly."""
-    from datasets import load_from_disk
-
     model = EDMemForConditionalGeneration.from_pretrained(model_dir).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     vocab = model.entity_vocab
-    passages = load_from_disk(str(corpus / "passages"))["train"]
-    index = EntityPassages.from_dataset(passages, model.config.entity_vocab_size)
     practice = [vocab.id_of(line.strip()) for line in practice_people.read_text(encoding="utf-8").splitlines()]
-    base = EDMemSeq2SeqCollator(tokenizer.pad_token_id)
+    written = WriterCollator.from_corpus(EDMemSeq2SeqCollator(tokenizer.pad_token_id), str(corpus), model, tokenizer,
+                                         written_row_share=0.0, written_only_ids=practice, seed=seed)  # fmt: skip
     features = [encode_qa_record(row, tokenizer) for row in read_qa(str(data_file), vocab)]
     namings = {"own_name": dict(fresh_names=False), "fresh_any_words": {},
                "fresh_people_words": dict(fresh_names_like_written_only=True)}  # fmt: skip
     figures = {}
     for naming, options in namings.items():
-        collator = WriterCollator(base, passages, index, vocab.names, tokenizer, model.config, written_row_share=0.0,
-                                  written_only_share=0.0, written_only_ids=practice, seed=seed, **options)  # fmt: skip
+        collator = replace(written, **options)
         whole = []
         for start in range(0, len(features), 16):
             batch = collator(features[start : start + 16])

@@ -132,6 +132,9 @@ class WriterCollator:
             raise ValueError(f"decoy_rows must be >= 0, got {self.decoy_rows}")
         if self.decoy_rows and not self.fresh_names:
             raise ValueError("decoy_rows are written under fresh names, which are off: give fresh_names=True")
+        if self.fresh_names_like_written_only and not self.fresh_names:
+            raise ValueError("fresh_names_like_written_only chooses the words of fresh names, which are off: give "
+                             "fresh_names=True")  # fmt: skip
         if self.max_written_rows < 1:
             raise ValueError(f"max_written_rows must be >= 1, got {self.max_written_rows}")
         if len(self.names) != self.config.entity_vocab_size:
@@ -142,19 +145,14 @@ class WriterCollator:
         if ((chosen < 0) | (chosen >= self.config.entity_vocab_size)).any():
             raise ValueError(f"written_only_ids outside the table of {self.config.entity_vocab_size} rows")
         self.written_only[chosen] = True
-        if self.fresh_names_like_written_only and not self.fresh_names:
-            raise ValueError("fresh_names_like_written_only chooses the words of fresh names, which are off: give "
-                             "fresh_names=True")  # fmt: skip
-        named = (
-            [self.names[i] for i in np.flatnonzero(self.written_only)]
-            if self.fresh_names_like_written_only
-            else self.names
-        )
+        # the written-only entities a fresh name can rename (a name of several words): the decoys, and with
+        # fresh_names_like_written_only the words of fresh names
+        self._decoy_pool = [entity for entity in np.flatnonzero(self.written_only).tolist()
+                            if self.names[entity] is not None and len(self.names[entity].split()) > 1]  # fmt: skip
+        named = [self.names[e] for e in self._decoy_pool] if self.fresh_names_like_written_only else self.names
         words = [name.split() for name in named if name is not None and len(name.split()) > 1]
         self._name_words = (sorted({w[0] for w in words}), sorted({w[-1] for w in words}))
         self._known_names = {name for name in self.names if name is not None}
-        self._decoy_pool = [entity for entity in np.flatnonzero(self.written_only).tolist()
-                            if self.names[entity] is not None and len(self.names[entity].split()) > 1]  # fmt: skip
 
     @classmethod
     def from_corpus(cls, base: Callable, corpus_dir: str, model: Any, tokenizer: Any, **settings) -> WriterCollator:
