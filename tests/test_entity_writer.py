@@ -174,24 +174,6 @@ def test_written_rows_train_the_writer_and_replace_the_table_rows():
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.entity_writer.parameters())
     table_grad = model.model.entity_embeddings.weight.grad
     assert table_grad[WRITTEN_IDS].abs().max() == 0 and table_grad.abs().max() > 0
-    # the output carries the rows read, aligned with written_entity_ids (training may keep them in the table)
-    fields = writer_fields()
-    assert out.written_entity_rows.shape == (len(WRITTEN_IDS), model.config.entity_embed_dim)
-    expected = model.eval().write_entity_rows(fields["writer_input_ids"], fields["writer_attention_mask"])
-    assert torch.allclose(model(**tiny_batch(), **fields).written_entity_rows, expected)
-    assert model(**tiny_batch()).written_entity_rows is None
-
-
-def test_a_row_norm_fixes_the_norm_of_every_written_row():
-    model = tiny_model(seed=4, entity_row_writer=True, entity_row_norm=3.0).eval()
-    rows = model.write_entity_rows(writer_fields()["writer_input_ids"], writer_fields()["writer_attention_mask"])
-    assert torch.allclose(rows.norm(dim=-1), torch.full((len(rows),), 3.0))
-    free = tiny_model(seed=4, entity_row_writer=True).eval()
-    free_rows = free.write_entity_rows(writer_fields()["writer_input_ids"], writer_fields()["writer_attention_mask"])
-    assert torch.allclose(rows, 3.0 * torch.nn.functional.normalize(free_rows, dim=-1))  # the direction is the head's
-    for bad in (dict(entity_row_writer=True, entity_row_norm=0.0), dict(entity_row_norm=1.0)):
-        with pytest.raises(StrictDataclassClassValidationError, match="entity_row_norm is the norm of a written row"):
-            tiny_config(**bad)
 
 
 def test_bad_written_entity_fields_raise():

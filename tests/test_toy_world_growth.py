@@ -133,8 +133,8 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
             "--finetune-learning-rate", "1e-2", "--d-model", "32", "--fit-steps", "3",
             "--questions-in-batches", "--recipe", "masked_spans", "--practice-people", "3", "--row-autoencoding-share", "0.5",
             "--row-autoencoding-written-only", "--writer-passages-by-mentions", "--entity-key-dim", "8",
-            "--fresh-names-like-written-only", "--writer-decoy-rows", "2", "--table-of-written-rows",
-            "--entity-row-norm", "2", "--timed-additions", "10"]  # fmt: skip
+            "--fresh-names-like-written-only", "--writer-decoy-rows", "2",
+            "--timed-additions", "10"]  # fmt: skip
     assert bench.main(argv) == 0
     result = json.loads((out / "results.json").read_text())
     seed = out / "seed-0"
@@ -152,7 +152,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     for trained_dir, estimators in (
         ("finetune", bench.ESTIMATORS),
         (
-            "finetune-writer-row-autoencoding-0.5-written-only-by-mentions-names-like-written-only-decoys-2-table-of-written-rows-norm-2.0-key-8",
+            "finetune-writer-row-autoencoding-0.5-written-only-by-mentions-names-like-written-only-decoys-2-key-8",
             ["writer"],
         ),
     ):
@@ -160,7 +160,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
         size = trained.config.entity_vocab_size
         for estimator in estimators:
             folder = (
-                "grown-writer-row-autoencoding-0.5-written-only-by-mentions-names-like-written-only-decoys-2-table-of-written-rows-norm-2.0-key-8"
+                "grown-writer-row-autoencoding-0.5-written-only-by-mentions-names-like-written-only-decoys-2-key-8"
                 if estimator == "writer"
                 else f"grown-{estimator}"
             )
@@ -208,7 +208,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     assert last.startswith(
         f"RESULT seeds=1 people_added={len(held)} practice_people=3 pretrain_steps=30 written_table=0 row_autoencoding_share=0.5 "
         "row_autoencoding_written_only=1 writer_passages_by_mentions=1 entity_key_dim=8 "
-        "fresh_names_like_written_only=1 writer_decoy_rows=2 table_of_written_rows=1 entity_row_norm=2.0 "
+        "fresh_names_like_written_only=1 writer_decoy_rows=2 "
     )
     for key in ("added_over_trained_em", "trained_em_change", "seconds_to_add_10_fitted", "seconds_to_add_10_mean",
                 "added_over_trained_em_with_floor", "added_recall", "row_swap_follow", "writer_cost_on_trained_em",

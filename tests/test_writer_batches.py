@@ -324,7 +324,7 @@ def test_named_written_only_entities_join_the_share(corpus, tmp_path):
     for option in (dict(written_only_entities_file=str(names_file)), dict(written_table=True),
                    dict(row_autoencoding_share=0.5), dict(row_autoencoding_written_only=True),
                    dict(writer_passages_by_mentions=True), dict(fresh_names_like_written_only=True),
-                   dict(writer_decoy_rows=2), dict(table_of_written_rows=True)):  # fmt: skip
+                   dict(writer_decoy_rows=2)):  # fmt: skip
         plain = _args(corpus, tmp_path / "y", **option)
         with pytest.raises(ValueError, match=f"--{next(iter(option))} is an option of training the writer"):
             _dataloaders(plain, passages, tokenizer, 1, build_model(plain, tokenizer, vocab))
@@ -397,49 +397,3 @@ def test_a_written_table_is_every_entity_row_written_from_its_passages(corpus, t
     assert len(ids) > collator.written_only.sum() and len(ids) >= 0.9 * len(collator.names)
     table = model.model.entity_embeddings.weight.detach()
     assert torch.allclose(table[ids], written_rows(model, inputs), atol=1e-6)
-
-
-def test_a_table_of_written_rows_holds_the_rows_the_batches_wrote_and_resumes_exactly(corpus, tmp_path, monkeypatch):
-    """`--table_of_written_rows`: the table starts as the writer's rows of every entity's passages, is not trained,
-    and holds after each step the rows that step's batch wrote (the model's `written_entity_rows`); a killed and
-    resumed run ends where the uninterrupted one does."""
-    from edmem_hf import pretraining
-
-    common = dict(max_steps=6, save_steps=3, dropout=0.1, entity_row_writer=True, written_only_share=0.0,
-                  written_row_share=1.0, table_of_written_rows=True, entity_row_norm=2.0)  # fmt: skip
-    collator = writer_collator(corpus, seed=42)  # _args' seed
-    ids, inputs = collator.rows_to_write(every_entity=True)
-    start, steps = {}, []
-    start_table = pretraining._start_a_table_of_written_rows
-    keep = pretraining._PretrainingRun._keep_written_rows
-
-    def started(model, writer_collator, write):
-        start_table(model, writer_collator, write)
-        start["table"] = model.get_encoder().entity_embeddings.weight.detach().clone()
-        start["written"] = written_rows(model, inputs)
-
-    def kept(run, batch, outputs):
-        keep(run, batch, outputs)
-        steps.append((batch["written_entity_ids"].clone(), outputs.written_entity_rows.detach().clone()))
-
-    monkeypatch.setattr(pretraining, "_start_a_table_of_written_rows", started)
-    monkeypatch.setattr(pretraining._PretrainingRun, "_keep_written_rows", kept)
-    full = tmp_path / "full"
-    pretrain(_args(corpus, full, **common))
-    assert torch.allclose(start["table"][ids], start["written"], atol=1e-6)
-    assert len(steps) == 6 and all(len(written) for written, _ in steps)
-    expected = start["table"].clone()
-    for written, rows in steps:
-        expected[written] = rows
-    table = _weights(full)["model.entity_embeddings.weight"]
-    assert torch.equal(table, expected)  # every row is the last one written: nothing trained the table
-    assert torch.allclose(table[ids].norm(dim=-1), torch.full((len(ids),), 2.0))  # --entity_row_norm
-
-    monkeypatch.undo()
-    killed = tmp_path / "killed"
-    assert not pretrain(_args(corpus, killed, max_steps_this_run=4, **common))["completed"]
-    assert pretrain(_args(corpus, killed, **common))["completed"]
-    a, b = _weights(full), _weights(killed)
-    assert all(torch.equal(a[key], b[key]) for key in a)
-    with pytest.raises(ValueError, match="--table_of_written_rows needs written rows of a fixed norm"):
-        pretrain(_args(corpus, tmp_path / "unnormed", **{**common, "entity_row_norm": None}))

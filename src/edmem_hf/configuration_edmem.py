@@ -66,9 +66,6 @@ class EDMemConfig(PreTrainedConfig):
             head on the encoder's lower layers that turns a text about an entity, `<E_s> name <E_e> passage`, into a
             row of the entity table, for entities added after training and for training that reads written rows
             (docs/model.md, "Entities written from text"). Off: the paper's model, unchanged.
-        entity_row_norm (`float` or `None`): the norm of every row the writer writes (`None`: as the head makes
-            it). A table of written rows refreshed in training (`edmem pretrain --table_of_written_rows`) needs it:
-            a freshly written row scored against stale ones can otherwise win by growing.
     """
 
     model_type = "edmem"
@@ -114,7 +111,6 @@ class EDMemConfig(PreTrainedConfig):
     variant: str = "edmem"
     lower_decoder_attends_to: str = "upper"
     entity_row_writer: bool = False
-    entity_row_norm: float | None = None
     use_cache: bool = True
     pad_token_id: int | None = 1
     bos_token_id: int | None = 0
@@ -164,9 +160,6 @@ class EDMemConfig(PreTrainedConfig):
             raise ValueError(
                 f"entity_key_dim must be in [1, entity_embed_dim={self.entity_embed_dim}], got {self.entity_key_dim}"
             )
-        if self.entity_row_norm is not None and not (self.entity_row_writer and self.entity_row_norm > 0):
-            raise ValueError(f"entity_row_norm is the norm of a written row: a positive number with entity_row_writer, "
-                             f"got {self.entity_row_norm} (entity_row_writer={self.entity_row_writer})")  # fmt: skip
         if self.entity_row_writer and self.variant != "edmem":
             raise ValueError(f"entity_row_writer is built on the full EDMem (variant 'edmem'), not {self.variant!r}")
         for name in ("memory_dropout", "upper_input_dropout"):

@@ -21,8 +21,7 @@ class EntityRowWriter(nn.Module):
 
     `row = W_row LayerNorm([h_<E_s> ; pool(h)])`, where `pool` is attention pooling with one learned query per head
     (`encoder_attention_heads` heads, so that each head can gather a different fact of the passage) over the
-    input's tokens, scaled to norm `entity_row_norm` when the config sets one. Dropout `memory_dropout` on the row,
-    as on the memory's projections.
+    input's tokens. Dropout `memory_dropout` on the row, as on the memory's projections.
     """
 
     def __init__(self, config: EDMemConfig):
@@ -35,7 +34,6 @@ class EntityRowWriter(nn.Module):
         self.pool_values = nn.Linear(config.d_model, config.d_model)
         self.layer_norm = nn.LayerNorm(2 * config.d_model)
         self.row_proj = nn.Linear(2 * config.d_model, config.entity_embed_dim)
-        self.row_norm = config.entity_row_norm
         self.dropout = nn.Dropout(config.memory_dropout)
 
     def forward(
@@ -62,10 +60,7 @@ class EntityRowWriter(nn.Module):
         scores = scores.float().masked_fill(attention_mask[:, None, :] == 0, float("-inf"))
         weights = torch.softmax(scores, dim=-1).to(values.dtype)
         pooled = torch.einsum("bhl,blhd->bhd", weights, values).reshape(batch, -1)
-        rows = self.row_proj(self.layer_norm(torch.cat([at_name, pooled], dim=-1)))
-        if self.row_norm is not None:
-            rows = self.row_norm * nn.functional.normalize(rows, dim=-1)
-        return self.dropout(rows)
+        return self.dropout(self.row_proj(self.layer_norm(torch.cat([at_name, pooled], dim=-1))))
 
 
 def writer_input_ids(

@@ -291,9 +291,6 @@ class EDMemSeq2SeqLMOutput(Seq2SeqLMOutput):
             attended to in the memory, with their scores (with `output_attended_entities=True`).
         linked_entities (`EntityMemoryAccess`): the entity-linking head's predictions at each decoder `<E_s>` (with
             `output_attended_entities=True` or `entity_linking_top_k`).
-        written_entity_rows (`torch.FloatTensor` of shape `(K, entity_embed_dim)`): the rows the writer made of
-            `writer_input_ids`, aligned with `written_entity_ids` (with a writer's fields only), so that training can
-            keep them (`edmem pretrain --table_of_written_rows`).
     """
 
     lm_loss: torch.FloatTensor | None = None
@@ -301,7 +298,6 @@ class EDMemSeq2SeqLMOutput(Seq2SeqLMOutput):
     encoder_attended_entities: EntityMemoryAccess | None = None
     decoder_attended_entities: EntityMemoryAccess | None = None
     linked_entities: EntityMemoryAccess | None = None
-    written_entity_rows: torch.FloatTensor | None = None
 
 
 @dataclass
@@ -1151,7 +1147,6 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
             encoder_attended_entities=outputs.encoder_attended_entities,
             decoder_attended_entities=outputs.decoder_attended_entities,
             linked_entities=linked,
-            written_entity_rows=written_rows.rows if written_rows is not None else None,
         )
 
     def _link_mentions(

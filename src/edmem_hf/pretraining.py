@@ -94,10 +94,6 @@ class PretrainingArguments:
         default=None,
         metadata={"help": "A writer of entity rows, trained to write rows the memory reads (docs/model.md)."},
     )
-    entity_row_norm: float | None = field(
-        default=None,
-        metadata={"help": "The norm of every row the writer writes (default: as its head makes it; docs/model.md)."},
-    )
     # --- training with the writer of entity rows (a model with entity_row_writer) ---
     written_row_share: float = field(
         default=0.5, metadata={"help": "Share of a batch's entities read through a row written from another passage."}
@@ -118,14 +114,6 @@ class PretrainingArguments:
             "help": "When training ends, write every entity's table row with the writer (from up to 4 train passages "
             "each), not only the written-only entities': trained and added entities' rows are then alike "
             "(docs/model.md)."
-        },
-    )
-    table_of_written_rows: bool = field(
-        default=False,
-        metadata={
-            "help": "Through training the entity table holds the writer's rows, not trained ones: written from up to 4 "
-            "train passages each when training starts, then each row a batch writes is copied into it. Queries learn "
-            "to find an entity among written rows, as they must in a written table (docs/model.md)."
         },
     )
     row_autoencoding_share: float = field(
@@ -428,7 +416,6 @@ _ARCH_FIELDS = (
     "entity_loss_reduction",
     "variant",
     "entity_row_writer",
-    "entity_row_norm",
 )
 
 
@@ -846,7 +833,6 @@ _WRITER_TRAINING_OPTIONS = (
     "writer_passages_by_mentions",
     "fresh_names_like_written_only",
     "writer_decoy_rows",
-    "table_of_written_rows",
 )
 
 
@@ -950,22 +936,6 @@ def _writer_collator(args: PretrainingArguments, base: Any, passages: Any, token
     )  # fmt: skip
 
 
-def _start_a_table_of_written_rows(model: Any, writer_collator: Any, write: bool) -> None:
-    """`--table_of_written_rows`: the entity table stops being trained, and (`write`, a run that does not resume)
-    holds the rows the writer makes of each entity's first train passages (TOME's memory of encoded mentions, which
-    the training then refreshes as the batches write rows: `_PretrainingRun._keep_written_rows`)."""
-    from .entity_growth import write_rows_into_table
-
-    table = model.get_encoder().entity_embeddings.weight
-    if model.config.entity_row_norm is None:
-        raise ValueError("--table_of_written_rows needs written rows of a fixed norm (--entity_row_norm): a row written "
-                         "in the batch, scored against the table's rows written steps before, otherwise wins by "
-                         "growing, and every row grows without bound (docs/model.md)")  # fmt: skip
-    if write:
-        write_rows_into_table(model, *writer_collator.rows_to_write(every_entity=True))
-    table.requires_grad_(False)
-
-
 class _PretrainingRun:
     """One `pretrain` call: `__init__` sets up (accelerator, data, model, optimiser, resume), `train` runs the
     optimizer steps, `finish` evaluates and saves the model."""
@@ -1003,8 +973,6 @@ class _PretrainingRun:
             raise ValueError("training the entity row writer runs on one process or DDP, not FSDP or DeepSpeed")
         if self.writer_collator is not None:  # the written-only entities' table rows stay out of the memory
             model.set_entity_mask(torch.from_numpy(~self.writer_collator.written_only))
-        if args.table_of_written_rows:
-            _start_a_table_of_written_rows(model, self.writer_collator, write=resume_from is None)
         self.batches_per_epoch = len(train_dl) // accelerator.num_processes or 1
         steps_per_epoch = max(math.ceil(self.batches_per_epoch / args.gradient_accumulation_steps), 1)
         self.max_steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * steps_per_epoch)
@@ -1148,27 +1116,10 @@ class _PretrainingRun:
                 accelerator.clip_grad_norm_(self.model.parameters(), self.args.max_grad_norm)
             self.optimizer.step()
             self.optimizer.zero_grad()
-        if self.args.table_of_written_rows:
-            self._keep_written_rows(batch, outputs)
         for i, name in enumerate(("loss", "lm_loss", "entity_loss")):
             self.window[i] += _scalar(outputs, name).to(self.window.device)
         self.window[3] += 1
         self.window_tokens += batch["attention_mask"].sum().double()
-
-    @torch.no_grad()
-    def _keep_written_rows(self, batch: dict[str, torch.Tensor], outputs: Any) -> None:
-        """Copies the rows the batch's writer wrote (every process's, in rank order) into the entity table
-        (`--table_of_written_rows`), so that the next steps' queries meet them there."""
-        ids, rows = batch.get("written_entity_ids"), outputs.written_entity_rows
-        if ids is None or rows is None:
-            return
-        accelerator = self.accelerator
-        if accelerator.num_processes > 1:  # processes write different entities: every replica keeps them all
-            ids = accelerator.gather(accelerator.pad_across_processes(ids, pad_index=-1))
-            rows = accelerator.gather(accelerator.pad_across_processes(rows.detach()))
-            rows, ids = rows[ids >= 0], ids[ids >= 0]
-        table = accelerator.unwrap_model(self.model).get_encoder().entity_embeddings.weight
-        table[ids.to(table.device)] = rows.detach().to(table)
 
     def _log_evaluate_save(self) -> None:
         step, args = self.progress.global_step, self.args
