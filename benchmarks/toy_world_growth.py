@@ -70,6 +70,7 @@ from toy_world_qa import (  # noqa: E402
     em,
     experiment_parser,
     finetune_model,
+    hidden_rows,
     majority_answers,
     memory_hits,
     predict,
@@ -77,6 +78,7 @@ from toy_world_qa import (  # noqa: E402
     pretraining_schedule,
     question_hits,
     quiet_logging,
+    save_entity_mask,
     with_overrides,
     with_questions_in_pages,
     write_released_format,
@@ -679,6 +681,7 @@ def writer_folder(settings: GrowthSettings) -> str:
         name += "-written-only" if settings.row_autoencoding_written_only else ""
     name += "-by-mentions" if settings.writer_passages_by_mentions else ""
     name += "-names-like-written-only" if settings.fresh_names_like_written_only else ""
+    name += f"-share-{settings.written_row_share}" if settings.written_row_share != 0.5 else ""
     name += f"-decoys-{settings.writer_decoy_rows}" if settings.writer_decoy_rows else ""
     return name + (f"-key-{settings.entity_key_dim}" if settings.entity_key_dim else "")
 
@@ -746,6 +749,10 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
             if data["practice_people"] is not None and split != "practice":  # what the practice people's rows take
                 hits = memory_hits(model_dir, files[split], hidden=data["practice"])
                 figures["memory_recall_practice_rows_hidden"] = round(100 * sum(hits) / len(hits), 2)
+                mask = practice_rows_mask(model_dir, data["practice"])
+                path = predict(model_dir, files[split], model_dir / f"predict-{split}-free-practice-rows-hidden", "free",
+                               settings.qa, seed, entity_mask_file=mask)  # fmt: skip
+                figures["free_practice_rows_hidden"] = em(question_hits(files[split], files[f"{split}_links"], path))
             results.setdefault(split, {})[name] = figures
     results["rows_alone"] = rows_alone_ceiling(finetuned, files)
     asked = [files[split] for split in ("train", "test", "practice") if split in files]
@@ -762,6 +769,13 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
     return {"seed": seed, "held_out": held, "questions": sizes, "results": results, "seconds_to_add": seconds,
             "models": {name: str(path) for name, path in models.items()},
             "seconds_this_call": round(time.perf_counter() - started)}  # fmt: skip
+
+
+def practice_rows_mask(model_dir: Path, practice: list[str]) -> Path:
+    """A memory mask file (`--entity_mask_file`) hiding the practice people's rows from the model's memory: they are
+    scaffolding of the writer's training, asked nothing at test, and their written rows take other people's queries."""
+    vocab = EntityVocab.load(model_dir)
+    return save_entity_mask(hidden_rows(len(vocab), practice, vocab), model_dir / "practice_rows_hidden_mask.pt")
 
 
 def summarise(runs: list[dict]) -> dict:
@@ -821,7 +835,9 @@ def headline_figures(summary: dict, writer: bool) -> dict:
     majority-answer EM its floor) and with it; the added people's memory recall; the trained people's EM change on
     adding; the share of answers that follow a swapped row (the default EDMem's is `row_swap_follow_default` among
     the diagnostics); and the trained people's EM lost to training the writer (the default EDMem's less the
-    writer's, before adding). A ratio whose trained EM is at its floor is None."""
+    writer's, before adding). With practice people, the same EMs with their rows hidden from the memory
+    (`..._practice_rows_hidden`): they are scaffolding of the writer's training, asked nothing at test. A ratio whose
+    trained EM is at its floor is None."""
 
     def mean(*path: str) -> float:
         node = summary
@@ -846,6 +862,20 @@ def headline_figures(summary: dict, writer: bool) -> dict:
     }  # fmt: skip
     if writer:
         figures["writer_cost_on_trained_em"] = round(mean("test", "before", "free", "all") - trained, 2)
+    if "free_practice_rows_hidden" in summary["test"][before]:  # the same, the practice people's rows hidden
+        trained = mean("test", before, "free_practice_rows_hidden", "all")
+        added = mean("added", system, "free_practice_rows_hidden", "all")
+        figures["added_over_trained_em_practice_rows_hidden"] = (
+            round((added - floor_added) / (trained - floor_trained), 3) if trained > floor_trained else None
+        )
+        figures["trained_em_practice_rows_hidden"] = trained
+        figures["added_em_practice_rows_hidden"] = added
+        figures["trained_em_change_practice_rows_hidden"] = round(
+            mean("test", system, "free_practice_rows_hidden", "all") - trained, 2
+        )
+        if writer:
+            default = mean("test", "before", "free_practice_rows_hidden", "all")
+            figures["writer_cost_on_trained_em_practice_rows_hidden"] = round(default - trained, 2)
     return figures
 
 
@@ -936,6 +966,7 @@ def main(argv: list[str] | None = None) -> int:
         f"entity_key_dim={settings.entity_key_dim}",
         f"fresh_names_like_written_only={int(settings.fresh_names_like_written_only)}",
         f"writer_decoy_rows={settings.writer_decoy_rows}",
+        f"written_row_share={settings.written_row_share}",
         f"added_questions={runs[0]['questions']['added']}",
         f"trained_questions={runs[0]['questions']['test']}",
     ]

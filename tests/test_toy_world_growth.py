@@ -201,6 +201,13 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     shape = result["runs"][0]["results"]["diagnostics"]["writer"]["name_shape"]
     assert shape["questions"] == len(list(read_jsonl(seed / "edmem_toy-practice.jsonl")))
     assert all(0.0 <= shape[k] <= 100.0 for k in ("own_name", "fresh_any_words", "fresh_people_words"))
+    # the practice people's rows hidden: the mask hides them and no one else, and every EM is read again with it
+    practice = set((seed / "practice_people.txt").read_text(encoding="utf-8").split("\n")) - {""}
+    vocab = EntityVocab.load(models / "finetune")
+    mask = torch.load(models / "finetune" / "practice_rows_hidden_mask.pt", weights_only=True)
+    assert len(practice) == 3 and {vocab.name_of(i) for i in mask.nonzero().flatten().tolist()} == practice
+    for split, name in (("test", "writer_before"), ("added", "writer"), ("test", "before")):
+        assert 0.0 <= result["summary"][split][name]["free_practice_rows_hidden"]["all"]["mean"] <= 100.0
     bound = result["runs"][0]["results"]["rows_alone"]
     assert -1.0 <= bound["added_query_cosine_between_people"] <= 1.0
     assert 0.0 <= bound["added_recall_with_rows_from_their_questions"] <= 100.0
@@ -215,7 +222,8 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
                 "seconds_to_add_10_writer", "estimator=writer", "trained_memory_recall_practice_rows_hidden_writer",
                 "practice_em_writer_before", "passage_facts_uniform", "passage_facts_by_mentions",
                 "name_shape_own_name_writer", "name_shape_fresh_any_words_writer",
-                "name_shape_fresh_people_words_writer"):  # fmt: skip
+                "name_shape_fresh_people_words_writer", "trained_em_practice_rows_hidden",
+                "added_over_trained_em_practice_rows_hidden", "writer_cost_on_trained_em_practice_rows_hidden"):  # fmt: skip
         assert f" {key}" in last
     _a_grown_model_recalls_and_answers_on_a_case_built_to_succeed(bench, seed, models, tmp_path)
     # a rerun reuses the answers and times only what is asked and not yet measured
