@@ -68,6 +68,12 @@ def test_each_recipe_keeps_its_models_apart(bench, tmp_path):
     assert bench.models_folder(tmp_path, paper) == tmp_path
     folders = {bench.models_folder(tmp_path, replace(paper, recipe=name)) for name in bench.RECIPES}
     assert len(folders) == len(bench.RECIPES) and all(folder.parent == tmp_path for folder in folders - {tmp_path})
+    # the writer's models of another written-row share are their own too; the default share's keep their name
+    assert bench.writer_folder(paper) == "writer"
+    assert (
+        bench.writer_folder(replace(paper, written_row_share=1.0, written_table=True))
+        == "writer-written-table-share-1.0"
+    )
 
 
 def test_the_row_probe_reads_a_fact_that_rows_carry_and_not_one_they_do_not(bench, tmp_path):
