@@ -735,6 +735,10 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
                                                          settings.qa, seed, None, weight)  # fmt: skip
     results: dict[str, dict] = {}
     for name, model_dir in models.items():
+        # what the practice people's rows take: the figures again with them hidden (one mask file a model)
+        practice_mask = (
+            practice_rows_mask(model_dir, data["practice"]) if data["practice_people"] is not None else None
+        )
         for split in ("added", "test", "practice"):
             if split == "test" and name == "random":
                 continue
@@ -746,12 +750,11 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
                 figures[mode] = em(question_hits(files[split], files[f"{split}_links"], path))
             hits = memory_hits(model_dir, files[split])
             figures["memory_recall"] = round(100 * sum(hits) / len(hits), 2)
-            if data["practice_people"] is not None and split != "practice":  # what the practice people's rows take
+            if practice_mask is not None and split != "practice":
                 hits = memory_hits(model_dir, files[split], hidden=data["practice"])
                 figures["memory_recall_practice_rows_hidden"] = round(100 * sum(hits) / len(hits), 2)
-                mask = practice_rows_mask(model_dir, data["practice"])
                 path = predict(model_dir, files[split], model_dir / f"predict-{split}-free-practice-rows-hidden", "free",
-                               settings.qa, seed, entity_mask_file=mask)  # fmt: skip
+                               settings.qa, seed, entity_mask_file=practice_mask)  # fmt: skip
                 figures["free_practice_rows_hidden"] = em(question_hits(files[split], files[f"{split}_links"], path))
             results.setdefault(split, {})[name] = figures
     results["rows_alone"] = rows_alone_ceiling(finetuned, files)
@@ -848,11 +851,14 @@ def headline_figures(summary: dict, writer: bool) -> dict:
     system, before = (WRITER, f"{WRITER}_before") if writer else (DEFAULT_ESTIMATOR, "before")
     trained, added = mean("test", before, "free", "all"), mean("added", system, "free", "all")
     floor_added, floor_trained = mean("floor", "added"), mean("floor", "test")
+
+    def above_floor(added: float, trained: float) -> float | None:
+        return round((added - floor_added) / (trained - floor_trained), 3) if trained > floor_trained else None
+
     diagnostics = summary["diagnostics"]
     figures = {
         "estimator": system,
-        "added_over_trained_em": round((added - floor_added) / (trained - floor_trained), 3)
-        if trained > floor_trained else None,
+        "added_over_trained_em": above_floor(added, trained),
         "added_over_trained_em_with_floor": round(added / trained, 3) if trained else None,
         "added_recall": mean("added", system, "memory_recall"),
         "trained_em_change": round(mean("test", system, "free", "all") - trained, 2),
@@ -862,20 +868,18 @@ def headline_figures(summary: dict, writer: bool) -> dict:
     }  # fmt: skip
     if writer:
         figures["writer_cost_on_trained_em"] = round(mean("test", "before", "free", "all") - trained, 2)
-    if "free_practice_rows_hidden" in summary["test"][before]:  # the same, the practice people's rows hidden
-        trained = mean("test", before, "free_practice_rows_hidden", "all")
-        added = mean("added", system, "free_practice_rows_hidden", "all")
-        figures["added_over_trained_em_practice_rows_hidden"] = (
-            round((added - floor_added) / (trained - floor_trained), 3) if trained > floor_trained else None
-        )
-        figures["trained_em_practice_rows_hidden"] = trained
-        figures["added_em_practice_rows_hidden"] = added
+    hidden = "free_practice_rows_hidden"
+    if hidden in summary["test"][before]:  # the same, the practice people's rows hidden
+        hidden_trained, hidden_added = mean("test", before, hidden, "all"), mean("added", system, hidden, "all")
+        figures["added_over_trained_em_practice_rows_hidden"] = above_floor(hidden_added, hidden_trained)
+        figures["trained_em_practice_rows_hidden"] = hidden_trained
+        figures["added_em_practice_rows_hidden"] = hidden_added
         figures["trained_em_change_practice_rows_hidden"] = round(
-            mean("test", system, "free_practice_rows_hidden", "all") - trained, 2
+            mean("test", system, hidden, "all") - hidden_trained, 2
         )
         if writer:
-            default = mean("test", "before", "free_practice_rows_hidden", "all")
-            figures["writer_cost_on_trained_em_practice_rows_hidden"] = round(default - trained, 2)
+            default = mean("test", "before", hidden, "all")
+            figures["writer_cost_on_trained_em_practice_rows_hidden"] = round(default - hidden_trained, 2)
     return figures
 
 
