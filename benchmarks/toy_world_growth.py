@@ -149,6 +149,9 @@ class GrowthSettings:
     entity_key_dim: int | None = None  # the writer's model: a row's columns that queries score (the rest its value)
     fresh_names_like_written_only: bool = False  # the writer's training: fresh names of written-only entities' words
     writer_decoy_rows: int = 0  # the writer's training: decoys sharing a word with each renamed entity's fresh name
+    # TOME's second stage: after the writer's pre-training, this many steps with the writer, the lower encoder layers
+    # and the table frozen (`--frozen_writer`), every entity of a batch read through a row written from another passage
+    reader_steps: int = 0
     recipe: str = "paper"  # pre-training and fine-tuning levers of toy_world_qa's RECIPES (every model alike)
 
 
@@ -683,7 +686,8 @@ def writer_folder(settings: GrowthSettings) -> str:
     name += "-names-like-written-only" if settings.fresh_names_like_written_only else ""
     name += f"-share-{settings.written_row_share}" if settings.written_row_share != 0.5 else ""
     name += f"-decoys-{settings.writer_decoy_rows}" if settings.writer_decoy_rows else ""
-    return name + (f"-key-{settings.entity_key_dim}" if settings.entity_key_dim else "")
+    name += f"-key-{settings.entity_key_dim}" if settings.entity_key_dim else ""
+    return name + (f"-frozen-writer-{settings.reader_steps}" if settings.reader_steps else "")
 
 
 def models_folder(seed_dir: Path, settings: GrowthSettings) -> Path:
@@ -710,8 +714,8 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
         models[estimator], seconds[estimator] = grow(finetuned, data["new_dump"], estimator, out / f"grown-{estimator}",
                                                      held, settings, seed, data["train_people"])  # fmt: skip
     if settings.writer:
-        folder = writer_folder(settings)
-        writer = pretrain_variant("edmem", data["corpus"], out / f"pretrain-{folder}", settings.qa, seed, None, recipe,
+        folder, first_stage = writer_folder(settings), writer_folder(replace(settings, reader_steps=0))
+        writer = pretrain_variant("edmem", data["corpus"], out / f"pretrain-{first_stage}", settings.qa, seed, None, recipe,
                                   questions, entity_row_writer=True, written_row_share=settings.written_row_share,
                                   written_only_share=settings.written_only_share,
                                   written_only_entities_file=data["practice_people"] and str(data["practice_people"]),
@@ -722,6 +726,8 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
                                   fresh_names_like_written_only=settings.fresh_names_like_written_only,
                                   writer_decoy_rows=settings.writer_decoy_rows,
                                   entity_key_dim=settings.entity_key_dim)  # fmt: skip
+        if settings.reader_steps:
+            writer = pretrain_reader(writer, data, out / f"pretrain-{folder}", settings, seed, recipe, questions)
         options = ("--writer_corpus", str(data["corpus"])) if settings.writer_in_finetuning else ()
         models[f"{WRITER}_before"] = finetune_model(writer, files["train"], out / f"finetune-{folder}", settings.qa, seed,
                                                     None, weight, options=options)  # fmt: skip
@@ -772,6 +778,21 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
     return {"seed": seed, "held_out": held, "questions": sizes, "results": results, "seconds_to_add": seconds,
             "models": {name: str(path) for name, path in models.items()},
             "seconds_this_call": round(time.perf_counter() - started)}  # fmt: skip
+
+
+def pretrain_reader(
+    writer: Path, data: dict, out: Path, settings: GrowthSettings, seed: int, recipe, questions
+) -> Path:
+    """TOME's second stage: the writer's model pre-trained `reader_steps` more with the writer, what it reads and the
+    table it writes frozen (`--frozen_writer`), every entity of a batch (up to `max_written_rows`) read through a row
+    written from another passage than the one read: the rows it searches and reads are the rows added people get."""
+    return pretrain_variant("edmem", data["corpus"], out, replace(settings.qa, pretrain_steps=settings.reader_steps),
+                            seed, None, recipe, questions, model_name_or_path=str(writer), frozen_writer=True,
+                            written_row_share=1.0, written_only_share=settings.written_only_share,
+                            written_only_entities_file=data["practice_people"] and str(data["practice_people"]),
+                            writer_passages_by_mentions=settings.writer_passages_by_mentions,
+                            fresh_names_like_written_only=settings.fresh_names_like_written_only,
+                            writer_decoy_rows=settings.writer_decoy_rows)  # fmt: skip
 
 
 def practice_rows_mask(model_dir: Path, practice: list[str]) -> Path:
@@ -918,6 +939,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--writer-decoy-rows", type=int,
                         help="the writer's training: decoys each renamed entity brings, written under fresh names "
                              "that share a word with its own (default: 0)")  # fmt: skip
+    parser.add_argument("--reader-steps", type=int,
+                        help="the writer's model: steps of a second pre-training with the writer and its table frozen "
+                             "(--frozen_writer; default: 0, none)")  # fmt: skip
     parser.add_argument("--recipe", choices=tuple(RECIPES),
                         help="toy_world_qa's pre-training and fine-tuning levers, for every model (default: paper); "
                              "another recipe's models go to seed-N/recipe-NAME")  # fmt: skip
@@ -928,7 +952,7 @@ def main(argv: list[str] | None = None) -> int:
     overrides = ("fit_steps", "continued_steps", "writer", "written_row_share", "written_only_share", "recipe")
     for key in (*overrides, "practice_people", "written_table", "row_autoencoding_share",
                 "row_autoencoding_written_only", "writer_passages_by_mentions", "entity_key_dim",
-                "fresh_names_like_written_only", "writer_decoy_rows"):  # fmt: skip
+                "fresh_names_like_written_only", "writer_decoy_rows", "reader_steps"):  # fmt: skip
         if getattr(args, key) is not None:
             settings = replace(settings, **{key: getattr(args, key)})
     if args.timed_additions is not None:
@@ -971,6 +995,7 @@ def main(argv: list[str] | None = None) -> int:
         f"fresh_names_like_written_only={int(settings.fresh_names_like_written_only)}",
         f"writer_decoy_rows={settings.writer_decoy_rows}",
         f"written_row_share={settings.written_row_share}",
+        f"reader_steps={settings.reader_steps}",
         f"added_questions={runs[0]['questions']['added']}",
         f"trained_questions={runs[0]['questions']['test']}",
     ]

@@ -74,6 +74,10 @@ def test_each_recipe_keeps_its_models_apart(bench, tmp_path):
         bench.writer_folder(replace(paper, written_row_share=1.0, written_table=True))
         == "writer-written-table-share-1.0"
     )
+    # a second stage with the writer frozen is a model of its own, its first stage the same folder as without it
+    assert bench.writer_folder(replace(paper, written_table=True, reader_steps=500)) == (
+        "writer-written-table-frozen-writer-500"
+    )
 
 
 def test_the_row_probe_reads_a_fact_that_rows_carry_and_not_one_they_do_not(bench, tmp_path):
@@ -132,6 +136,9 @@ def test_written_facts_says_when_the_names_allow_too_few_new_ones(bench, tmp_pat
         bench.written_facts(tmp_path / "model", people, seed=0)
 
 
+WRITER_FOLDER = "writer-row-autoencoding-0.5-written-only-by-mentions-names-like-written-only-decoys-2-key-8"
+
+
 def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     """A tiny world, a few steps: the model is grown by each estimator, decoded and scored, the plot drawn."""
     out = tmp_path / "run"
@@ -139,7 +146,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
             "--finetune-learning-rate", "1e-2", "--d-model", "32", "--fit-steps", "3",
             "--questions-in-batches", "--recipe", "masked_spans", "--practice-people", "3", "--row-autoencoding-share", "0.5",
             "--row-autoencoding-written-only", "--writer-passages-by-mentions", "--entity-key-dim", "8",
-            "--fresh-names-like-written-only", "--writer-decoy-rows", "2",
+            "--fresh-names-like-written-only", "--writer-decoy-rows", "2", "--reader-steps", "5",
             "--timed-additions", "10"]  # fmt: skip
     assert bench.main(argv) == 0
     result = json.loads((out / "results.json").read_text())
@@ -158,18 +165,14 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     for trained_dir, estimators in (
         ("finetune", bench.ESTIMATORS),
         (
-            "finetune-writer-row-autoencoding-0.5-written-only-by-mentions-names-like-written-only-decoys-2-key-8",
+            f"finetune-{WRITER_FOLDER}-frozen-writer-5",
             ["writer"],
         ),
     ):
         trained = EDMemForConditionalGeneration.from_pretrained(models / trained_dir)
         size = trained.config.entity_vocab_size
         for estimator in estimators:
-            folder = (
-                "grown-writer-row-autoencoding-0.5-written-only-by-mentions-names-like-written-only-decoys-2-key-8"
-                if estimator == "writer"
-                else f"grown-{estimator}"
-            )
+            folder = f"grown-{WRITER_FOLDER}-frozen-writer-5" if estimator == "writer" else f"grown-{estimator}"
             grown = EDMemForConditionalGeneration.from_pretrained(models / folder)
             assert grown.entity_vocab.names == trained.entity_vocab.names + held
             # only the new rows differ from the trained model; every other weight is the trained one
@@ -177,6 +180,11 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
                 other = grown.state_dict()[key]
                 assert torch.equal(other[:size] if "entity_embeddings" in key else other, value), key
     assert trained.entity_writer is not None and trained.config.entity_row_writer
+    # the second stage began from the first's model and kept its writer
+    first = EDMemForConditionalGeneration.from_pretrained(models / f"pretrain-{WRITER_FOLDER}")
+    second = EDMemForConditionalGeneration.from_pretrained(models / f"pretrain-{WRITER_FOLDER}-frozen-writer-5")
+    assert torch.equal(first.entity_writer.row_proj.weight, second.entity_writer.row_proj.weight)
+    assert not torch.equal(first.model.decoder.layers[-1].fc1.weight, second.model.decoder.layers[-1].fc1.weight)
     assert trained.config.entity_key_dim == 8  # the writer's model only
     assert EDMemForConditionalGeneration.from_pretrained(models / "finetune").config.entity_key_dim is None
     # the three diagnostics, for the default EDMem and for the writer
@@ -221,7 +229,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     assert last.startswith(
         f"RESULT seeds=1 people_added={len(held)} practice_people=3 pretrain_steps=30 written_table=0 row_autoencoding_share=0.5 "
         "row_autoencoding_written_only=1 writer_passages_by_mentions=1 entity_key_dim=8 "
-        "fresh_names_like_written_only=1 writer_decoy_rows=2 "
+        "fresh_names_like_written_only=1 writer_decoy_rows=2 written_row_share=0.5 reader_steps=5 "
     )
     for key in ("added_over_trained_em", "trained_em_change", "seconds_to_add_10_fitted", "seconds_to_add_10_mean",
                 "added_over_trained_em_with_floor", "added_recall", "row_swap_follow", "writer_cost_on_trained_em",

@@ -324,7 +324,7 @@ def test_named_written_only_entities_join_the_share(corpus, tmp_path):
     for option in (dict(written_only_entities_file=str(names_file)), dict(written_table=True),
                    dict(row_autoencoding_share=0.5), dict(row_autoencoding_written_only=True),
                    dict(writer_passages_by_mentions=True), dict(fresh_names_like_written_only=True),
-                   dict(writer_decoy_rows=2)):  # fmt: skip
+                   dict(writer_decoy_rows=2), dict(frozen_writer=True)):  # fmt: skip
         plain = _args(corpus, tmp_path / "y", **option)
         with pytest.raises(ValueError, match=f"--{next(iter(option))} is an option of training the writer"):
             _dataloaders(plain, passages, tokenizer, 1, build_model(plain, tokenizer, vocab))
@@ -397,3 +397,29 @@ def test_a_written_table_is_every_entity_row_written_from_its_passages(corpus, t
     assert len(ids) > collator.written_only.sum() and len(ids) >= 0.9 * len(collator.names)
     table = model.model.entity_embeddings.weight.detach()
     assert torch.allclose(table[ids], written_rows(model, inputs), atol=1e-6)
+
+
+def test_a_frozen_writer_keeps_what_it_reads_and_trains_the_reader_on_its_table(corpus, tmp_path):
+    """`--frozen_writer`, the second stage: the writer, the lower encoder layers and the embeddings come out as
+    they went in, the rest of the model trains, and the table is every row the loaded writer writes."""
+    first = tmp_path / "first"
+    pretrain(_args(corpus, first, max_steps=2, entity_row_writer=True, written_only_share=0.3))
+    with pytest.raises(ValueError, match="--frozen_writer keeps a trained writer"):
+        pretrain(_args(corpus, tmp_path / "x", max_steps=2, entity_row_writer=True, frozen_writer=True))
+    pretrain(_args(corpus, tmp_path / "second", max_steps=3, model_name_or_path=str(first), frozen_writer=True,
+                   written_only_share=0.3, written_row_share=1.0, learning_rate=1e-2))  # fmt: skip
+    before, after = _weights(first), _weights(tmp_path / "second")
+    lower = EDMemForConditionalGeneration.from_pretrained(first).config.encoder_lower_layers
+    frozen = ("entity_writer.", "model.shared.", "model.encoder.embed_positions.", "model.encoder.layernorm_embedding.",
+              *(f"model.encoder.layers.{i}." for i in range(lower)))  # fmt: skip
+    kept = [name for name in before if name.startswith(frozen)]
+    assert len(kept) > 10 and all(torch.equal(before[name], after[name]) for name in kept)
+    trained = [name for name in before if not name.startswith(frozen) and "entity_embeddings" not in name]
+    assert sum(not torch.equal(before[name], after[name]) for name in trained) > len(trained) // 2
+    collator = writer_collator(corpus, written_only_share=0.3, seed=42)
+    ids, inputs = collator.rows_to_write(every_entity=True)
+    table = EDMemForConditionalGeneration.from_pretrained(tmp_path / "second").model.entity_embeddings.weight.detach()
+    assert len(ids) >= 0.9 * len(collator.names)
+    written = written_rows(EDMemForConditionalGeneration.from_pretrained(first), inputs)
+    assert torch.allclose(table[ids], written, atol=1e-6)
+    assert not torch.allclose(before["model.entity_embeddings.weight"][ids], written, atol=1e-3)

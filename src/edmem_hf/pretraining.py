@@ -138,6 +138,15 @@ class PretrainingArguments:
             "(docs/model.md)."
         },
     )
+    frozen_writer: bool = field(
+        default=False,
+        metadata={
+            "help": "The second stage of training with the writer (after a first with --model_name_or_path): the "
+            "writer, the encoder's lower layers and the token embeddings stay as loaded, every entity's row is "
+            "written by them when training starts and leaves the optimizer, so that the rest of the model learns to "
+            "find and read the rows the same writer writes for entities added later (docs/model.md)."
+        },
+    )
     writer_max_length: int = field(default=128, metadata={"help": "Tokens of a writer input, name and passage."})
     max_written_rows: int = field(default=32, metadata={"help": "Written rows a batch at most."})
     fresh_names: bool = field(
@@ -833,6 +842,7 @@ _WRITER_TRAINING_OPTIONS = (
     "writer_passages_by_mentions",
     "fresh_names_like_written_only",
     "writer_decoy_rows",
+    "frozen_writer",
 )
 
 
@@ -936,6 +946,24 @@ def _writer_collator(args: PretrainingArguments, base: Any, passages: Any, token
     )  # fmt: skip
 
 
+def _freeze_the_writer(model: Any, writer_collator: Any) -> None:
+    """TOME's second stage (`--frozen_writer`): the writer and what it reads (the encoder's lower layers, the
+    position and token embeddings; the latter tied to the decoder's and the LM head) leave the optimizer, every
+    entity's row is written by them now and the table leaves the optimizer too. The rows read in training are then
+    the rows the same writer writes for entities added later, and the table is one the queries search at test."""
+    from .entity_growth import write_rows_into_table
+
+    encoder = model.get_encoder()
+    lower = encoder.layers[: model.config.encoder_lower_layers]
+    for module in (model.entity_writer, encoder.embed_tokens, encoder.embed_positions, encoder.layernorm_embedding):
+        module.requires_grad_(False)
+    lower.requires_grad_(False)
+    with torch.no_grad():
+        write_rows_into_table(model, *writer_collator.rows_to_write(every_entity=True))
+    encoder.entity_embeddings.weight.requires_grad_(False)
+    model.set_entity_mask(None)  # every row is read, as after training
+
+
 class _PretrainingRun:
     """One `pretrain` call: `__init__` sets up (accelerator, data, model, optimiser, resume), `train` runs the
     optimizer steps, `finish` evaluates and saves the model."""
@@ -971,7 +999,11 @@ class _PretrainingRun:
         sharded = accelerator.distributed_type in (DistributedType.DEEPSPEED, DistributedType.FSDP)
         if self.writer_collator is not None and sharded:
             raise ValueError("training the entity row writer runs on one process or DDP, not FSDP or DeepSpeed")
-        if self.writer_collator is not None:  # the written-only entities' table rows stay out of the memory
+        if args.frozen_writer:
+            if not args.model_name_or_path:
+                raise ValueError("--frozen_writer keeps a trained writer as it is: give it with --model_name_or_path")
+            _freeze_the_writer(model, self.writer_collator)
+        elif self.writer_collator is not None:  # the written-only entities' table rows stay out of the memory
             model.set_entity_mask(torch.from_numpy(~self.writer_collator.written_only))
         self.batches_per_epoch = len(train_dl) // accelerator.num_processes or 1
         steps_per_epoch = max(math.ceil(self.batches_per_epoch / args.gradient_accumulation_steps), 1)
@@ -1230,7 +1262,8 @@ class _PretrainingRun:
         if self.writer_collator is not None:  # written-only rows (every row, --written_table): the writer's
             from .entity_growth import write_rows_into_table
 
-            write_rows_into_table(unwrapped, *self.writer_collator.rows_to_write(self.args.written_table))
+            every_row = self.args.written_table or self.args.frozen_writer
+            write_rows_into_table(unwrapped, *self.writer_collator.rows_to_write(every_row))
             unwrapped.set_entity_mask(None)
         with _as_unsharded_class(unwrapped):
             unwrapped.save_pretrained(
