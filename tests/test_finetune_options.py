@@ -91,6 +91,8 @@ def test_missing_folders_and_files_are_named(files, capsys):
     generation = ["--task", "eli5", *_argv(files, "--test_answer_links", str(files / "links.json"))]
     assert "--test_answer_links applies to the QA tasks only" in _refused(capsys, generation)
     assert "--do_predict needs --test_file" in _refused(capsys, _argv(files, "--do_predict"))
+    frozen = _argv(files, "--frozen_writer")
+    assert "--frozen_writer writes the table from a corpus: give --writer_corpus" in _refused(capsys, frozen)
 
 
 def test_edmem_lists_finetune(capsys):

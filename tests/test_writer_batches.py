@@ -4,6 +4,7 @@ the written-only entities leave pre-training with the rows their passages write.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import sys
@@ -21,7 +22,7 @@ from edmem_hf.pretraining import pretrain
 from edmem_hf.writer_batches import EntityPassages, WriterCollator
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_collator import make_corpus, make_tokenizer  # noqa: E402
+from test_collator import ENTITY_NAMES, make_corpus, make_tokenizer  # noqa: E402
 from test_pretraining import _args, _weights  # noqa: E402
 from tiny_models import tiny_config  # noqa: E402
 
@@ -399,16 +400,11 @@ def test_a_written_table_is_every_entity_row_written_from_its_passages(corpus, t
     assert torch.allclose(table[ids], written_rows(model, inputs), atol=1e-6)
 
 
-def test_a_frozen_writer_keeps_what_it_reads_and_trains_the_reader_on_its_table(corpus, tmp_path):
-    """`--frozen_writer`, the second stage: the writer, the lower encoder layers and the embeddings come out as
-    they went in, the rest of the model trains, and the table is every row the loaded writer writes."""
-    first = tmp_path / "first"
-    pretrain(_args(corpus, first, max_steps=2, entity_row_writer=True, written_only_share=0.3))
-    with pytest.raises(ValueError, match="--frozen_writer keeps a trained writer"):
-        pretrain(_args(corpus, tmp_path / "x", max_steps=2, entity_row_writer=True, frozen_writer=True))
-    pretrain(_args(corpus, tmp_path / "second", max_steps=3, model_name_or_path=str(first), frozen_writer=True,
-                   written_only_share=0.3, written_row_share=1.0, learning_rate=1e-2))  # fmt: skip
-    before, after = _weights(first), _weights(tmp_path / "second")
+def _frozen_kept_and_table(first, second, corpus) -> None:
+    """What `--frozen_writer` promises of a model trained from `first` into `second`: the writer, the lower encoder
+    layers and the embeddings as they were, most other weights trained, the table every row `first`'s writer writes
+    of the corpus (not the table `first` had)."""
+    before, after = _weights(first), _weights(second)
     lower = EDMemForConditionalGeneration.from_pretrained(first).config.encoder_lower_layers
     frozen = ("entity_writer.", "model.shared.", "model.encoder.embed_positions.", "model.encoder.layernorm_embedding.",
               *(f"model.encoder.layers.{i}." for i in range(lower)))  # fmt: skip
@@ -418,8 +414,36 @@ def test_a_frozen_writer_keeps_what_it_reads_and_trains_the_reader_on_its_table(
     assert sum(not torch.equal(before[name], after[name]) for name in trained) > len(trained) // 2
     collator = writer_collator(corpus, written_only_share=0.3, seed=42)
     ids, inputs = collator.rows_to_write(every_entity=True)
-    table = EDMemForConditionalGeneration.from_pretrained(tmp_path / "second").model.entity_embeddings.weight.detach()
     assert len(ids) >= 0.9 * len(collator.names)
     written = written_rows(EDMemForConditionalGeneration.from_pretrained(first), inputs)
-    assert torch.allclose(table[ids], written, atol=1e-6)
+    assert torch.allclose(after["model.entity_embeddings.weight"][ids], written, atol=1e-6)
     assert not torch.allclose(before["model.entity_embeddings.weight"][ids], written, atol=1e-3)
+
+
+def test_a_frozen_writer_keeps_what_it_reads_and_trains_the_reader_on_its_table(corpus, tmp_path):
+    """`--frozen_writer`, the second stage of pre-training: the rest of the model trains on the table the loaded
+    writer writes, and the writer and what it reads come out as they went in."""
+    first = tmp_path / "first"
+    pretrain(_args(corpus, first, max_steps=2, entity_row_writer=True, written_only_share=0.3))
+    with pytest.raises(ValueError, match="--frozen_writer keeps a trained writer"):
+        pretrain(_args(corpus, tmp_path / "x", max_steps=2, entity_row_writer=True, frozen_writer=True))
+    pretrain(_args(corpus, tmp_path / "second", max_steps=3, model_name_or_path=str(first), frozen_writer=True,
+                   written_only_share=0.3, written_row_share=1.0, learning_rate=1e-2))  # fmt: skip
+    _frozen_kept_and_table(first, tmp_path / "second", corpus)
+    # fine-tuning with the writer frozen keeps it too, its table written from --writer_corpus
+    from edmem_hf.finetuning import run as finetune
+
+    questions = tmp_path / "questions.jsonl"
+    with open(questions, "w", encoding="utf-8") as f:
+        for i, subject in enumerate(ENTITY_NAMES):
+            answer = ENTITY_NAMES[(i * 5 + 1) % len(ENTITY_NAMES)]
+            record = {"id": f"q{i}", "question": f"where is {subject}", "answer": [answer], "link_offset": [9],
+                      "link_length": [len(subject)], "link_target": ["0"], "entity_name": [subject],
+                      "answer_entity": [[0, answer]]}  # fmt: skip
+            f.write(json.dumps(record) + "\n")
+    finetune(argv=["--model_name_or_path", str(first), "--output_dir", str(tmp_path / "tuned"), "--train_file",
+                   str(questions), "--do_train", "--max_steps", "3", "--per_device_train_batch_size", "8",
+                   "--learning_rate", "1e-2", "--eval_strategy", "no", "--save_strategy", "no",
+                   "--load_best_model_at_end", "false", "--report_to", "none", "--use_cpu", "--disable_tqdm", "true",
+                   "--writer_corpus", corpus, "--frozen_writer", "--written_row_share", "1.0"])  # fmt: skip
+    _frozen_kept_and_table(first, tmp_path / "tuned", corpus)

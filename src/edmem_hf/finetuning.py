@@ -49,7 +49,7 @@ from .task_features import (
     encode_static_linking_record,
 )
 from .task_files import BAD_RECORDS, BadRecordError, read_answer_links, read_generation, read_qa
-from .writer_batches import WriterCollator
+from .writer_batches import WriterCollator, freeze_the_writer
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +112,14 @@ class ModelArguments:
     )
     written_row_share: float = field(
         default=0.5, metadata={"help": "with --writer_corpus: the share of each batch's entities read through it"}
+    )
+    frozen_writer: bool = field(
+        default=False,
+        metadata={
+            "help": "with --writer_corpus: the writer, the encoder's lower layers and the embeddings stay as loaded, "
+            "every entity's row is written by them from the corpus when training starts and the table stays as "
+            "written, so that rows of entities added later are of the kind training read (docs/model.md)"
+        },
     )
 
 
@@ -326,6 +334,8 @@ def parse_arguments(
     ):
         if path is not None and not os.path.isfile(path):
             parser.error(f"{option} {path}: no such file")
+    if model_args.frozen_writer and model_args.writer_corpus is None:
+        parser.error("--frozen_writer writes the table from a corpus: give --writer_corpus")
     if model_args.writer_corpus is not None and not os.path.isdir(os.path.join(model_args.writer_corpus, "passages")):
         parser.error(f"--writer_corpus {model_args.writer_corpus}: not an edmem build-corpus folder (no passages/)")
     if not task.reads_answer_links:
@@ -460,6 +470,8 @@ def run(
         collator = WriterCollator.from_corpus(collator, model_args.writer_corpus, model, tokenizer,
                                               written_row_share=model_args.written_row_share,
                                               seed=training_args.seed)  # fmt: skip
+        if model_args.frozen_writer:
+            freeze_the_writer(model, collator)
     callbacks = []
     if model_args.early_stopping_patience and eval_features is not None and training_args.load_best_model_at_end:
         callbacks.append(EarlyStoppingCallback(model_args.early_stopping_patience))

@@ -946,24 +946,6 @@ def _writer_collator(args: PretrainingArguments, base: Any, passages: Any, token
     )  # fmt: skip
 
 
-def _freeze_the_writer(model: Any, writer_collator: Any) -> None:
-    """TOME's second stage (`--frozen_writer`): the writer and what it reads (the encoder's lower layers, the
-    position and token embeddings; the latter tied to the decoder's and the LM head) leave the optimizer, every
-    entity's row is written by them now and the table leaves the optimizer too. The rows read in training are then
-    the rows the same writer writes for entities added later, and the table is one the queries search at test."""
-    from .entity_growth import write_rows_into_table
-
-    encoder = model.get_encoder()
-    lower = encoder.layers[: model.config.encoder_lower_layers]
-    for module in (model.entity_writer, encoder.embed_tokens, encoder.embed_positions, encoder.layernorm_embedding):
-        module.requires_grad_(False)
-    lower.requires_grad_(False)
-    with torch.no_grad():
-        write_rows_into_table(model, *writer_collator.rows_to_write(every_entity=True))
-    encoder.entity_embeddings.weight.requires_grad_(False)
-    model.set_entity_mask(None)  # every row is read, as after training
-
-
 class _PretrainingRun:
     """One `pretrain` call: `__init__` sets up (accelerator, data, model, optimiser, resume), `train` runs the
     optimizer steps, `finish` evaluates and saves the model."""
@@ -1002,7 +984,9 @@ class _PretrainingRun:
         if args.frozen_writer:
             if not args.model_name_or_path:
                 raise ValueError("--frozen_writer keeps a trained writer as it is: give it with --model_name_or_path")
-            _freeze_the_writer(model, self.writer_collator)
+            from .writer_batches import freeze_the_writer
+
+            freeze_the_writer(model, self.writer_collator)
         elif self.writer_collator is not None:  # the written-only entities' table rows stay out of the memory
             model.set_entity_mask(torch.from_numpy(~self.writer_collator.written_only))
         self.batches_per_epoch = len(train_dl) // accelerator.num_processes or 1

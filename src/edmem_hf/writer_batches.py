@@ -350,6 +350,23 @@ class WriterCollator:
         return ids, inputs
 
 
+def freeze_the_writer(model: Any, collator: WriterCollator) -> None:
+    """TOME's second stage (`--frozen_writer`): the writer and what it reads (the encoder's lower layers, the position
+    and token embeddings; the latter tied to the decoder's and the LM head) leave the optimizer, every entity's row is
+    written by them from `collator`'s passages now, and the table leaves the optimizer too. The rows read in training
+    are then the rows the same writer writes for entities added later, and the table is the one searched at test."""
+    from .entity_growth import write_rows_into_table
+
+    encoder = model.get_encoder()
+    lower = encoder.layers[: model.config.encoder_lower_layers]
+    for module in (model.entity_writer, encoder.embed_tokens, encoder.embed_positions, encoder.layernorm_embedding):
+        module.requires_grad_(False)
+    lower.requires_grad_(False)
+    with torch.no_grad():
+        write_rows_into_table(model, *collator.rows_to_write(every_entity=True))
+    encoder.entity_embeddings.weight.requires_grad_(False)
+
+
 def renamed(ids: list[int], labels: list[int], entity: int, name_ids: list[int], config: Any) -> tuple[list, list]:
     """`ids` and `labels` with every mention labelled `entity` (its tokens between `<E_s>` and `<E_e>`) spelled
     `name_ids` instead."""
