@@ -152,6 +152,10 @@ class GrowthSettings:
     # TOME's second stage: after the writer's pre-training, this many steps with the writer, the lower encoder layers
     # and the table frozen (`--frozen_writer`), every entity of a batch read through a row written from another passage
     reader_steps: int = 0
+    reader_names_like_written_only: bool = False  # the second stage only: fresh names of written-only entities' words
+    reader_row_autoencoding_share: float = (
+        0.0  # the second stage only: row auto-encoding of practice people's passages
+    )
     recipe: str = "paper"  # pre-training and fine-tuning levers of toy_world_qa's RECIPES (every model alike)
 
 
@@ -687,7 +691,12 @@ def writer_folder(settings: GrowthSettings) -> str:
     name += f"-share-{settings.written_row_share}" if settings.written_row_share != 0.5 else ""
     name += f"-decoys-{settings.writer_decoy_rows}" if settings.writer_decoy_rows else ""
     name += f"-key-{settings.entity_key_dim}" if settings.entity_key_dim else ""
-    return name + (f"-frozen-writer-{settings.reader_steps}" if settings.reader_steps else "")
+    if settings.reader_steps:
+        name += f"-frozen-writer-{settings.reader_steps}"
+        name += "-names-like-written-only" if settings.reader_names_like_written_only else ""
+        share = settings.reader_row_autoencoding_share
+        name += f"-row-autoencoding-{share}" if share else ""
+    return name
 
 
 def models_folder(seed_dir: Path, settings: GrowthSettings) -> Path:
@@ -714,7 +723,8 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
         models[estimator], seconds[estimator] = grow(finetuned, data["new_dump"], estimator, out / f"grown-{estimator}",
                                                      held, settings, seed, data["train_people"])  # fmt: skip
     if settings.writer:
-        folder, first_stage = writer_folder(settings), writer_folder(replace(settings, reader_steps=0))
+        folder = writer_folder(settings)
+        first_stage = writer_folder(replace(settings, reader_steps=0))
         writer = pretrain_variant("edmem", data["corpus"], out / f"pretrain-{first_stage}", settings.qa, seed, None, recipe,
                                   questions, entity_row_writer=True, written_row_share=settings.written_row_share,
                                   written_only_share=settings.written_only_share,
@@ -785,13 +795,18 @@ def pretrain_reader(
 ) -> Path:
     """TOME's second stage: the writer's model pre-trained `reader_steps` more with the writer, what it reads and the
     table it writes frozen (`--frozen_writer`), every entity of a batch (up to `max_written_rows`) read through a row
-    written from another passage than the one read: the rows it searches and reads are the rows added people get."""
+    written from another passage than the one read: the rows it searches and reads are the rows added people get.
+    `reader_names_like_written_only` and `reader_row_autoencoding_share` (of the practice people's passages only) are
+    this stage's own levers, the first stage trained without them."""
     return pretrain_variant("edmem", data["corpus"], out, replace(settings.qa, pretrain_steps=settings.reader_steps),
                             seed, None, recipe, questions, model_name_or_path=str(writer), frozen_writer=True,
                             written_row_share=1.0, written_only_share=settings.written_only_share,
                             written_only_entities_file=data["practice_people"] and str(data["practice_people"]),
                             writer_passages_by_mentions=settings.writer_passages_by_mentions,
-                            fresh_names_like_written_only=settings.fresh_names_like_written_only,
+                            fresh_names_like_written_only=settings.fresh_names_like_written_only
+                            or settings.reader_names_like_written_only,
+                            row_autoencoding_share=settings.reader_row_autoencoding_share,
+                            row_autoencoding_written_only=bool(settings.reader_row_autoencoding_share),
                             writer_decoy_rows=settings.writer_decoy_rows)  # fmt: skip
 
 
@@ -942,6 +957,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reader-steps", type=int,
                         help="the writer's model: steps of a second pre-training with the writer and its table frozen "
                              "(--frozen_writer; default: 0, none)")  # fmt: skip
+    parser.add_argument(
+        "--reader-names-like-written-only",
+        action=argparse.BooleanOptionalAction,
+        help="the second stage only: fresh names of the practice people's words (default: off)",
+    )
+    parser.add_argument("--reader-row-autoencoding-share", type=float,
+                        help="the second stage only: share of the practice people's passages read as their written "
+                             "row alone, the decoder rebuilding them (default: 0)")  # fmt: skip
     parser.add_argument("--recipe", choices=tuple(RECIPES),
                         help="toy_world_qa's pre-training and fine-tuning levers, for every model (default: paper); "
                              "another recipe's models go to seed-N/recipe-NAME")  # fmt: skip
@@ -952,7 +975,8 @@ def main(argv: list[str] | None = None) -> int:
     overrides = ("fit_steps", "continued_steps", "writer", "written_row_share", "written_only_share", "recipe")
     for key in (*overrides, "practice_people", "written_table", "row_autoencoding_share",
                 "row_autoencoding_written_only", "writer_passages_by_mentions", "entity_key_dim",
-                "fresh_names_like_written_only", "writer_decoy_rows", "reader_steps"):  # fmt: skip
+                "fresh_names_like_written_only", "writer_decoy_rows", "reader_steps", "reader_names_like_written_only",
+                "reader_row_autoencoding_share"):  # fmt: skip
         if getattr(args, key) is not None:
             settings = replace(settings, **{key: getattr(args, key)})
     if args.timed_additions is not None:
@@ -996,6 +1020,8 @@ def main(argv: list[str] | None = None) -> int:
         f"writer_decoy_rows={settings.writer_decoy_rows}",
         f"written_row_share={settings.written_row_share}",
         f"reader_steps={settings.reader_steps}",
+        f"reader_names_like_written_only={int(settings.reader_names_like_written_only)}",
+        f"reader_row_autoencoding_share={settings.reader_row_autoencoding_share}",
         f"added_questions={runs[0]['questions']['added']}",
         f"trained_questions={runs[0]['questions']['test']}",
     ]

@@ -78,6 +78,12 @@ def test_each_recipe_keeps_its_models_apart(bench, tmp_path):
     assert bench.writer_folder(replace(paper, written_table=True, reader_steps=500)) == (
         "writer-written-table-frozen-writer-500"
     )
+    second_only = replace(paper, written_table=True, reader_steps=500, reader_names_like_written_only=True,
+                          reader_row_autoencoding_share=0.5)  # fmt: skip
+    assert bench.writer_folder(second_only) == (
+        "writer-written-table-frozen-writer-500-names-like-written-only-row-autoencoding-0.5"
+    )
+    assert bench.writer_folder(replace(second_only, reader_steps=0)) == "writer-written-table"
 
 
 def test_the_row_probe_reads_a_fact_that_rows_carry_and_not_one_they_do_not(bench, tmp_path):
@@ -147,6 +153,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
             "--questions-in-batches", "--recipe", "masked_spans", "--practice-people", "3", "--row-autoencoding-share", "0.5",
             "--row-autoencoding-written-only", "--writer-passages-by-mentions", "--entity-key-dim", "8",
             "--fresh-names-like-written-only", "--writer-decoy-rows", "2", "--reader-steps", "5",
+            "--reader-row-autoencoding-share", "0.5",
             "--timed-additions", "10"]  # fmt: skip
     assert bench.main(argv) == 0
     result = json.loads((out / "results.json").read_text())
@@ -165,14 +172,18 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     for trained_dir, estimators in (
         ("finetune", bench.ESTIMATORS),
         (
-            f"finetune-{WRITER_FOLDER}-frozen-writer-5",
+            f"finetune-{WRITER_FOLDER}-frozen-writer-5-row-autoencoding-0.5",
             ["writer"],
         ),
     ):
         trained = EDMemForConditionalGeneration.from_pretrained(models / trained_dir)
         size = trained.config.entity_vocab_size
         for estimator in estimators:
-            folder = f"grown-{WRITER_FOLDER}-frozen-writer-5" if estimator == "writer" else f"grown-{estimator}"
+            folder = (
+                f"grown-{WRITER_FOLDER}-frozen-writer-5-row-autoencoding-0.5"
+                if estimator == "writer"
+                else f"grown-{estimator}"
+            )
             grown = EDMemForConditionalGeneration.from_pretrained(models / folder)
             assert grown.entity_vocab.names == trained.entity_vocab.names + held
             # only the new rows differ from the trained model; every other weight is the trained one
@@ -182,7 +193,9 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     assert trained.entity_writer is not None and trained.config.entity_row_writer
     # the second stage began from the first's model and kept its writer
     first = EDMemForConditionalGeneration.from_pretrained(models / f"pretrain-{WRITER_FOLDER}")
-    second = EDMemForConditionalGeneration.from_pretrained(models / f"pretrain-{WRITER_FOLDER}-frozen-writer-5")
+    second = EDMemForConditionalGeneration.from_pretrained(
+        models / f"pretrain-{WRITER_FOLDER}-frozen-writer-5-row-autoencoding-0.5"
+    )
     assert torch.equal(first.entity_writer.row_proj.weight, second.entity_writer.row_proj.weight)
     assert not torch.equal(first.model.decoder.layers[-1].fc1.weight, second.model.decoder.layers[-1].fc1.weight)
     assert trained.config.entity_key_dim == 8  # the writer's model only
@@ -230,6 +243,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
         f"RESULT seeds=1 people_added={len(held)} practice_people=3 pretrain_steps=30 written_table=0 row_autoencoding_share=0.5 "
         "row_autoencoding_written_only=1 writer_passages_by_mentions=1 entity_key_dim=8 "
         "fresh_names_like_written_only=1 writer_decoy_rows=2 written_row_share=0.5 reader_steps=5 "
+        "reader_names_like_written_only=0 reader_row_autoencoding_share=0.5 "
     )
     for key in ("added_over_trained_em", "trained_em_change", "seconds_to_add_10_fitted", "seconds_to_add_10_mean",
                 "added_over_trained_em_with_floor", "added_recall", "row_swap_follow", "writer_cost_on_trained_em",
