@@ -21,7 +21,10 @@ and fine-tuned reading rows written from other passages (`writer_batches.WriterC
 are in the old world's pages (and its mixed questions), asked in no question file: the writer's training reads them
 through written rows only (docs/model.md, "Practice entities"); every model reads the same pages. With
 `--written-table`, the writer's model leaves pre-training with every entity's row written from its passages
-(`edmem pretrain --written_table`), in folders of its own (`writer-written-table`).
+(`edmem pretrain --written_table`), in folders of its own (`writer-written-table`). With `--reader-steps N`, a second
+stage of N steps follows, the writer and its table frozen (`edmem pretrain --frozen_writer`, TOME's second stage), in
+folders of its own (`...-frozen-writer-N`); `--reader-names-like-written-only` and `--reader-row-autoencoding-share`
+are levers of that stage alone.
 
 Scored by `edmem evaluate`'s code, free and static decoding: *added*, the six questions about each added person;
 *trained*, the questions about the test-half people (read in pre-training, never fine-tuned on), before and after
