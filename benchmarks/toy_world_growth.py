@@ -156,9 +156,7 @@ class GrowthSettings:
     # and the table frozen (`--frozen_writer`), every entity of a batch read through a row written from another passage
     reader_steps: int = 0
     reader_names_like_written_only: bool = False  # the second stage only: fresh names of written-only entities' words
-    reader_row_autoencoding_share: float = (
-        0.0  # the second stage only: row auto-encoding of practice people's passages
-    )
+    reader_row_autoencoding_share: float = 0.0  # the second stage only: practice people's passages auto-encoded
     recipe: str = "paper"  # pre-training and fine-tuning levers of toy_world_qa's RECIPES (every model alike)
 
 
@@ -742,6 +740,7 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
         if settings.reader_steps:
             writer = pretrain_reader(writer, data, out / f"pretrain-{folder}", settings, seed, recipe, questions)
         options = ("--writer_corpus", str(data["corpus"])) if settings.writer_in_finetuning else ()
+        options += ("--frozen_writer",) if options and settings.reader_steps else ()  # the second stage's writer kept
         models[f"{WRITER}_before"] = finetune_model(writer, files["train"], out / f"finetune-{folder}", settings.qa, seed,
                                                     None, weight, options=options)  # fmt: skip
         models[WRITER], seconds[WRITER] = grow(models[f"{WRITER}_before"], data["new_dump"], WRITER,
@@ -960,11 +959,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reader-steps", type=int,
                         help="the writer's model: steps of a second pre-training with the writer and its table frozen "
                              "(--frozen_writer; default: 0, none)")  # fmt: skip
-    parser.add_argument(
-        "--reader-names-like-written-only",
-        action=argparse.BooleanOptionalAction,
-        help="the second stage only: fresh names of the practice people's words (default: off)",
-    )
+    parser.add_argument("--reader-names-like-written-only", action=argparse.BooleanOptionalAction,
+                        help="the second stage only: fresh names of the practice people's words (default: off)")  # fmt: skip
     parser.add_argument("--reader-row-autoencoding-share", type=float,
                         help="the second stage only: share of the practice people's passages read as their written "
                              "row alone, the decoder rebuilding them (default: 0)")  # fmt: skip

@@ -191,13 +191,14 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
                 other = grown.state_dict()[key]
                 assert torch.equal(other[:size] if "entity_embeddings" in key else other, value), key
     assert trained.entity_writer is not None and trained.config.entity_row_writer
-    # the second stage began from the first's model and kept its writer
+    # the second stage began from the first's model and kept its writer, and so did fine-tuning (`trained`)
     first = EDMemForConditionalGeneration.from_pretrained(models / f"pretrain-{WRITER_FOLDER}")
     second = EDMemForConditionalGeneration.from_pretrained(
         models / f"pretrain-{WRITER_FOLDER}-frozen-writer-5-row-autoencoding-0.5"
     )
     assert torch.equal(first.entity_writer.row_proj.weight, second.entity_writer.row_proj.weight)
     assert not torch.equal(first.model.decoder.layers[-1].fc1.weight, second.model.decoder.layers[-1].fc1.weight)
+    assert torch.equal(second.entity_writer.row_proj.weight, trained.entity_writer.row_proj.weight)
     assert trained.config.entity_key_dim == 8  # the writer's model only
     assert EDMemForConditionalGeneration.from_pretrained(models / "finetune").config.entity_key_dim is None
     # the three diagnostics, for the default EDMem and for the writer
