@@ -239,7 +239,9 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
         texts = [predictions[record["id"]].replace("<E_s>", "").replace("<E_e>", "").strip() for record in test]
         assert all(texts) and len(texts) == result["runs"][0]["questions"]["test"] == 4 * 6  # an answer each
     assert result["runs"][0]["questions"] == {"train": 8 * 6, "validation": 4 * 6, "test": 4 * 6}
-    assert len(set(texts)) > 2  # EncDec's answers vary (EDMem's, this small and brief, may all be one name)
+    # EncDec's answers vary (EDMem's, this small and brief, may all be one name); how many differ depends on the
+    # floating point of the machine and its thread count (two answers with two threads here, three with one)
+    assert len(set(texts)) >= 2
     summary = result["summary"]["test"]
     assert {"edmem_free", "edmem_static", "edmem_dynamic", "encdec", "majority_answer",
             "edmem_free_every_row_hidden_at_test", "edmem_free_subject_rows_hidden_at_test"} <= set(summary)  # fmt: skip
