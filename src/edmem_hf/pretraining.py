@@ -955,6 +955,8 @@ class _PretrainingRun:
         from accelerate.utils import DataLoaderConfiguration, DistributedType, ProjectConfiguration, set_seed
         from transformers import get_linear_schedule_with_warmup
 
+        if args.frozen_writer and model is None and not args.model_name_or_path:
+            raise ValueError("--frozen_writer keeps a trained writer as it is: give it with --model_name_or_path")
         if args.mixed_precision == "fp16" and PartialState().device.type == "cpu":
             # Accelerate accepts it, then trains in float32 without a grad scaler under an "fp16" label.
             raise ValueError("--mixed_precision fp16 needs a GPU (on CPU it would train in float32); use bf16")
@@ -982,8 +984,6 @@ class _PretrainingRun:
         if self.writer_collator is not None and sharded:
             raise ValueError("training the entity row writer runs on one process or DDP, not FSDP or DeepSpeed")
         if args.frozen_writer:
-            if not args.model_name_or_path:
-                raise ValueError("--frozen_writer keeps a trained writer as it is: give it with --model_name_or_path")
             from .writer_batches import freeze_the_writer
 
             freeze_the_writer(model, self.writer_collator)
@@ -1243,11 +1243,11 @@ class _PretrainingRun:
         # save_pretrained knows its tied weights (token embeddings, entity table) best.
         sharded = accelerator.distributed_type in (DistributedType.DEEPSPEED, DistributedType.FSDP)
         state_dict = accelerator.get_state_dict(self.model) if sharded else None
-        if self.writer_collator is not None:  # written-only rows (every row, --written_table): the writer's
+        # written-only rows (every row, --written_table): the writer's; a frozen writer's table was written at the start
+        if self.writer_collator is not None and not self.args.frozen_writer:
             from .entity_growth import write_rows_into_table
 
-            every_row = self.args.written_table or self.args.frozen_writer
-            write_rows_into_table(unwrapped, *self.writer_collator.rows_to_write(every_row))
+            write_rows_into_table(unwrapped, *self.writer_collator.rows_to_write(self.args.written_table))
             unwrapped.set_entity_mask(None)
         with _as_unsharded_class(unwrapped):
             unwrapped.save_pretrained(
