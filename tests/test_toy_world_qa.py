@@ -220,7 +220,13 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     out = tmp_path / "run"
     argv = ["--quick", "--out", str(out), "--num-people", "16", "--pretrain-steps", "30", "--finetune-epochs", "300",
             "--finetune-learning-rate", "1e-2", "--d-model", "32", "--curve", "10", "--encdec-matched"]  # fmt: skip
-    assert bench.main(argv) == 0
+    threads = torch.get_num_threads()
+    # one thread, as the benchmark's own side-by-side pre-trainings: the same reductions whatever the cores
+    torch.set_num_threads(1)
+    try:
+        assert bench.main(argv) == 0
+    finally:
+        torch.set_num_threads(threads)
     result = json.loads((out / "results.json").read_text())
     # the curve: a 10-step budget pre-trained from scratch beside the run's own 30 steps
     assert [point["steps"] for point in result["curve"]] == [10, 30]
@@ -239,9 +245,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
         texts = [predictions[record["id"]].replace("<E_s>", "").replace("<E_e>", "").strip() for record in test]
         assert all(texts) and len(texts) == result["runs"][0]["questions"]["test"] == 4 * 6  # an answer each
     assert result["runs"][0]["questions"] == {"train": 8 * 6, "validation": 4 * 6, "test": 4 * 6}
-    # EncDec's answers vary (EDMem's, this small and brief, may all be one name); how many differ depends on the
-    # floating point of the machine and its thread count (two answers with two threads here, three with one)
-    assert len(set(texts)) >= 2
+    assert len(set(texts)) > 2  # EncDec's answers vary (EDMem's, this small and brief, may all be one name)
     summary = result["summary"]["test"]
     assert {"edmem_free", "edmem_static", "edmem_dynamic", "encdec", "majority_answer",
             "edmem_free_every_row_hidden_at_test", "edmem_free_subject_rows_hidden_at_test"} <= set(summary)  # fmt: skip
