@@ -111,6 +111,7 @@ from edmem_hf.knowledge_world import (  # noqa: E402
     TEMPLATES,
     KnowledgeWorldSettings,
     generate_knowledge_world,
+    page_only_people,
     split_people,
     without_people,
 )
@@ -145,6 +146,12 @@ class GrowthSettings:
     # people in pre-training only (pages, and questions when they sit in the batches), never asked at test; the
     # writer's training reads them through written rows only, under fresh names (`--written_only_entities_file`)
     practice_people: int = 0
+    # a stream of practice people: each on its own page only, of this many biographies (0: as the others), their
+    # passages (and mixed questions) this share of those read in pre-training, every model alike
+    # (`--balanced_entities_file`; 0: as the corpus has them), the questions of this many of them mixed (0: all)
+    practice_biographies: int = 0
+    practice_share: float = 0.0
+    practice_questions_people: int = 0
     written_table: bool = False  # the writer's model leaves pre-training with every row written (`--written_table`)
     row_autoencoding_share: float = 0.0  # the writer's training: passages read as their written row alone
     row_autoencoding_written_only: bool = False  # ... only passages about written-only (practice) entities
@@ -181,6 +188,8 @@ def make_worlds(settings: GrowthSettings, seed: int, out: Path) -> dict:
     people = [name for name in people if name not in practice_set]
     held = sorted(random.Random(seed).sample(people, max(2, round(settings.held_out_fraction * len(people)))))
     old = without_people(world, held)
+    if settings.practice_biographies:  # after without_people, which lists every person it keeps on place pages
+        world, old = (page_only_people(w, practice, settings.practice_biographies) for w in (world, old))
     splits = split_people(without_people(old, practice), seed)
     out.mkdir(parents=True, exist_ok=True)
     old_dump = write_mediawiki_dump(with_questions_in_pages(old, splits["train"]) if qa.questions_on_pages else old,
@@ -200,7 +209,11 @@ def make_worlds(settings: GrowthSettings, seed: int, out: Path) -> dict:
     if practice:
         (out / "practice_people.txt").write_text("".join(f"{name}\n" for name in practice), encoding="utf-8")
         if mixed is not None:  # the train questions and the practice people's
-            pairs = splits["train"] + [pair for pair in world.qa_pairs if pair.subject in practice_set]
+            asked_in_mix = practice_set
+            if settings.practice_questions_people:
+                rng = random.Random(f"{seed}-practice-mixed")
+                asked_in_mix = set(rng.sample(practice, min(settings.practice_questions_people, len(practice))))
+            pairs = splits["train"] + [pair for pair in world.qa_pairs if pair.subject in asked_in_mix]
             mixed = write_released_format(pairs, "train_and_practice", out)[0]
     test_people = sorted({pair.subject for pair in splits["test"]})
     return {"held": held, "corpus": corpus, "new_dump": new_dump, "files": files, "test_people": test_people,
@@ -713,8 +726,9 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     files, held = data["files"], data["held"]
     recipe, questions = RECIPES[settings.recipe], data["mixed_questions"]
+    balance = practice_balance(settings, data)
     pretrained = pretrain_variant("edmem", data["corpus"], out / "pretrain-edmem", settings.qa, seed, None, recipe,
-                                  questions)  # fmt: skip
+                                  questions, **balance)  # fmt: skip
     weight = recipe.finetune_entity_loss_weight
     finetuned = finetune_model(pretrained, files["train"], out / "finetune", settings.qa, seed, None, weight)
     logger.info("seed %d: pre-trained and fine-tuned without %d people (%.0f s)", seed, len(held),
@@ -736,7 +750,7 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
                                   writer_passages_by_mentions=settings.writer_passages_by_mentions,
                                   fresh_names_like_written_only=settings.fresh_names_like_written_only,
                                   writer_decoy_rows=settings.writer_decoy_rows,
-                                  entity_key_dim=settings.entity_key_dim)  # fmt: skip
+                                  entity_key_dim=settings.entity_key_dim, **balance)  # fmt: skip
         if settings.reader_steps:
             writer = pretrain_reader(writer, data, out / f"pretrain-{folder}", settings, seed, recipe, questions)
         options = ("--writer_corpus", str(data["corpus"])) if settings.writer_in_finetuning else ()
@@ -809,7 +823,15 @@ def pretrain_reader(
                             or settings.reader_names_like_written_only,
                             row_autoencoding_share=settings.reader_row_autoencoding_share,
                             row_autoencoding_written_only=bool(settings.reader_row_autoencoding_share),
-                            writer_decoy_rows=settings.writer_decoy_rows)  # fmt: skip
+                            writer_decoy_rows=settings.writer_decoy_rows, **practice_balance(settings, data))  # fmt: skip
+
+
+def practice_balance(settings: GrowthSettings, data: dict) -> dict:
+    """The pre-training options that make the practice people's examples `practice_share` of those read (none when
+    it is 0): the same for every model, so that each reads the other people as often."""
+    if not settings.practice_share or data["practice_people"] is None:
+        return {}
+    return {"balanced_entities_file": str(data["practice_people"]), "balanced_entities_share": settings.practice_share}
 
 
 def practice_rows_mask(model_dir: Path, practice: list[str]) -> Path:
@@ -937,6 +959,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--written-only-share", type=float, help="the writer's training: written-only entities")
     parser.add_argument("--practice-people", type=int,
                         help="people in pre-training only, read by the writer's training through written rows only")  # fmt: skip
+    parser.add_argument("--practice-biographies", type=int,
+                        help="a stream of practice people: each on its own page only, of this many biographies "
+                             "(default: 0, as the others, on place pages too)")  # fmt: skip
+    parser.add_argument("--practice-share", type=float,
+                        help="the practice people's passages (and mixed questions) this share of those read in "
+                             "pre-training, every model alike (default: 0, as the corpus has them)")  # fmt: skip
+    parser.add_argument(
+        "--practice-questions-people",
+        type=int,
+        help="the questions of this many practice people mixed into pre-training (default: 0, all)",
+    )
     parser.add_argument("--written-table", action=argparse.BooleanOptionalAction,
                         help="the writer's model leaves pre-training with every row written from text (default: off)")  # fmt: skip
     parser.add_argument("--row-autoencoding-share", type=float,
@@ -972,7 +1005,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = QUICK if args.quick else GrowthSettings()
     settings = replace(settings, qa=with_overrides(settings.qa, args))
     overrides = ("fit_steps", "continued_steps", "writer", "written_row_share", "written_only_share", "recipe")
-    for key in (*overrides, "practice_people", "written_table", "row_autoencoding_share",
+    for key in (*overrides, "practice_people", "practice_biographies", "practice_share", "practice_questions_people",
+                "written_table", "row_autoencoding_share",
                 "row_autoencoding_written_only", "writer_passages_by_mentions", "entity_key_dim",
                 "fresh_names_like_written_only", "writer_decoy_rows", "reader_steps", "reader_names_like_written_only",
                 "reader_row_autoencoding_share"):  # fmt: skip
@@ -1009,6 +1043,9 @@ def main(argv: list[str] | None = None) -> int:
         f"seeds={len(runs)}",
         f"people_added={len(runs[0]['held_out'])}",
         f"practice_people={settings.practice_people}",
+        f"practice_biographies={settings.practice_biographies}",
+        f"practice_share={settings.practice_share}",
+        f"practice_questions_people={settings.practice_questions_people}",
         f"pretrain_steps={settings.qa.pretrain_steps}",
         f"written_table={int(settings.written_table)}",
         f"row_autoencoding_share={settings.row_autoencoding_share}",

@@ -15,6 +15,7 @@ from edmem_hf.knowledge_world import (
     TEMPLATES,
     KnowledgeWorldSettings,
     generate_knowledge_world,
+    page_only_people,
     split_people,
     without_people,
 )
@@ -197,6 +198,26 @@ def test_a_world_without_some_people_never_mentions_them():
     assert smaller.pages[kept.name] == world.pages[kept.name]
     with pytest.raises(KeyError, match="no person named 'Nobody'"):
         without_people(world, ["Nobody"])
+
+
+def test_page_only_people_are_linked_from_their_own_cut_pages_alone(tmp_path):
+    world = generate_knowledge_world(KnowledgeWorldSettings(num_people=20, biographies=5), seed=4)
+    few = [person.name for person in _people(world)[:4]]
+    cut = page_only_people(world, few, biographies=2)
+    pages = {page.title: page for page in iter_parsed_pages(write_mediawiki_dump(cut, tmp_path / "w.xml"))}
+    for name in few:
+        assert cut.pages[name].count("== Biography ==") == 1  # two biographies, the second under a heading
+        assert world.pages[name].replace(f"[[{name}]]", name).startswith(cut.pages[name].replace(f"[[{name}]]", name))
+        linking = {title for title, page in pages.items() if name in {link.target for link in page.links}}
+        assert linking == {name}  # still an entity of the corpus, listed on no place page
+    kept = _people(world)[4]
+    assert cut.pages[kept.name] == world.pages[kept.name]
+    assert any(f"[[{kept.name}" in page for title, page in cut.pages.items() if title != kept.name)
+    assert cut.qa_pairs == world.qa_pairs
+    with pytest.raises(KeyError, match="no person named 'Nobody'"):
+        page_only_people(world, ["Nobody"], 2)
+    with pytest.raises(ValueError, match="biographies=0"):
+        page_only_people(world, few, 0)
 
 
 def test_the_fullname_augmentation_names_the_person_in_full_everywhere():

@@ -444,6 +444,47 @@ def test_mixed_questions_are_learned_and_resume_exactly(corpus, tmp_path):
         pretrain(_args(corpus, tmp_path / "empty", max_steps=1, mixed_questions_file=str(empty)))
 
 
+def test_balanced_entities_make_their_share_of_what_an_epoch_reads(corpus, tmp_path):
+    import numpy as np
+
+    from edmem_hf.modeling_edmem import EDMemForConditionalGeneration
+    from edmem_hf.pretraining import _dataloaders, balanced_order, build_config, load_corpus
+    from test_collator import ENTITY_NAMES
+
+    assert balanced_order(np.arange(100) < 10, 0.5).tolist() == list(range(100)) + list(range(10)) * 8
+    assert len(balanced_order(np.arange(100) < 90, 0.5)) == 180  # the 10 others nine times
+    assert balanced_order(np.zeros(5, dtype=bool), 0.5).tolist() == list(range(5))  # no side to balance
+    datasets, vocab, tokenizer = load_corpus(corpus)
+    labels = datasets["train"]["entity_labels"]
+    few = ENTITY_NAMES[0]  # an entity some passages mention, most not
+    mentioning = [vocab.id_of(few) in row for row in labels]
+    assert 0 < sum(mentioning) < len(labels) / 2
+    names = tmp_path / "few.txt"
+    names.write_text(f"{few}\n")
+    questions = _write_questions(tmp_path / "qa")
+    args = _args(corpus, tmp_path / "out", balanced_entities_file=str(names), balanced_entities_share=0.5,
+                 mixed_questions_file=questions, max_steps=4)  # fmt: skip
+    model = EDMemForConditionalGeneration(build_config(args, tokenizer, len(vocab)))
+    model.entity_vocab = vocab
+    train_set = _dataloaders(args, datasets, tokenizer, 1, model)[1].dataset
+    passages = [train_set.passages[(0, i)] for i in range(len(train_set.passages))]
+    about = [vocab.id_of(few) in example["entity_labels"] for example in passages]
+    assert abs(sum(about) / len(about) - 0.5) < 0.1
+    assert {example["example_index"] for example in passages} == set(range(len(labels)))  # every passage read
+    asked = [train_set.questions[i] for i in range(len(train_set.questions))]
+    # asked about it (q0) or answered by it (q11): 2 of 12 questions, five times each beside the 10 others
+    assert len(asked) == 20
+    assert sum(vocab.id_of(few) in q["entity_labels"] + q["decoder_entity_labels"] for q in asked) == 10
+    assert pretrain(args)["completed"]
+    with pytest.raises(ValueError, match="go together"):
+        _args(corpus, tmp_path / "x", balanced_entities_file=str(names))
+    with pytest.raises(ValueError, match=r"balanced_entities_share must be in \(0, 1\)"):
+        _args(corpus, tmp_path / "x", balanced_entities_file=str(names), balanced_entities_share=1.0)
+    names.write_text("Nobody\n")
+    with pytest.raises(ValueError, match="1 names not in the entity vocabulary, e.g. 'Nobody'"):
+        pretrain(_args(corpus, tmp_path / "y", balanced_entities_file=str(names), balanced_entities_share=0.5))
+
+
 def _tokenizer_and_vocab(corpus):
     from edmem_hf.pretraining import load_corpus
 

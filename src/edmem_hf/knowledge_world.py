@@ -281,6 +281,32 @@ def without_people(world: ToyWorld, names: list[str], fullname: bool = False) ->
     return smaller
 
 
+def page_only_people(world: ToyWorld, names: list[str], biographies: int, fullname: bool = False) -> ToyWorld:
+    """`world` with the people `names` on their own pages only: each page cut to its first `biographies`
+    biographies, its first mention of the person a link to the page itself (a link is what makes a person an entity
+    of the corpus), and no place page listing them. People a model reads about in a few passages each, all of them
+    biographies (the growth benchmark's stream of practice people). Everything else is as it was (`fullname`: as the
+    world was made)."""
+    if biographies < 1:
+        raise ValueError(f"biographies={biographies}: each person keeps at least one")
+    cut = set(names)
+    unknown = cut - {entity.name for entity in world.entities if entity.type == "person"}
+    if unknown:
+        raise KeyError(f"no person named {sorted(unknown)[0]!r}")
+    separator = "\n\n== Biography ==\n"
+    listed = [entity for entity in world.entities if entity.type == "person" and entity.name not in cut]
+    rng = random.Random(world.seed)
+    smaller = ToyWorld(world.entities, {}, dict(world.redirects), list(world.qa_pairs), world.seed)
+    for entity in world.entities:
+        page = world.pages[entity.name]
+        if entity.name in cut:
+            page = separator.join(page.split(separator)[:biographies]).replace(entity.name, f"[[{entity.name}]]", 1)
+        elif entity.type != "person":
+            page = _place_page(entity, listed, rng, fullname)
+        smaller.pages[entity.name] = page
+    return smaller
+
+
 def split_people(world: ToyWorld, seed: int, validation_fraction: float = 0.25) -> dict[str, list[QAPair]]:
     """The study's split, with a validation group: the people (every one of them in pre-training) shuffled; the
     questions about the first half are fine-tuned on (`train`, all question forms); of the rest, a
@@ -307,6 +333,7 @@ __all__ = [
     "KnowledgeWorldSettings",
     "biography",
     "generate_knowledge_world",
+    "page_only_people",
     "shared_name_pools",
     "split_people",
     "without_people",

@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
@@ -199,6 +200,19 @@ class PretrainingArguments:
         default=0.25,
         metadata={"help": "With --mixed_questions_file: about this share of the training examples are questions."},
     )
+    # --- how often some entities' examples are read ---
+    balanced_entities_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "Entity names, one a line: the passages that mention one of them, and apart from them the mixed "
+            "questions that do, make about --balanced_entities_share of those read (the others, or these, read "
+            "several times an epoch). Many entities read a few times each beside a few read often "
+            "(docs/pretraining.md)."
+        },
+    )
+    balanced_entities_share: float | None = field(
+        default=None, metadata={"help": "With --balanced_entities_file: the share their examples make, in (0, 1)."}
+    )
     # --- optimisation ---
     per_device_train_batch_size: int = field(default=8, metadata={"help": "Training passages per process per step."})
     per_device_eval_batch_size: int = field(default=8, metadata={"help": "Validation passages per process per batch."})
@@ -279,6 +293,12 @@ class PretrainingArguments:
             raise ValueError(f"save_total_limit must be >= 1 or unset, got {self.save_total_limit}")
         if not 0.0 < self.mixed_questions_share < 1.0:
             raise ValueError(f"mixed_questions_share must be in (0, 1), got {self.mixed_questions_share}")
+        if (self.balanced_entities_file is None) != (self.balanced_entities_share is None):
+            raise ValueError(
+                "--balanced_entities_file and --balanced_entities_share go together: give both or neither"
+            )
+        if self.balanced_entities_share is not None and not 0.0 < self.balanced_entities_share < 1.0:
+            raise ValueError(f"balanced_entities_share must be in (0, 1), got {self.balanced_entities_share}")
         if self.preset is not None:
             from .presets import preset_settings
 
@@ -319,10 +339,11 @@ class _EpochShuffleSampler(Sampler):
 class _IndexedPassages(Dataset):
     """A corpus split seen through `(epoch, index)` keys; adds `example_index` and `epoch` for the collator.
 
-    `fixed_epoch` pins the epoch (evaluation: accelerate bumps the sampler's epoch at every pass).
+    `fixed_epoch` pins the epoch (evaluation: accelerate bumps the sampler's epoch at every pass). `order`: the
+    split's passages an epoch reads, some of them more than once (`balanced_order`); default each once.
     """
 
-    def __init__(self, data: Any, fixed_epoch: int | None = None):
+    def __init__(self, data: Any, fixed_epoch: int | None = None, order: np.ndarray | None = None):
         missing = {"input_ids", "entity_labels"} - set(
             getattr(data, "column_names", None) or ["input_ids", "entity_labels"]
         )
@@ -330,14 +351,17 @@ class _IndexedPassages(Dataset):
             raise ValueError(f"the corpus split lacks the column(s) {sorted(missing)}")
         self.data = data
         self.fixed_epoch = fixed_epoch
+        self.order = order
 
     def __len__(self) -> int:
-        return len(self.data)
+        return len(self.data) if self.order is None else len(self.order)
 
     def __getitem__(self, key: tuple[int, int] | int) -> dict[str, Any]:
         epoch, index = key if isinstance(key, tuple) else (0, key)
         if self.fixed_epoch is not None:
             epoch = self.fixed_epoch
+        if self.order is not None:
+            index = self.order[index]
         row = self.data[int(index)]
         return {
             "input_ids": row["input_ids"],
@@ -368,6 +392,39 @@ class _PassagesAndQuestions(Dataset):
 def question_repeats(num_passages: int, num_questions: int, share: float) -> int:
     """How many copies of `num_questions` questions make them about `share` of the examples (at least one)."""
     return max(1, round(share / (1.0 - share) * num_passages / num_questions))
+
+
+def balanced_order(about: np.ndarray, share: float) -> np.ndarray:
+    """Indices of examples, each once and the side that falls short of its share again a whole number of times, so
+    that the examples where `about` is True make about `share` of them (`--balanced_entities_share`)."""
+    inside, outside = np.flatnonzero(about), np.flatnonzero(~about)
+    if not len(inside) or not len(outside):
+        return np.arange(len(about))
+    if len(inside) / len(about) > share:  # the others read more often
+        repeats = max(1, round(len(inside) * (1 - share) / (share * len(outside))))
+        extra = np.tile(outside, repeats - 1)
+    else:
+        repeats = max(1, round(share * len(outside) / ((1 - share) * len(inside))))
+        extra = np.tile(inside, repeats - 1)
+    return np.concatenate([np.arange(len(about)), extra])
+
+
+def _balanced_entity_ids(args: PretrainingArguments, entity_vocab: Any) -> np.ndarray:
+    """The entity ids of `--balanced_entities_file`."""
+    if entity_vocab is None:
+        raise ValueError("--balanced_entities_file needs the model's entity vocabulary to find its names")
+    with open(args.balanced_entities_file, encoding="utf-8") as f:
+        names = [line.strip() for line in f if line.strip()]
+    unknown = [name for name in names if name not in entity_vocab]
+    if unknown or not names:
+        raise ValueError(f"--balanced_entities_file {args.balanced_entities_file}: "
+                         + (f"{len(unknown)} names not in the entity vocabulary, e.g. {unknown[0]!r}" if unknown
+                            else "no name"))  # fmt: skip
+    return np.array([entity_vocab.id_of(name) for name in names], dtype=np.int64)
+
+
+def _mentions_any(labels: Any, entities: np.ndarray) -> bool:
+    return bool(np.isin(np.asarray(labels or [], dtype=np.int64), entities).any())
 
 
 def _mixed_questions(args: PretrainingArguments, tokenizer: Any, entity_vocab: Any) -> list[dict[str, list[int]]]:
@@ -857,6 +914,15 @@ def _dataloaders(
     if args.decoder_target != "passage" and isinstance(model, EDMemForEntityLinking):
         raise ValueError(f"--decoder_target {args.decoder_target} needs a decoder: EncMem predicts at the input")
     train_set = _IndexedPassages(datasets["train"])
+    balanced = None
+    if args.balanced_entities_file:
+        from .writer_batches import EntityPassages
+
+        balanced = _balanced_entity_ids(args, getattr(model, "entity_vocab", None))
+        index = EntityPassages.from_dataset(datasets["train"], int(balanced.max()) + 1)
+        about = np.zeros(len(datasets["train"]), dtype=bool)
+        about[np.concatenate([index.of(entity) for entity in balanced])] = True
+        train_set = _IndexedPassages(datasets["train"], order=balanced_order(about, args.balanced_entities_share))
     if len(train_set) < args.per_device_train_batch_size * num_processes:
         raise ValueError(
             f"the train split has {len(train_set)} passages, fewer than one global batch "
@@ -875,6 +941,10 @@ def _dataloaders(
         from .task_features import EDMemSeq2SeqCollator
 
         questions = _mixed_questions(args, tokenizer, getattr(model, "entity_vocab", None))
+        if balanced is not None:
+            about = np.array([_mentions_any(q.get("entity_labels"), balanced)
+                              or _mentions_any(q.get("decoder_entity_labels"), balanced) for q in questions])  # fmt: skip
+            questions = [questions[i] for i in balanced_order(about, args.balanced_entities_share)]
         repeats = question_repeats(len(train_set), len(questions), args.mixed_questions_share)
         train_set = _PassagesAndQuestions(train_set, questions, repeats)
         train_collator = QuestionsAndPassagesCollator(train_collator, EDMemSeq2SeqCollator(tokenizer.pad_token_id))
