@@ -153,8 +153,8 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
             "--questions-in-batches", "--recipe", "masked_spans", "--practice-people", "3", "--row-autoencoding-share", "0.5",
             "--row-autoencoding-written-only", "--writer-passages-by-mentions", "--entity-key-dim", "8",
             "--fresh-names-like-written-only", "--writer-decoy-rows", "2", "--reader-steps", "5",
-            "--reader-row-autoencoding-share", "0.5",
-            "--timed-additions", "10"]  # fmt: skip
+            "--reader-row-autoencoding-share", "0.5", "--practice-biographies", "2", "--practice-share", "0.5",
+            "--practice-questions-people", "2", "--timed-additions", "10"]  # fmt: skip
     assert bench.main(argv) == 0
     result = json.loads((out / "results.json").read_text())
     seed = out / "seed-0"
@@ -234,6 +234,11 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     vocab = EntityVocab.load(models / "finetune")
     mask = torch.load(models / "finetune" / "practice_rows_hidden_mask.pt", weights_only=True)
     assert len(practice) == 3 and {vocab.name_of(i) for i in mask.nonzero().flatten().tolist()} == practice
+    # a stream of practice people: the questions of two of them mixed into pre-training, each on its own page alone
+    mixed = {record["question"] for record in read_jsonl(seed / "edmem_toy-train_and_practice.jsonl")}
+    assert sum(any(name in question for question in mixed) for name in practice) == 2
+    links = [(page.title, link.target) for page in iter_parsed_pages(str(seed / "old-wiki.xml.bz2")) for link in page.links]
+    assert all([title for title, target in links if target == name] == [name] for name in practice)
     for split, name in (("test", "writer_before"), ("added", "writer"), ("test", "before")):
         assert 0.0 <= result["summary"][split][name]["free_practice_rows_hidden"]["all"]["mean"] <= 100.0
     bound = result["runs"][0]["results"]["rows_alone"]
@@ -241,7 +246,8 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     assert 0.0 <= bound["added_recall_with_rows_from_their_questions"] <= 100.0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith(
-        f"RESULT seeds=1 people_added={len(held)} practice_people=3 pretrain_steps=30 written_table=0 row_autoencoding_share=0.5 "
+        f"RESULT seeds=1 people_added={len(held)} practice_people=3 practice_biographies=2 practice_share=0.5 "
+        "practice_questions_people=2 pretrain_steps=30 written_table=0 row_autoencoding_share=0.5 "
         "row_autoencoding_written_only=1 writer_passages_by_mentions=1 entity_key_dim=8 "
         "fresh_names_like_written_only=1 writer_decoy_rows=2 written_row_share=0.5 reader_steps=5 "
         "reader_names_like_written_only=0 reader_row_autoencoding_share=0.5 "
