@@ -237,7 +237,9 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     # a stream of practice people: the questions of two of them mixed into pre-training, each on its own page alone
     mixed = {record["question"] for record in read_jsonl(seed / "edmem_toy-train_and_practice.jsonl")}
     assert sum(any(name in question for question in mixed) for name in practice) == 2
-    links = [(page.title, link.target) for page in iter_parsed_pages(str(seed / "old-wiki.xml.bz2")) for link in page.links]
+    links = [
+        (page.title, link.target) for page in iter_parsed_pages(str(seed / "old-wiki.xml.bz2")) for link in page.links
+    ]
     assert all([title for title, target in links if target == name] == [name] for name in practice)
     for split, name in (("test", "writer_before"), ("added", "writer"), ("test", "before")):
         assert 0.0 <= result["summary"][split][name]["free_practice_rows_hidden"]["all"]["mean"] <= 100.0
