@@ -19,7 +19,11 @@ Beside it, EDMem with a writer of entity rows (`EDMemConfig.entity_row_writer`; 
 and fine-tuned reading rows written from other passages (`writer_batches.WriterCollator`), grown by
 `add_entities` with its writer (`writer`; before adding: `writer_before`). With `--practice-people N`, N more people
 are in the old world's pages (and its mixed questions), asked in no question file: the writer's training reads them
-through written rows only (docs/model.md, "Practice entities"); every model reads the same pages. With
+through written rows only (docs/model.md, "Practice entities"); every model reads the same pages. A stream of them
+(docs/model.md, "A stream of practice entities"): `--practice-biographies K` puts each on their own page of K
+biographies, linked from no other, `--practice-share S` makes their passages and questions S of those every model
+reads (`edmem pretrain --balanced_entities_file`), `--practice-questions-people M` mixes the questions of M of them
+(a world of its own: give it its own `--out`). With
 `--written-table`, the writer's model leaves pre-training with every entity's row written from its passages
 (`edmem pretrain --written_table`), in folders of its own (`writer-written-table`). With `--reader-steps N`, a second
 stage of N steps follows, the writer and its table frozen (`edmem pretrain --frozen_writer`, TOME's second stage), in
