@@ -969,11 +969,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--practice-share", type=float,
                         help="the practice people's passages (and mixed questions) this share of those read in "
                              "pre-training, every model alike (default: 0, as the corpus has them)")  # fmt: skip
-    parser.add_argument(
-        "--practice-questions-people",
-        type=int,
-        help="the questions of this many practice people mixed into pre-training (default: 0, all)",
-    )
+    parser.add_argument("--practice-questions-people", type=int,
+                        help="the questions of this many practice people mixed into pre-training (default: 0, all)")  # fmt: skip
     parser.add_argument("--written-table", action=argparse.BooleanOptionalAction,
                         help="the writer's model leaves pre-training with every row written from text (default: off)")  # fmt: skip
     parser.add_argument("--row-autoencoding-share", type=float,
