@@ -263,22 +263,12 @@ def _place_page(place: ToyEntity, people: list[ToyEntity], rng: random.Random, f
 def without_people(world: ToyWorld, names: list[str], fullname: bool = False) -> ToyWorld:
     """The world before the people `names` existed: their pages gone, the place pages written again without them,
     no question about them. The other people's pages are unchanged (`fullname`: as the world was made)."""
-    removed = set(names)
-    people = {entity.name for entity in world.entities if entity.type == "person"}
-    if removed - people:
-        raise KeyError(f"no person named {sorted(removed - people)[0]!r}")
+    removed = _people_named(world, names)
     kept = [entity for entity in world.entities if entity.name not in removed]
-    smaller = ToyWorld(kept, {}, {}, [], world.seed)
-    rng = random.Random(world.seed)
-    kept_people = [entity for entity in kept if entity.type == "person"]
-    for entity in kept:
-        if entity.type == "person":
-            page = world.pages[entity.name]
-        else:
-            page = _place_page(entity, kept_people, rng, fullname)
-        smaller.pages[entity.name] = page
-    smaller.qa_pairs = [pair for pair in world.qa_pairs if pair.subject not in removed]
-    return smaller
+    places = _place_pages(kept, [entity for entity in kept if entity.type == "person"], world.seed, fullname)
+    pages = {entity.name: places.get(entity.name, world.pages[entity.name]) for entity in kept}
+    qa_pairs = [pair for pair in world.qa_pairs if pair.subject not in removed]
+    return ToyWorld(kept, pages, {}, qa_pairs, world.seed)
 
 
 def page_only_people(world: ToyWorld, names: list[str], biographies: int, fullname: bool = False) -> ToyWorld:
@@ -289,22 +279,30 @@ def page_only_people(world: ToyWorld, names: list[str], biographies: int, fullna
     world was made)."""
     if biographies < 1:
         raise ValueError(f"biographies={biographies}: each person keeps at least one")
-    cut = set(names)
-    unknown = cut - {entity.name for entity in world.entities if entity.type == "person"}
-    if unknown:
-        raise KeyError(f"no person named {sorted(unknown)[0]!r}")
+    cut = _people_named(world, names)
     separator = "\n\n== Biography ==\n"
     listed = [entity for entity in world.entities if entity.type == "person" and entity.name not in cut]
-    rng = random.Random(world.seed)
-    smaller = ToyWorld(world.entities, {}, dict(world.redirects), list(world.qa_pairs), world.seed)
-    for entity in world.entities:
-        page = world.pages[entity.name]
-        if entity.name in cut:
-            page = separator.join(page.split(separator)[:biographies]).replace(entity.name, f"[[{entity.name}]]", 1)
-        elif entity.type != "person":
-            page = _place_page(entity, listed, rng, fullname)
-        smaller.pages[entity.name] = page
-    return smaller
+    pages = {entity.name: world.pages[entity.name] for entity in world.entities}
+    for name in cut:
+        pages[name] = separator.join(pages[name].split(separator)[:biographies]).replace(name, f"[[{name}]]", 1)
+    pages.update(_place_pages(world.entities, listed, world.seed, fullname))
+    return ToyWorld(world.entities, pages, dict(world.redirects), list(world.qa_pairs), world.seed)
+
+
+def _people_named(world: ToyWorld, names: list[str]) -> set[str]:
+    """`names` as a set; a KeyError names the first, in sorted order, that is no person of `world`."""
+    named = set(names)
+    unknown = named - {entity.name for entity in world.entities if entity.type == "person"}
+    if unknown:
+        raise KeyError(f"no person named {sorted(unknown)[0]!r}")
+    return named
+
+
+def _place_pages(entities: list[ToyEntity], listed: list[ToyEntity], seed: int, fullname: bool) -> dict[str, str]:
+    """The pages of the places among `entities`, written again to list only the people `listed`, their links'
+    forms drawn from `seed` in the entities' order."""
+    rng = random.Random(seed)
+    return {place.name: _place_page(place, listed, rng, fullname) for place in entities if place.type != "person"}
 
 
 def split_people(world: ToyWorld, seed: int, validation_fraction: float = 0.25) -> dict[str, list[QAPair]]:
