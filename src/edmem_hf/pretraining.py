@@ -409,18 +409,25 @@ def balanced_order(about: np.ndarray, share: float) -> np.ndarray:
     return np.concatenate([np.arange(len(about)), extra])
 
 
+def _entity_ids_in_file(option: str, path: str, entity_vocab: Any) -> list[int]:
+    """The ids of the entity names in `path`, one a line (`--balanced_entities_file`, `--written_only_entities_file`);
+    a name not in the vocabulary is an error naming the option."""
+    with open(path, encoding="utf-8") as f:
+        names = [line.strip() for line in f if line.strip()]
+    unknown = [name for name in names if name not in entity_vocab]
+    if unknown:
+        raise ValueError(f"--{option} {path}: {len(unknown)} names not in the entity vocabulary, e.g. {unknown[0]!r}")
+    return [entity_vocab.id_of(name) for name in names]
+
+
 def _balanced_entity_ids(args: PretrainingArguments, entity_vocab: Any) -> np.ndarray:
     """The entity ids of `--balanced_entities_file`."""
     if entity_vocab is None:
         raise ValueError("--balanced_entities_file needs the model's entity vocabulary to find its names")
-    with open(args.balanced_entities_file, encoding="utf-8") as f:
-        names = [line.strip() for line in f if line.strip()]
-    unknown = [name for name in names if name not in entity_vocab]
-    if unknown or not names:
-        raise ValueError(f"--balanced_entities_file {args.balanced_entities_file}: "
-                         + (f"{len(unknown)} names not in the entity vocabulary, e.g. {unknown[0]!r}" if unknown
-                            else "no name"))  # fmt: skip
-    return np.array([entity_vocab.id_of(name) for name in names], dtype=np.int64)
+    ids = _entity_ids_in_file("balanced_entities_file", args.balanced_entities_file, entity_vocab)
+    if not ids:
+        raise ValueError(f"--balanced_entities_file {args.balanced_entities_file}: no name")
+    return np.array(ids, dtype=np.int64)
 
 
 def _mentions_any(labels: Any, entities: np.ndarray) -> bool:
@@ -997,13 +1004,9 @@ def _writer_collator(args: PretrainingArguments, base: Any, passages: Any, token
         raise ValueError("training the entity row writer needs the model's entity_vocab: it writes names")
     practice = []
     if args.written_only_entities_file:
-        with open(args.written_only_entities_file, encoding="utf-8") as f:
-            names = [line.strip() for line in f if line.strip()]
-        unknown = [name for name in names if name not in model.entity_vocab]
-        if unknown:
-            raise ValueError(f"--written_only_entities_file: {len(unknown)} names not in the entity vocabulary, "
-                             f"e.g. {unknown[0]!r}")  # fmt: skip
-        practice = [model.entity_vocab.id_of(name) for name in names]
+        practice = _entity_ids_in_file(
+            "written_only_entities_file", args.written_only_entities_file, model.entity_vocab
+        )
     return WriterCollator(
         base, passages, EntityPassages.from_dataset(passages, model.config.entity_vocab_size),
         model.entity_vocab.names, tokenizer, model.config, written_row_share=args.written_row_share,
