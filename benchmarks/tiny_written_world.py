@@ -1,0 +1,232 @@
+"""Do written rows carry facts? A tiny EDMem with a writer of entity rows (docs/model.md, "Entities written from
+text"), pre-trained on a world where one fact is the only thing to know, then grown by `add_entities` with people
+it never read; one pre-training run per seed (tests/test_written_entities.py runs the first).
+
+The world: people named from shared pools of first and last names (an unseen person's name is made of trained
+tokens, as in the knowledge world), each born in one of a few cities, stated in three sentence forms; each sentence
+is a passage. `trained` people are read as EDMem reads any entity (their rows are free parameters, half their
+mentions read through written rows); `practice` people are read through written rows only, under a fresh name each
+batch (`edmem pretrain --written_only_entities_file`): a masked city of theirs can only come from the row written
+from another of their sentences, so the writer must put the city in the row and the reader take it out. The
+practice people are the writer's scaffolding, hidden from the memory once training ends. Queries score a key of
+`ENTITY_KEY_DIM` columns of the row, the rest is a value (`edmem pretrain --entity_key_dim`).
+
+Measured after training, teacher-forced, on the second sentence form with the city's tokens masked as pre-training
+masks a mention (`found_and_answered`): *unseen*, people added by `add_entities` from one sentence each (the first
+form), found (the memory's top entity at their name is their new row) and answered (the city filled in); *told*, the
+same people added from a sentence that gives each another city: answers that follow the row are its city, not the
+person's; *trained*, the trained people found and answered on their own rows. Levers: `--practice N` practice people
+(0: none), `--entity-key-dim K` (0: the whole row a key), `--restated` (each passage two sentences, the city stated
+twice: a masked city is then mostly readable from the passage itself, as in a page of several biographies).
+
+    python benchmarks/tiny_written_world.py --seeds 0 1 2 3 4 --out runs/tiny-written-world
+
+A rerun with the same `--out` reuses the runs that are done. Ends with one line `RESULT key=value ...`: means over
+the seeds, and `seeds_passing`, the seeds whose unseen people are all found and all but at most one answered
+(the test's criterion).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+
+import torch
+from datasets import Dataset, DatasetDict
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from edmem_hf import EDMemForConditionalGeneration, EntityVocab  # noqa: E402
+from edmem_hf.entity_growth import add_entities  # noqa: E402
+from edmem_hf.pretraining import PretrainingArguments, pretrain  # noqa: E402
+from tiny_models import make_word_tokenizer, make_words  # noqa: E402
+
+SIZES = dict(firsts=12, lasts=12, cities=4, unseen=4, trained=12, practice=100)
+STEPS = 6000
+ENTITY_KEY_DIM = 16  # of entity_embed_dim 32
+
+
+def marked(name: str) -> str:
+    return f"<E_s> {name} <E_e>"
+
+
+def tiny_world(tokenizer, seed: int = 0, practice: int = SIZES["practice"], cities: int = SIZES["cities"]) -> dict:
+    """`trained`, `practice` (that many) and `unseen` people, `cities` (that many), each person's `home` city and the
+    three sentence `forms`; every name, city and form word one token of `tokenizer`."""
+    words = [w for w in make_words(400) if len(tokenizer(" " + w, add_special_tokens=False).input_ids) == 1]
+    rng = random.Random(seed)
+    rng.shuffle(words)
+    firsts, rest = words[: SIZES["firsts"]], words[SIZES["firsts"] :]
+    lasts, rest = rest[: SIZES["lasts"]], rest[SIZES["lasts"] :]
+    cities, glue = rest[:cities], rest[cities : cities + 6]
+    people = [f"{first} {last}" for first in firsts for last in lasts]
+    rng.shuffle(people)
+    home = {person: rng.choice(cities) for person in people}
+    g = glue
+    forms = [f"{{p}} {g[0]} {g[1]} {{c}} .", f"{{p}} {g[2]} {{c}} {g[3]} .", f"{g[4]} {{c}} {g[5]} {{p}} ."]
+    unseen, trained = SIZES["unseen"], SIZES["unseen"] + SIZES["trained"]
+    return dict(unseen=people[:unseen], trained=people[unseen:trained],
+                practice=people[trained : trained + practice], cities=cities, home=home, forms=forms)  # fmt: skip
+
+
+def write_corpus(tokenizer, world: dict, out: Path, restated: bool = False) -> Path:
+    """An `edmem build-corpus` folder: each trained and practice person in the three forms, each form a passage
+    with both mentions labelled (with `restated`, each passage two forms, the city stated twice), and
+    `practice.txt`, the practice people's names (`--written_only_entities_file`)."""
+    names = world["cities"] + world["trained"] + world["practice"]
+    start = tokenizer.convert_tokens_to_ids("<E_s>")
+    rows = {"input_ids": [], "entity_labels": []}
+    for person in world["trained"] + world["practice"]:
+        city = world["home"][person]
+        for i, form in enumerate(world["forms"]):
+            text = form + (" " + world["forms"][(i + 1) % 3] if restated else "")
+            ids = tokenizer(text.format(p=marked(person), c=marked(city))).input_ids
+            order = iter([person if text.find("{p}", at) == at else city for at in _mentions(text)])
+            rows["input_ids"].append(ids)
+            rows["entity_labels"].append([names.index(next(order)) if t == start else -100 for t in ids])
+    passages = Dataset.from_dict(rows)
+    DatasetDict({"train": passages, "validation": passages.select(range(8))}).save_to_disk(str(out / "passages"))
+    EntityVocab(names).save(str(out))
+    tokenizer.save_pretrained(str(out / "tokenizer"))
+    (out / "practice.txt").write_text("".join(f"{person}\n" for person in world["practice"]))
+    return out
+
+
+def _mentions(text: str) -> list[int]:
+    """Where `{p}` and `{c}` stand in a form, in order."""
+    return sorted(i for i in range(len(text)) if text.startswith(("{p}", "{c}"), i))
+
+
+def pretraining_arguments(
+    corpus: Path,
+    output_dir: Path,
+    seed: int,
+    steps: int = STEPS,
+    entity_key_dim: int | None = ENTITY_KEY_DIM,
+    positions: int = 32,
+) -> PretrainingArguments:
+    """The tiny model (two layers a stack, d_model 64, `positions` tokens a passage or writer input) with a writer,
+    trained `steps` steps on `corpus`."""
+    practice = corpus / "practice.txt"
+    return PretrainingArguments(
+        output_dir=str(output_dir), corpus_dir=str(corpus), entity_row_writer=True, written_row_share=0.5,
+        written_only_share=0.0, written_only_entities_file=str(practice) if practice.read_text() else None,
+        d_model=64, encoder_lower_layers=1, encoder_upper_layers=1, decoder_lower_layers=1, decoder_upper_layers=1,
+        encoder_ffn_dim=128, decoder_ffn_dim=128, encoder_attention_heads=4, decoder_attention_heads=4,
+        entity_embed_dim=32, entity_key_dim=entity_key_dim, max_position_embeddings=positions, dropout=0.0,
+        random_mask_prob=0.0, per_device_train_batch_size=32, learning_rate=3e-3, max_steps=steps, eval_steps=0,
+        save_steps=steps, logging_steps=500, report_to="none", disable_tqdm=True, seed=seed,
+    )  # fmt: skip
+
+
+def hide_practice_people(model, world: dict) -> None:
+    """Hides the practice people's rows from the memory (`set_entity_mask`): they taught the writer."""
+    mask = torch.ones(model.config.entity_vocab_size, dtype=torch.bool)
+    mask[[model.entity_vocab.id_of(person) for person in world["practice"]]] = False
+    model.set_entity_mask(mask)
+
+
+@torch.no_grad()
+def found_and_answered(
+    model, tokenizer, people: list[str], ids: list[int], city_of: dict, text: str
+) -> tuple[int, int]:
+    """How many of `people` the memory finds at their name (top entity `ids[i]` at the first `{p}` of `text`), and
+    whose city `city_of[person]` the model fills in, teacher-forced, in `text` with every `{c}`'s tokens masked one
+    by one (as pre-training masks a mention)."""
+    start, end = model.config.entity_start_token_id, model.config.entity_end_token_id
+    kinds = [text[at : at + 3] for at in _mentions(text)]
+    found = answered = 0
+    for person, entity in zip(people, ids):
+        full = tokenizer(text.format(p=marked(person), c=marked(city_of[person])), return_tensors="pt").input_ids
+        starts, ends = (full[0] == start).nonzero()[:, 0], (full[0] == end).nonzero()[:, 0]
+        cities = [(int(starts[i]) + 1, int(ends[i])) for i, kind in enumerate(kinds) if kind == "{c}"]
+        question = full.clone()
+        for begin, stop in cities:
+            question[0, begin:stop] = tokenizer.mask_token_id
+        out = model(input_ids=question, labels=full, output_attended_entities=True)
+        found += int(out.encoder_attended_entities.top_entity_ids[kinds.index("{p}"), 0]) == entity
+        predicted = out.logits[0].argmax(-1)
+        answered += all(bool((predicted[begin:stop] == full[0, begin:stop]).all()) for begin, stop in cities)
+    return found, answered
+
+
+def measure(model_dir: Path, tokenizer, world: dict, restated: bool = False) -> dict:
+    """The figures of one trained model (the module's docstring): counts out of `len(people)`. The unseen people are
+    added from the first form (with `restated`, the first two) and asked in the second (the second and third)."""
+    forms, home, unseen = world["forms"], world["home"], world["unseen"]
+    sentence, question = (f"{forms[0]} {forms[1]}", f"{forms[1]} {forms[2]}") if restated else (forms[0], forms[1])
+    told = {p: world["cities"][(world["cities"].index(home[p]) + 1) % len(world["cities"])] for p in unseen}
+    result = {}
+    for name, city_of in (("unseen", home), ("told", told)):
+        model = EDMemForConditionalGeneration.from_pretrained(model_dir).eval()
+        hide_practice_people(model, world)
+        texts = [[sentence.format(p=marked(person), c=marked(city_of[person]))] for person in unseen]
+        ids = add_entities(model, unseen, texts, tokenizer)  # the model's writer, its default
+        result[f"{name}_found"], result[f"{name}_answered"] = found_and_answered(
+            model, tokenizer, unseen, ids, city_of, question
+        )
+    ids = [model.entity_vocab.id_of(person) for person in world["trained"]]
+    result["trained_found"], result["trained_answered"] = found_and_answered(
+        model, tokenizer, world["trained"], ids, home, question
+    )
+    return result
+
+
+def passes(result: dict, world: dict) -> bool:
+    """The test's criterion: every unseen person found, all but at most one answered."""
+    unseen = len(world["unseen"])
+    return result["unseen_found"] == unseen and result["unseen_answered"] >= unseen - 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="Pre-training seeds.")
+    parser.add_argument("--steps", type=int, default=STEPS, help="Pre-training steps.")
+    parser.add_argument("--practice", type=int, default=SIZES["practice"], help="Practice people (0: none).")
+    parser.add_argument("--entity-key-dim", type=int, default=ENTITY_KEY_DIM,
+                        help="Columns of a row that queries score (0: the whole row, no value apart).")  # fmt: skip
+    parser.add_argument("--cities", type=int, default=SIZES["cities"], help="Cities a person may be born in.")
+    parser.add_argument("--restated", action="store_true",
+                        help="Each passage two sentences about its person, the city stated twice.")  # fmt: skip
+    parser.add_argument("--out", type=Path, required=True, help="Runs and results_<setting>.json go here.")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    tokenizer = make_word_tokenizer(bart_template=True)
+    world = tiny_world(tokenizer, practice=args.practice, cities=args.cities)
+    variant = ("-restated" if args.restated else "") + (
+        f"-cities{args.cities}" if args.cities != SIZES["cities"] else ""
+    )
+    setting = f"practice{args.practice}-key{args.entity_key_dim}{variant}"
+    corpus = args.out / f"corpus-practice{args.practice}{variant}"
+    if not (corpus / "practice.txt").exists():
+        write_corpus(tokenizer, world, corpus, restated=args.restated)
+    per_seed = {}
+    for seed in args.seeds:
+        model_dir = args.out / f"{setting}-{args.steps}-steps-seed{seed}"
+        if not (model_dir / "model.safetensors").exists():
+            positions = 64 if args.restated else 32  # a passage of two sentences, and a writer input of one
+            pretrain(
+                pretraining_arguments(corpus, model_dir, seed, args.steps, args.entity_key_dim or None, positions)
+            )
+        per_seed[seed] = measure(model_dir, tokenizer, world, args.restated)
+        per_seed[seed]["passes"] = passes(per_seed[seed], world)
+        print(f"seed {seed}: {per_seed[seed]}", flush=True)
+    group = {"unseen": "unseen", "told": "unseen", "trained": "trained"}
+    people = {key: len(world[group[key.split("_")[0]]]) for key in next(iter(per_seed.values())) if key != "passes"}
+    summary = {key: 100 * sum(r[key] for r in per_seed.values()) / (people[key] * len(per_seed)) for key in people}
+    summary["seeds_passing"] = sum(r["passes"] for r in per_seed.values())
+    results = dict(setting=setting, sizes=SIZES | {"practice": args.practice, "cities": args.cities}, steps=args.steps,
+                   entity_key_dim=args.entity_key_dim, restated=args.restated, seeds=args.seeds, per_seed=per_seed,
+                   percent_over_seeds=summary)  # fmt: skip
+    (args.out / f"results_{setting}_{args.steps}_steps.json").write_text(json.dumps(results, indent=1) + "\n")
+    print(f"RESULT setting={setting} seeds={','.join(map(str, args.seeds))} steps={args.steps} "
+          + " ".join(f"{key}={value:.1f}" if key != "seeds_passing" else f"{key}={value}"
+                     for key, value in summary.items()))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
