@@ -44,7 +44,7 @@ from edmem_hf.entity_growth import add_entities  # noqa: E402
 from edmem_hf.pretraining import PretrainingArguments, pretrain  # noqa: E402
 from tiny_models import make_word_tokenizer, make_words  # noqa: E402
 
-SIZES = dict(firsts=12, lasts=12, cities=4, unseen=4, trained=12, practice=100)
+SIZES = dict(firsts=12, lasts=12, cities=4, unseen=4, trained=12, practice=100, tag_words=11)
 STEPS = 6000
 ENTITY_KEY_DIM = 16  # of entity_embed_dim 32
 
@@ -53,9 +53,14 @@ def marked(name: str) -> str:
     return f"<E_s> {name} <E_e>"
 
 
-def tiny_world(tokenizer, seed: int = 0, practice: int = SIZES["practice"], cities: int = SIZES["cities"]) -> dict:
+def tiny_world(
+    tokenizer, seed: int = 0, practice: int = SIZES["practice"], cities: int = SIZES["cities"], tagged: bool = False
+) -> dict:
     """`trained`, `practice` (that many) and `unseen` people, `cities` (that many), each person's `home` city and the
-    three sentence `forms`; every name, city and form word one token of `tokenizer`."""
+    three sentence `forms`; every name, city and form word one token of `tokenizer`. With `tagged`, each person has
+    a `tag` that every sentence about them ends with (`{t}`), a pair of words of their own (each word shared with
+    other people's tags, the pair no one else's): their passages then say who they are, as a biography's other facts
+    (common values, a combination of its own) do, and an added person's tag is made of trained words."""
     words = [w for w in make_words(400) if len(tokenizer(" " + w, add_special_tokens=False).input_ids) == 1]
     rng = random.Random(seed)
     rng.shuffle(words)
@@ -68,8 +73,21 @@ def tiny_world(tokenizer, seed: int = 0, practice: int = SIZES["practice"], citi
     g = glue
     forms = [f"{{p}} {g[0]} {g[1]} {{c}} .", f"{{p}} {g[2]} {{c}} {g[3]} .", f"{g[4]} {{c}} {g[5]} {{p}} ."]
     unseen, trained = SIZES["unseen"], SIZES["unseen"] + SIZES["trained"]
-    return dict(unseen=people[:unseen], trained=people[unseen:trained],
-                practice=people[trained : trained + practice], cities=cities, home=home, forms=forms)  # fmt: skip
+    named = people[: trained + practice]
+    pool = rest[len(cities) + 6 :][: 2 * SIZES["tag_words"]]
+    tags = [f"{a} {b}" for a in pool[::2] for b in pool[1::2]]
+    random.Random(seed + 1).shuffle(tags)
+    if tagged and len(tags) < len(named):
+        raise ValueError(f"{len(named)} people need tags, and {len(tags)} pairs of words are left")
+    if tagged:
+        forms = [form[: -len(" .")] + " {t} ." for form in forms]
+    return dict(unseen=people[:unseen], trained=people[unseen:trained], practice=people[trained : trained + practice],
+                cities=cities, home=home, forms=forms, tag=dict(zip(named, tags)) if tagged else {})  # fmt: skip
+
+
+def sentence(world: dict, text: str, person: str, city: str) -> str:
+    """`text` (forms) about `person`, both mentions marked, with `city` as theirs (and their tag, if they have one)."""
+    return text.format(p=marked(person), c=marked(city), t=world["tag"].get(person, ""))
 
 
 def write_corpus(tokenizer, world: dict, out: Path, restated: bool = False) -> Path:
@@ -83,7 +101,7 @@ def write_corpus(tokenizer, world: dict, out: Path, restated: bool = False) -> P
         city = world["home"][person]
         for i, form in enumerate(world["forms"]):
             text = form + (" " + world["forms"][(i + 1) % 3] if restated else "")
-            ids = tokenizer(text.format(p=marked(person), c=marked(city))).input_ids
+            ids = tokenizer(sentence(world, text, person, city)).input_ids
             order = iter([person if text.find("{p}", at) == at else city for at in _mentions(text)])
             rows["input_ids"].append(ids)
             rows["entity_labels"].append([names.index(next(order)) if t == start else -100 for t in ids])
@@ -131,7 +149,7 @@ def hide_practice_people(model, world: dict) -> None:
 
 @torch.no_grad()
 def found_and_answered(
-    model, tokenizer, people: list[str], ids: list[int], city_of: dict, text: str
+    model, tokenizer, people: list[str], ids: list[int], city_of: dict, text: str, world: dict
 ) -> tuple[int, int]:
     """How many of `people` the memory finds at their name (top entity `ids[i]` at the first `{p}` of `text`), and
     whose city `city_of[person]` the model fills in, teacher-forced, in `text` with every `{c}`'s tokens masked one
@@ -140,7 +158,7 @@ def found_and_answered(
     kinds = [text[at : at + 3] for at in _mentions(text)]
     found = answered = 0
     for person, entity in zip(people, ids):
-        full = tokenizer(text.format(p=marked(person), c=marked(city_of[person])), return_tensors="pt").input_ids
+        full = tokenizer(sentence(world, text, person, city_of[person]), return_tensors="pt").input_ids
         starts, ends = (full[0] == start).nonzero()[:, 0], (full[0] == end).nonzero()[:, 0]
         cities = [(int(starts[i]) + 1, int(ends[i])) for i, kind in enumerate(kinds) if kind == "{c}"]
         question = full.clone()
@@ -157,20 +175,20 @@ def measure(model_dir: Path, tokenizer, world: dict, restated: bool = False) -> 
     """The figures of one trained model (the module's docstring): counts out of `len(people)`. The unseen people are
     added from the first form (with `restated`, the first two) and asked in the second (the second and third)."""
     forms, home, unseen = world["forms"], world["home"], world["unseen"]
-    sentence, question = (f"{forms[0]} {forms[1]}", f"{forms[1]} {forms[2]}") if restated else (forms[0], forms[1])
+    told_in, question = (f"{forms[0]} {forms[1]}", f"{forms[1]} {forms[2]}") if restated else (forms[0], forms[1])
     told = {p: world["cities"][(world["cities"].index(home[p]) + 1) % len(world["cities"])] for p in unseen}
     result = {}
     for name, city_of in (("unseen", home), ("told", told)):
         model = EDMemForConditionalGeneration.from_pretrained(model_dir).eval()
         hide_practice_people(model, world)
-        texts = [[sentence.format(p=marked(person), c=marked(city_of[person]))] for person in unseen]
+        texts = [[sentence(world, told_in, person, city_of[person])] for person in unseen]
         ids = add_entities(model, unseen, texts, tokenizer)  # the model's writer, its default
         result[f"{name}_found"], result[f"{name}_answered"] = found_and_answered(
-            model, tokenizer, unseen, ids, city_of, question
+            model, tokenizer, unseen, ids, city_of, question, world
         )
     ids = [model.entity_vocab.id_of(person) for person in world["trained"]]
     result["trained_found"], result["trained_answered"] = found_and_answered(
-        model, tokenizer, world["trained"], ids, home, question
+        model, tokenizer, world["trained"], ids, home, question, world
     )
     return result
 
@@ -189,15 +207,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--entity-key-dim", type=int, default=ENTITY_KEY_DIM,
                         help="Columns of a row that queries score (0: the whole row, no value apart).")  # fmt: skip
     parser.add_argument("--cities", type=int, default=SIZES["cities"], help="Cities a person may be born in.")
+    parser.add_argument("--tagged", action="store_true",
+                        help="Each person a pair of words of their own in every sentence about them (an identity).")  # fmt: skip
     parser.add_argument("--restated", action="store_true",
                         help="Each passage two sentences about its person, the city stated twice.")  # fmt: skip
     parser.add_argument("--out", type=Path, required=True, help="Runs and results_<setting>.json go here.")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     tokenizer = make_word_tokenizer(bart_template=True)
-    world = tiny_world(tokenizer, practice=args.practice, cities=args.cities)
-    variant = ("-restated" if args.restated else "") + (
-        f"-cities{args.cities}" if args.cities != SIZES["cities"] else ""
+    world = tiny_world(tokenizer, practice=args.practice, cities=args.cities, tagged=args.tagged)
+    variant = (
+        ("-restated" if args.restated else "")
+        + ("-tagged" if args.tagged else "")
+        + (f"-cities{args.cities}" if args.cities != SIZES["cities"] else "")
     )
     setting = f"practice{args.practice}-key{args.entity_key_dim}{variant}"
     corpus = args.out / f"corpus-practice{args.practice}{variant}"
@@ -218,9 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     people = {key: len(world[group[key.split("_")[0]]]) for key in next(iter(per_seed.values())) if key != "passes"}
     summary = {key: 100 * sum(r[key] for r in per_seed.values()) / (people[key] * len(per_seed)) for key in people}
     summary["seeds_passing"] = sum(r["passes"] for r in per_seed.values())
-    results = dict(setting=setting, sizes=SIZES | {"practice": args.practice, "cities": args.cities}, steps=args.steps,
-                   entity_key_dim=args.entity_key_dim, restated=args.restated, seeds=args.seeds, per_seed=per_seed,
-                   percent_over_seeds=summary)  # fmt: skip
+    results = dict(setting=setting, sizes=SIZES | {"practice": args.practice, "cities": args.cities},
+                   steps=args.steps, entity_key_dim=args.entity_key_dim, restated=args.restated, tagged=args.tagged,
+                   seeds=args.seeds, per_seed=per_seed, percent_over_seeds=summary)  # fmt: skip
     (args.out / f"results_{setting}_{args.steps}_steps.json").write_text(json.dumps(results, indent=1) + "\n")
     print(f"RESULT setting={setting} seeds={','.join(map(str, args.seeds))} steps={args.steps} "
           + " ".join(f"{key}={value:.1f}" if key != "seeds_passing" else f"{key}={value}"
