@@ -175,13 +175,13 @@ def measure(model_dir: Path, tokenizer, world: dict, restated: bool = False) -> 
     """The figures of one trained model (the module's docstring): counts out of `len(people)`. The unseen people are
     added from the first form (with `restated`, the first two) and asked in the second (the second and third)."""
     forms, home, unseen = world["forms"], world["home"], world["unseen"]
-    told_in, question = (f"{forms[0]} {forms[1]}", f"{forms[1]} {forms[2]}") if restated else (forms[0], forms[1])
+    written_from, question = (f"{forms[0]} {forms[1]}", f"{forms[1]} {forms[2]}") if restated else (forms[0], forms[1])
     told = {p: world["cities"][(world["cities"].index(home[p]) + 1) % len(world["cities"])] for p in unseen}
     result = {}
     for name, city_of in (("unseen", home), ("told", told)):
         model = EDMemForConditionalGeneration.from_pretrained(model_dir).eval()
         hide_practice_people(model, world)
-        texts = [[sentence(world, told_in, person, city_of[person])] for person in unseen]
+        texts = [[sentence(world, written_from, person, city_of[person])] for person in unseen]
         ids = add_entities(model, unseen, texts, tokenizer)  # the model's writer, its default
         result[f"{name}_found"], result[f"{name}_answered"] = found_and_answered(
             model, tokenizer, unseen, ids, city_of, question, world
