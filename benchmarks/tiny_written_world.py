@@ -61,7 +61,13 @@ def tiny_world(
     a `tag` that every sentence about them ends with (`{t}`), a pair of words of their own (each word shared with
     other people's tags, the pair no one else's): their passages then say who they are, as a biography's other facts
     (common values, a combination of its own) do, and an added person's tag is made of trained words."""
+    room = SIZES["firsts"] * SIZES["lasts"] - SIZES["unseen"] - SIZES["trained"]
+    if not 0 <= practice <= room:
+        raise ValueError(f"practice={practice}: the names give room for 0 to {room} practice people")
     words = [w for w in make_words(400) if len(tokenizer(" " + w, add_special_tokens=False).input_ids) == 1]
+    free = len(words) - SIZES["firsts"] - SIZES["lasts"] - 6  # the form words
+    if not 2 <= cities <= free:
+        raise ValueError(f"cities={cities}: 2 to {free} (another city than a person's own is asked about)")
     rng = random.Random(seed)
     rng.shuffle(words)
     firsts, rest = words[: SIZES["firsts"]], words[SIZES["firsts"] :]
@@ -102,7 +108,7 @@ def write_corpus(tokenizer, world: dict, out: Path, restated: bool = False) -> P
         for i, form in enumerate(world["forms"]):
             text = form + (" " + world["forms"][(i + 1) % 3] if restated else "")
             ids = tokenizer(sentence(world, text, person, city)).input_ids
-            order = iter([person if text.find("{p}", at) == at else city for at in _mentions(text)])
+            order = iter([person if kind == "{p}" else city for kind in _mentions(text)])
             rows["input_ids"].append(ids)
             rows["entity_labels"].append([names.index(next(order)) if t == start else -100 for t in ids])
     passages = Dataset.from_dict(rows)
@@ -113,9 +119,9 @@ def write_corpus(tokenizer, world: dict, out: Path, restated: bool = False) -> P
     return out
 
 
-def _mentions(text: str) -> list[int]:
-    """Where `{p}` and `{c}` stand in a form, in order."""
-    return sorted(i for i in range(len(text)) if text.startswith(("{p}", "{c}"), i))
+def _mentions(text: str) -> list[str]:
+    """The `{p}` and `{c}` of a form, in order."""
+    return [text[at : at + 3] for at in range(len(text)) if text.startswith(("{p}", "{c}"), at)]
 
 
 def pretraining_arguments(
@@ -155,7 +161,7 @@ def found_and_answered(
     whose city `city_of[person]` the model fills in, teacher-forced, in `text` with every `{c}`'s tokens masked one
     by one (as pre-training masks a mention)."""
     start, end = model.config.entity_start_token_id, model.config.entity_end_token_id
-    kinds = [text[at : at + 3] for at in _mentions(text)]
+    kinds = _mentions(text)
     found = answered = 0
     for person, entity in zip(people, ids):
         full = tokenizer(sentence(world, text, person, city_of[person]), return_tensors="pt").input_ids
@@ -213,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="Each passage two sentences about its person, the city stated twice.")  # fmt: skip
     parser.add_argument("--out", type=Path, required=True, help="Runs and results_<setting>.json go here.")
     args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error(f"--steps {args.steps}: at least one step")
     torch.set_num_threads(1)
     tokenizer = make_word_tokenizer(bart_template=True)
     world = tiny_world(tokenizer, practice=args.practice, cities=args.cities, tagged=args.tagged)

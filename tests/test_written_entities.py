@@ -41,3 +41,15 @@ def test_written_rows_of_unseen_people_are_found_and_answered(trained):
     assert result["told_found"] == unseen and result["told_answered"] >= unseen - 1, result
     # the trained people are still found on their own rows
     assert result["trained_found"] >= 0.9 * people, result
+
+
+def test_the_tiny_world_refuses_what_its_names_and_words_cannot_hold():
+    tokenizer = make_word_tokenizer(bart_template=True)
+    with pytest.raises(ValueError, match="practice=200: the names give room for 0 to 128"):
+        world_module.tiny_world(tokenizer, practice=200)
+    with pytest.raises(ValueError, match="cities=1: 2 to"):
+        world_module.tiny_world(tokenizer, cities=1)
+    with pytest.raises(ValueError, match="people need tags"):
+        world_module.tiny_world(tokenizer, cities=120, tagged=True)
+    with pytest.raises(SystemExit):
+        world_module.main(["--steps", "0", "--out", "unused"])
