@@ -23,7 +23,8 @@ through written rows only (docs/model.md, "Practice entities"); every model read
 (docs/model.md, "A stream of practice entities"): `--practice-biographies K` puts each on their own page of K
 biographies, linked from no other, `--practice-share S` makes their passages and questions S of those every model
 reads (`edmem pretrain --balanced_entities_file`), `--practice-questions-people M` mixes the questions of M of them
-(a world of its own: give it its own `--out`). With
+(a world of its own: give it its own `--out`). `--practice-one-fact-pages K` states each practice person by one fact
+only, on K pages of one sentence (`knowledge_world.one_fact_people`; a world of its own too). With
 `--written-table`, the writer's model leaves pre-training with every entity's row written from its passages
 (`edmem pretrain --written_table`), in folders of its own (`writer-written-table`). With `--reader-steps N`, a second
 stage of N steps follows, the writer and its table frozen (`edmem pretrain --frozen_writer`, TOME's second stage), in
@@ -115,6 +116,7 @@ from edmem_hf.knowledge_world import (  # noqa: E402
     TEMPLATES,
     KnowledgeWorldSettings,
     generate_knowledge_world,
+    one_fact_people,
     page_only_people,
     split_people,
     without_people,
@@ -156,6 +158,8 @@ class GrowthSettings:
     practice_biographies: int = 0
     practice_share: float = 0.0
     practice_questions_people: int = 0
+    # each practice person stated by one fact only, on this many one-sentence pages (0: as the others)
+    practice_one_fact_pages: int = 0
     written_table: bool = False  # the writer's model leaves pre-training with every row written (`--written_table`)
     row_autoencoding_share: float = 0.0  # the writer's training: passages read as their written row alone
     row_autoencoding_written_only: bool = False  # ... only passages about written-only (practice) entities
@@ -194,6 +198,10 @@ def make_worlds(settings: GrowthSettings, seed: int, out: Path) -> dict:
     old = without_people(world, held)
     if settings.practice_biographies:  # after without_people, which lists every person it keeps on place pages
         world, old = (page_only_people(w, practice, settings.practice_biographies) for w in (world, old))
+    if settings.practice_one_fact_pages:
+        if settings.practice_biographies:
+            raise ValueError("--practice-one-fact-pages and --practice-biographies are two worlds: give one")
+        world, old = (one_fact_people(w, practice, settings.practice_one_fact_pages) for w in (world, old))
     splits = split_people(without_people(old, practice), seed)
     out.mkdir(parents=True, exist_ok=True)
     old_dump = write_mediawiki_dump(with_questions_in_pages(old, splits["train"]) if qa.questions_on_pages else old,
@@ -966,6 +974,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--practice-biographies", type=int,
                         help="a stream of practice people: each on its own page only, of this many biographies "
                              "(default: 0, as the others, on place pages too)")  # fmt: skip
+    parser.add_argument("--practice-one-fact-pages", type=int,
+                        help="each practice person stated by one fact only, on this many one-sentence pages "
+                             "(default: 0, as the others)")  # fmt: skip
     parser.add_argument("--practice-share", type=float,
                         help="the practice people's passages (and mixed questions) this share of those read in "
                              "pre-training, every model alike (default: 0, as the corpus has them)")  # fmt: skip
@@ -1006,8 +1017,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = QUICK if args.quick else GrowthSettings()
     settings = replace(settings, qa=with_overrides(settings.qa, args))
     overrides = ("fit_steps", "continued_steps", "writer", "written_row_share", "written_only_share", "recipe")
-    for key in (*overrides, "practice_people", "practice_biographies", "practice_share", "practice_questions_people",
-                "written_table", "row_autoencoding_share",
+    for key in (*overrides, "practice_people", "practice_biographies", "practice_one_fact_pages", "practice_share",
+                "practice_questions_people", "written_table", "row_autoencoding_share",
                 "row_autoencoding_written_only", "writer_passages_by_mentions", "entity_key_dim",
                 "fresh_names_like_written_only", "writer_decoy_rows", "reader_steps", "reader_names_like_written_only",
                 "reader_row_autoencoding_share"):  # fmt: skip
@@ -1045,6 +1056,7 @@ def main(argv: list[str] | None = None) -> int:
         f"people_added={len(runs[0]['held_out'])}",
         f"practice_people={settings.practice_people}",
         f"practice_biographies={settings.practice_biographies}",
+        f"practice_one_fact_pages={settings.practice_one_fact_pages}",
         f"practice_share={settings.practice_share}",
         f"practice_questions_people={settings.practice_questions_people}",
         f"pretrain_steps={settings.qa.pretrain_steps}",

@@ -15,6 +15,7 @@ from edmem_hf.knowledge_world import (
     TEMPLATES,
     KnowledgeWorldSettings,
     generate_knowledge_world,
+    one_fact_people,
     page_only_people,
     split_people,
     without_people,
@@ -218,6 +219,39 @@ def test_page_only_people_are_linked_from_their_own_cut_pages_alone(tmp_path):
         page_only_people(world, ["Nobody"], 2)
     with pytest.raises(ValueError, match="biographies=0"):
         page_only_people(world, few, 0)
+
+
+def test_one_fact_people_are_stated_by_one_fact_on_pages_of_one_sentence(tmp_path):
+    world = generate_knowledge_world(KnowledgeWorldSettings(num_people=20, biographies=5), seed=4)
+    few = sorted(person.name for person in _people(world)[:7])
+    cut = one_fact_people(world, few, pages=3)
+    pages = {page.title: page for page in iter_parsed_pages(write_mediawiki_dump(cut, tmp_path / "w.xml"))}
+    relations = []
+    for name in few:
+        person = world.entity(name)
+        (pair,) = [pair for pair in cut.qa_pairs if pair.subject == name]  # only the stated fact is asked
+        relations.append(pair.relation)
+        own = {title: page for title, page in pages.items() if name in {link.target for link in page.links}}
+        assert sorted(own) == [name, f"{name} (2)", f"{name} (3)"]  # linked from its own pages alone
+        texts = [cut.pages[title] for title in own]
+        assert len(set(texts)) == 3  # three templates
+        for text in texts:
+            assert text.count(".") == 1 and _states(text, person.attributes[pair.relation])
+            others = [
+                r for r in RELATIONS if r != pair.relation and person.attributes[r] != person.attributes[pair.relation]
+            ]
+            assert not any(_states(text, person.attributes[r]) for r in others)  # nothing else about them
+            assert person.aliases[0] not in text.replace(name, "")  # named only by the linked full name
+    assert relations == RELATIONS + RELATIONS[:1]  # the relations taken in turn
+    kept = _people(world)[7]
+    assert cut.pages[kept.name] == world.pages[kept.name]
+    assert len([pair for pair in cut.qa_pairs if pair.subject == kept.name]) == len(RELATIONS)
+    with pytest.raises(ValueError, match="pages=1"):
+        one_fact_people(world, few, 1)
+    with pytest.raises(ValueError, match="pages=13"):
+        one_fact_people(world, few, 13)
+    with pytest.raises(KeyError, match="no person named 'Nobody'"):
+        one_fact_people(world, ["Nobody"], 3)
 
 
 def test_the_fullname_augmentation_names_the_person_in_full_everywhere():

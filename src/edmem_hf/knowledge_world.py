@@ -289,6 +289,39 @@ def page_only_people(world: ToyWorld, names: list[str], biographies: int, fullna
     return ToyWorld(world.entities, pages, dict(world.redirects), list(world.qa_pairs), world.seed)
 
 
+def one_fact_people(world: ToyWorld, names: list[str], pages: int, fullname: bool = False) -> ToyWorld:
+    """`world` with the people `names` each stated by one fact only, on `pages` pages of one sentence each: their
+    own page and `pages - 1` more (titled `"{name} ({k})"`, linked from nowhere, so no entity), every sentence the
+    same fact in another template, the person a link by full name; no place page lists them; their questions
+    only that fact's. The people of `names` (in sorted order) take the relations in turn.
+
+    A passage about such a person says nothing of them but their name and that one fact: when the fact is masked and
+    the name is a fresh one, the only source of the answer is a row written from another of their pages (the tiny
+    world of `benchmarks/tiny_written_world.py`, where a passage that identifies its person stops rows carrying
+    facts). Everything else is as it was (`fullname`: as the world was made)."""
+    if pages < 2:
+        raise ValueError(f"pages={pages}: a row is written from another page than the one read, so at least 2")
+    if pages > min(len(forms) for forms in TEMPLATES.values()):
+        raise ValueError(f"pages={pages}: more pages than a relation has sentence templates")
+    cut = _people_named(world, names)
+    relations = [relation for relation, _, _ in PERSON_ATTRIBUTES]
+    fact_of = {name: relations[i % len(relations)] for i, name in enumerate(sorted(cut))}
+    rng = random.Random(f"{world.seed}-one-fact")
+    listed = [entity for entity in world.entities if entity.type == "person" and entity.name not in cut]
+    new_pages = {entity.name: world.pages[entity.name] for entity in world.entities}
+    for person in sorted((entity for entity in world.entities if entity.name in cut), key=lambda e: e.name):
+        relation = fact_of[person.name]
+        value = person.attributes[relation]
+        value = f"[[{value}]]" if relation in ("born_in", "university", "employer") else value
+        link = f"[[{person.name}]]"
+        for k, template in enumerate(rng.sample(TEMPLATES[relation], pages)):
+            text = template.format(S=link, s=link, P=f"{link}'s", p=f"{link}'s", V=value)
+            new_pages[person.name if k == 0 else f"{person.name} ({k + 1})"] = text[0].upper() + text[1:]
+    new_pages.update(_place_pages(world.entities, listed, world.seed, fullname))
+    qa_pairs = [pair for pair in world.qa_pairs if pair.subject not in cut or pair.relation == fact_of[pair.subject]]
+    return ToyWorld(world.entities, new_pages, dict(world.redirects), qa_pairs, world.seed)
+
+
 def _people_named(world: ToyWorld, names: list[str]) -> set[str]:
     """`names` as a set; a KeyError names the first, in sorted order, that is no person of `world`."""
     named = set(names)
@@ -331,6 +364,7 @@ __all__ = [
     "KnowledgeWorldSettings",
     "biography",
     "generate_knowledge_world",
+    "one_fact_people",
     "page_only_people",
     "shared_name_pools",
     "split_people",
