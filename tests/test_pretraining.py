@@ -402,13 +402,22 @@ def _write_questions(folder) -> str:
     return str(folder / "edmem_tiny-train.jsonl")
 
 
+def test_more_questions_than_the_mixed_share_holds_are_said(caplog):
+    from edmem_hf.pretraining import question_repeats
+
+    with caplog.at_level(logging.WARNING, logger="edmem_hf.pretraining"):
+        assert question_repeats(64, 12, 0.5) == 5 and question_repeats(1000, 12, 0.01) == 1
+        assert not caplog.text  # rounding alone is not said
+        assert question_repeats(300, 100, 0.1) == 1
+    assert "--mixed_questions_share 0.1: 100 questions beside 300 passages" in caplog.text and "0.25" in caplog.text
+
+
 def test_mixed_questions_are_learned_and_resume_exactly(corpus, tmp_path):
     from edmem_hf.collator import QuestionsAndPassagesCollator
     from edmem_hf.modeling_edmem import EDMemForConditionalGeneration
-    from edmem_hf.pretraining import _mixed_questions, question_repeats
+    from edmem_hf.pretraining import _mixed_questions
 
     questions_file = _write_questions(tmp_path / "qa")
-    assert question_repeats(64, 12, 0.5) == 5 and question_repeats(1000, 12, 0.01) == 1
     common = dict(max_steps=120, learning_rate=3e-3, mixed_questions_file=questions_file, mixed_questions_share=0.5)
     mixed = pretrain(_args(corpus, tmp_path / "mixed", **common))
     plain = pretrain(_args(corpus, tmp_path / "plain", max_steps=120, learning_rate=3e-3))

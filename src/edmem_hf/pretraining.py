@@ -390,8 +390,14 @@ class _PassagesAndQuestions(Dataset):
 
 
 def question_repeats(num_passages: int, num_questions: int, share: float) -> int:
-    """How many copies of `num_questions` questions make them about `share` of the examples (at least one)."""
-    return max(1, round(share / (1.0 - share) * num_passages / num_questions))
+    """How many copies of `num_questions` questions make them about `share` of the examples (at least one: when the
+    questions, each read once an epoch, are well over the share, a warning says what they are)."""
+    repeats = max(1, round(share / (1.0 - share) * num_passages / num_questions))
+    read = repeats * num_questions / (num_passages + repeats * num_questions)
+    if read > 1.5 * share:  # one copy too many: rounding alone stays within this
+        logger.warning("--mixed_questions_share %s: %d questions beside %d passages, each read once an epoch, are %.2f "
+                       "of the examples", share, num_questions, num_passages, read)  # fmt: skip
+    return repeats
 
 
 def balanced_order(about: np.ndarray, share: float) -> np.ndarray:
