@@ -244,7 +244,13 @@ def pretrain_variant(variant: str, corpus: Path, out: Path, settings: Settings, 
                      ffn_dim: int | None = None, recipe: Recipe = PAPER, questions: Path | None = None,
                      **options) -> Path:  # fmt: skip
     """`edmem pretrain` of `variant` at the settings' widths and schedule, with `questions` (a QA file) mixed into
-    its batches when given (`options`: more `PretrainingArguments`)."""
+    its batches when given (`options`: more `PretrainingArguments`). A folder that holds a finished pre-training of
+    other steps is refused (resumed, it would go on with a schedule that is neither run's)."""
+    finished = out / "trainer_state.json"
+    if finished.exists() and json.loads(finished.read_text())["max_steps"] != settings.pretrain_steps:
+        steps = json.loads(finished.read_text())["max_steps"]
+        raise ValueError(f"{out} holds a pre-training of {steps} steps and this run asks {settings.pretrain_steps}: "
+                         "give the run its own --out")  # fmt: skip
     d = settings.d_model
     if questions is not None:
         options["mixed_questions_file"] = str(questions)

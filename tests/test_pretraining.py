@@ -162,6 +162,7 @@ def test_kill_and_resume_is_exact(corpus, tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="edmem_hf.pretraining"):
         second = pretrain(_args(corpus, killed, **common))  # --resume auto
     assert "incomplete checkpoint" in caplog.text and "checkpoint_1" in caplog.text
+    assert "not the one a fresh run" not in caplog.text
     assert second["completed"] and second["global_step"] == 6
     starts = [r for r in _log(killed) if r["type"] == "start"]
     assert starts[-1]["resumed_from"].endswith("checkpoint_0") and starts[-1]["step"] == 3
@@ -185,6 +186,12 @@ def test_kill_and_resume_is_exact(corpus, tmp_path, caplog):
     assert [os.path.basename(p) for p in list_checkpoints(str(killed))] == ["checkpoint_0", "checkpoint_1"]
     checkpoint = TrainerState.load_from_json(str(killed / "checkpoints" / "checkpoint_1" / "trainer_state.json"))
     assert (checkpoint.global_step, checkpoint.epoch, checkpoint.max_steps) == (6, 1.5, 6)
+    # The same folder asked for more steps continues the run, and says that it is not a fresh run of that many.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="edmem_hf.pretraining"):
+        longer = pretrain(_args(corpus, killed, **{**common, "max_steps": 8}))
+    assert longer["global_step"] == 8
+    assert "resuming at step 6 a run of 6 steps as one of 8" in caplog.text
     rotated = pretrain(_args(corpus, tmp_path / "rotated", max_steps=4, save_steps=1, save_total_limit=2))
     assert rotated["global_step"] == 4
     assert [os.path.basename(p) for p in list_checkpoints(str(tmp_path / "rotated"))] == [

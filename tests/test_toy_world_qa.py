@@ -5,6 +5,7 @@ figures themselves are in docs/evidence.md)."""
 from __future__ import annotations
 
 import bz2
+import dataclasses
 import json
 import re
 
@@ -353,3 +354,10 @@ def test_no_finetuning_asks_the_pretrained_model(bench, tmp_path):
     assert not (tmp_path / "ft").exists()
     with pytest.raises(ValueError, match="finetune-epochs"):
         bench.finetune_model(pretrained, tmp_path / "train.jsonl", tmp_path / "ft", settings, 0, tmp_path / "mask.pt")
+
+
+def test_a_folder_of_a_finished_pre_training_of_other_steps_is_refused(bench, tmp_path):
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"max_steps": 3000}))
+    settings = dataclasses.replace(bench.QUICK, pretrain_steps=15000)
+    with pytest.raises(ValueError, match="holds a pre-training of 3000 steps and this run asks 15000"):
+        bench.pretrain_variant("edmem", tmp_path / "corpus", tmp_path, settings, seed=0)

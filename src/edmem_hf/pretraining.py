@@ -1133,6 +1133,12 @@ class _PretrainingRun:
         self.state.log_history = saved.log_history
         self.state.best_metric, self.state.best_global_step = saved.best_metric, saved.best_global_step
         self.state.best_model_checkpoint = saved.best_model_checkpoint
+        if saved.max_steps != self.max_steps:
+            logger.warning(
+                "resuming at step %d a run of %d steps as one of %d: its learning rate follows the schedule of %d "
+                "steps from here, so the model is not the one a fresh run of %d steps would make",
+                progress.global_step, saved.max_steps, self.max_steps, self.max_steps, self.max_steps,
+            )  # fmt: skip
         if progress.num_processes != accelerator.num_processes:
             logger.warning(
                 "resuming a %s-process run on %s processes: the run continues, but not bit-exactly",
