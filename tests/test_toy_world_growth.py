@@ -60,6 +60,14 @@ def test_the_held_out_people_are_only_in_the_new_pages(bench, tmp_path):
     mixed = {record["link_target"][0] for record in read_jsonl(data["mixed_questions"])}
     assert mixed == asked["train"] | set(practice)
     assert len(asked["train"] | asked["validation"] | asked["test"]) == 16 and len(data["held"]) == 4
+    # practice people stated by one fact each: their pages in the old world and their one question each in the mix
+    one_fact = bench.make_worlds(replace(practice_settings, practice_one_fact_pages=3), 1, tmp_path / "one-fact")
+    titles = {page.title for page in iter_parsed_pages(str(tmp_path / "one-fact" / "old-wiki.xml.bz2"))}
+    assert all({name, f"{name} (2)", f"{name} (3)"} <= titles for name in practice)
+    mixed = [record["link_target"][0] for record in read_jsonl(one_fact["mixed_questions"])]
+    assert sorted(name for name in mixed if name in practice) == sorted(practice)
+    with pytest.raises(ValueError, match="two worlds"):
+        bench.make_worlds(replace(practice_settings, practice_one_fact_pages=3, practice_biographies=2), 1, tmp_path)
 
 
 def test_each_recipe_keeps_its_models_apart(bench, tmp_path):
@@ -248,8 +256,8 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     assert 0.0 <= bound["added_recall_with_rows_from_their_questions"] <= 100.0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith(
-        f"RESULT seeds=1 people_added={len(held)} practice_people=3 practice_biographies=2 practice_share=0.5 "
-        "practice_questions_people=2 pretrain_steps=30 written_table=0 row_autoencoding_share=0.5 "
+        f"RESULT seeds=1 people_added={len(held)} practice_people=3 practice_biographies=2 practice_one_fact_pages=0 "
+        "practice_share=0.5 practice_questions_people=2 pretrain_steps=30 written_table=0 row_autoencoding_share=0.5 "
         "row_autoencoding_written_only=1 writer_passages_by_mentions=1 entity_key_dim=8 "
         "fresh_names_like_written_only=1 writer_decoy_rows=2 written_row_share=0.5 reader_steps=5 "
         "reader_names_like_written_only=0 reader_row_autoencoding_share=0.5 "
