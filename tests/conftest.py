@@ -10,6 +10,24 @@ import pytest
 # Tests never download: set before anything imports huggingface_hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+# Under pytest-xdist (`-n 2`, the README's test command) each worker is one of two processes on two cores: one thread
+# each, for torch and for the processes a test starts (oversubscribed cores ran about ten times slower here).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+
+    torch.set_num_threads(1)
+
+# Files whose fixtures or tests train for minutes, longest first: run first, so that two workers (`-n 2 --dist loadfile`) end together
+# instead of one of them starting the longest file last.
+LONGEST_FILES = ("test_written_entities.py", "test_toy_world_qa.py", "test_toy_world_growth.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's own order kept
+
+
 SHARED_DATA_DIR = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 
 
