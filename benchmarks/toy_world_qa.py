@@ -247,8 +247,8 @@ def pretrain_variant(variant: str, corpus: Path, out: Path, settings: Settings, 
     its batches when given (`options`: more `PretrainingArguments`). A folder that holds a finished pre-training of
     other steps is refused (resumed, it would go on with a schedule that is neither run's)."""
     finished = out / "trainer_state.json"
-    if finished.exists() and json.loads(finished.read_text())["max_steps"] != settings.pretrain_steps:
-        steps = json.loads(finished.read_text())["max_steps"]
+    steps = json.loads(finished.read_text())["max_steps"] if finished.exists() else settings.pretrain_steps
+    if steps != settings.pretrain_steps:
         raise ValueError(f"{out} holds a pre-training of {steps} steps and this run asks {settings.pretrain_steps}: "
                          "give the run its own --out")  # fmt: skip
     d = settings.d_model
