@@ -17,7 +17,8 @@ form), found (the memory's top entity at their name is their new row) and answer
 same people added from a sentence that gives each another city: answers that follow the row are its city, not the
 person's; *trained*, the trained people found and answered on their own rows. Levers: `--practice N` practice people
 (0: none), `--entity-key-dim K` (0: the whole row a key), `--restated` (each passage two sentences, the city stated
-twice: a masked city is then mostly readable from the passage itself, as in a page of several biographies).
+twice: a masked city is then mostly readable from the passage itself, as in a page of several biographies),
+`--random-mask-prob P` and `--dropout P` (the knowledge world's pre-training corrupts with both: 0.3 and 0.1).
 
     python benchmarks/tiny_written_world.py --seeds 0 1 2 3 4 --out runs/tiny-written-world
 
@@ -131,18 +132,21 @@ def pretraining_arguments(
     steps: int = STEPS,
     entity_key_dim: int | None = ENTITY_KEY_DIM,
     positions: int = 32,
+    random_mask_prob: float = 0.0,
+    dropout: float = 0.0,
 ) -> PretrainingArguments:
     """The tiny model (two layers a stack, d_model 64, `positions` tokens a passage or writer input) with a writer,
-    trained `steps` steps on `corpus`."""
+    trained `steps` steps on `corpus`; no token masked at random and no dropout unless asked (the knowledge world's
+    pre-training has both: 0.3 and 0.1)."""
     practice = corpus / "practice.txt"
     return PretrainingArguments(
         output_dir=str(output_dir), corpus_dir=str(corpus), entity_row_writer=True, written_row_share=0.5,
         written_only_share=0.0, written_only_entities_file=str(practice) if practice.read_text() else None,
         d_model=64, encoder_lower_layers=1, encoder_upper_layers=1, decoder_lower_layers=1, decoder_upper_layers=1,
         encoder_ffn_dim=128, decoder_ffn_dim=128, encoder_attention_heads=4, decoder_attention_heads=4,
-        entity_embed_dim=32, entity_key_dim=entity_key_dim, max_position_embeddings=positions, dropout=0.0,
-        random_mask_prob=0.0, per_device_train_batch_size=32, learning_rate=3e-3, max_steps=steps, eval_steps=0,
-        save_steps=steps, logging_steps=500, report_to="none", disable_tqdm=True, seed=seed,
+        entity_embed_dim=32, entity_key_dim=entity_key_dim, max_position_embeddings=positions, dropout=dropout,
+        random_mask_prob=random_mask_prob, per_device_train_batch_size=32, learning_rate=3e-3, max_steps=steps,
+        eval_steps=0, save_steps=steps, logging_steps=500, report_to="none", disable_tqdm=True, seed=seed,
     )  # fmt: skip
 
 
@@ -217,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="Each person a pair of words of their own in every sentence about them (an identity).")  # fmt: skip
     parser.add_argument("--restated", action="store_true",
                         help="Each passage two sentences about its person, the city stated twice.")  # fmt: skip
+    parser.add_argument("--random-mask-prob", type=float, default=0.0,
+                        help="Chance that each other token is masked (the paper's and the knowledge world's: 0.3).")  # fmt: skip
+    parser.add_argument("--dropout", type=float, default=0.0, help="Dropout (the knowledge world's: 0.1).")
     parser.add_argument("--out", type=Path, required=True, help="Runs and results_<setting>.json go here.")
     args = parser.parse_args(argv)
     if args.steps < 1:
@@ -229,7 +236,10 @@ def main(argv: list[str] | None = None) -> int:
         + ("-tagged" if args.tagged else "")
         + (f"-cities{args.cities}" if args.cities != SIZES["cities"] else "")
     )
-    setting = f"practice{args.practice}-key{args.entity_key_dim}{variant}"
+    corruption = (f"-random-mask{args.random_mask_prob}" if args.random_mask_prob else "") + (
+        f"-dropout{args.dropout}" if args.dropout else ""
+    )
+    setting = f"practice{args.practice}-key{args.entity_key_dim}{variant}{corruption}"
     corpus = args.out / f"corpus-practice{args.practice}{variant}"
     if not (corpus / "practice.txt").exists():
         write_corpus(tokenizer, world, corpus, restated=args.restated)
@@ -238,9 +248,9 @@ def main(argv: list[str] | None = None) -> int:
         model_dir = args.out / f"{setting}-{args.steps}-steps-seed{seed}"
         if not (model_dir / "model.safetensors").exists():
             positions = 64 if args.restated else 32  # a passage of two sentences, and a writer input of one
-            pretrain(
-                pretraining_arguments(corpus, model_dir, seed, args.steps, args.entity_key_dim or None, positions)
-            )
+            arguments = pretraining_arguments(corpus, model_dir, seed, args.steps, args.entity_key_dim or None,
+                                              positions, args.random_mask_prob, args.dropout)  # fmt: skip
+            pretrain(arguments)
         per_seed[seed] = measure(model_dir, tokenizer, world, args.restated)
         per_seed[seed]["passes"] = passes(per_seed[seed], world)
         print(f"seed {seed}: {per_seed[seed]}", flush=True)
@@ -250,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     summary["seeds_passing"] = sum(r["passes"] for r in per_seed.values())
     results = dict(setting=setting, sizes=SIZES | {"practice": args.practice, "cities": args.cities},
                    steps=args.steps, entity_key_dim=args.entity_key_dim, restated=args.restated, tagged=args.tagged,
+                   random_mask_prob=args.random_mask_prob, dropout=args.dropout,
                    seeds=args.seeds, per_seed=per_seed, percent_over_seeds=summary)  # fmt: skip
     (args.out / f"results_{setting}_{args.steps}_steps.json").write_text(json.dumps(results, indent=1) + "\n")
     print(f"RESULT setting={setting} seeds={','.join(map(str, args.seeds))} steps={args.steps} "
