@@ -165,6 +165,7 @@ class GrowthSettings:
     row_autoencoding_written_only: bool = False  # ... only passages about written-only (practice) entities
     writer_passages_by_mentions: bool = False  # the writer's training writes from passages that mention most
     entity_key_dim: int | None = None  # the writer's model: a row's columns that queries score (the rest its value)
+    writer_dropout: float | None = None  # the writer's model's pre-training dropout (None: every model's, 0.1)
     fresh_names_like_written_only: bool = False  # the writer's training: fresh names of written-only entities' words
     writer_decoy_rows: int = 0  # the writer's training: decoys sharing a word with each renamed entity's fresh name
     # TOME's second stage: after the writer's pre-training, this many steps with the writer, the lower encoder layers
@@ -717,6 +718,7 @@ def writer_folder(settings: GrowthSettings) -> str:
     name += f"-share-{settings.written_row_share}" if settings.written_row_share != 0.5 else ""
     name += f"-decoys-{settings.writer_decoy_rows}" if settings.writer_decoy_rows else ""
     name += f"-key-{settings.entity_key_dim}" if settings.entity_key_dim else ""
+    name += f"-dropout-{settings.writer_dropout}" if settings.writer_dropout is not None else ""
     if settings.reader_steps:
         name += f"-frozen-writer-{settings.reader_steps}"
         name += "-names-like-written-only" if settings.reader_names_like_written_only else ""
@@ -762,7 +764,8 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
                                   writer_passages_by_mentions=settings.writer_passages_by_mentions,
                                   fresh_names_like_written_only=settings.fresh_names_like_written_only,
                                   writer_decoy_rows=settings.writer_decoy_rows,
-                                  entity_key_dim=settings.entity_key_dim, **balance)  # fmt: skip
+                                  entity_key_dim=settings.entity_key_dim, **balance,
+                                  **({} if settings.writer_dropout is None else {"dropout": settings.writer_dropout}))  # fmt: skip
         if settings.reader_steps:
             writer = pretrain_reader(writer, data, out / f"pretrain-{folder}", settings, seed, recipe, questions)
         options = ("--writer_corpus", str(data["corpus"])) if settings.writer_in_finetuning else ()
@@ -835,7 +838,8 @@ def pretrain_reader(
                             or settings.reader_names_like_written_only,
                             row_autoencoding_share=settings.reader_row_autoencoding_share,
                             row_autoencoding_written_only=bool(settings.reader_row_autoencoding_share),
-                            writer_decoy_rows=settings.writer_decoy_rows, **practice_balance(settings, data))  # fmt: skip
+                            writer_decoy_rows=settings.writer_decoy_rows, **practice_balance(settings, data),
+                            **({} if settings.writer_dropout is None else {"dropout": settings.writer_dropout}))  # fmt: skip
 
 
 def practice_balance(settings: GrowthSettings, data: dict) -> dict:
@@ -995,6 +999,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--entity-key-dim", type=int,
                         help="the writer's model: the columns of a row that queries score, its key; the rest are its "
                              "value, read by the memory (default: all, the paper's row)")  # fmt: skip
+    parser.add_argument("--writer-dropout", type=float,
+                        help="the writer's model's pre-training dropout (default: every model's, 0.1)")  # fmt: skip
     parser.add_argument("--fresh-names-like-written-only", action=argparse.BooleanOptionalAction,
                         help="the writer's training renames written-only entities with the words of their own names "
                              "(people's, for practice people), not of every entity's (default: off)")  # fmt: skip
@@ -1019,7 +1025,7 @@ def main(argv: list[str] | None = None) -> int:
     overrides = ("fit_steps", "continued_steps", "writer", "written_row_share", "written_only_share", "recipe")
     for key in (*overrides, "practice_people", "practice_biographies", "practice_one_fact_pages", "practice_share",
                 "practice_questions_people", "written_table", "row_autoencoding_share",
-                "row_autoencoding_written_only", "writer_passages_by_mentions", "entity_key_dim",
+                "row_autoencoding_written_only", "writer_passages_by_mentions", "entity_key_dim", "writer_dropout",
                 "fresh_names_like_written_only", "writer_decoy_rows", "reader_steps", "reader_names_like_written_only",
                 "reader_row_autoencoding_share"):  # fmt: skip
         if getattr(args, key) is not None:
@@ -1065,6 +1071,7 @@ def main(argv: list[str] | None = None) -> int:
         f"row_autoencoding_written_only={int(settings.row_autoencoding_written_only)}",
         f"writer_passages_by_mentions={int(settings.writer_passages_by_mentions)}",
         f"entity_key_dim={settings.entity_key_dim}",
+        f"writer_dropout={settings.writer_dropout}",
         f"fresh_names_like_written_only={int(settings.fresh_names_like_written_only)}",
         f"writer_decoy_rows={settings.writer_decoy_rows}",
         f"written_row_share={settings.written_row_share}",
