@@ -18,8 +18,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
     torch.set_num_threads(1)
 
-# Files whose fixtures or tests train for minutes, longest first: run first, so that two workers (`-n 2 --dist loadfile`) end together
-# instead of one of them starting the longest file last.
+# Files whose fixtures or tests train for minutes, longest first, run before the others: two workers
+# (`-n 2 --dist loadfile`) then end together instead of one of them starting the longest file last.
 LONGEST_FILES = ("test_written_entities.py", "test_toy_world_qa.py", "test_toy_world_growth.py")
 
 
