@@ -764,8 +764,7 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
                                   writer_passages_by_mentions=settings.writer_passages_by_mentions,
                                   fresh_names_like_written_only=settings.fresh_names_like_written_only,
                                   writer_decoy_rows=settings.writer_decoy_rows,
-                                  entity_key_dim=settings.entity_key_dim, **balance,
-                                  **({} if settings.writer_dropout is None else {"dropout": settings.writer_dropout}))  # fmt: skip
+                                  entity_key_dim=settings.entity_key_dim, **balance, **writer_dropout(settings))  # fmt: skip
         if settings.reader_steps:
             writer = pretrain_reader(writer, data, out / f"pretrain-{folder}", settings, seed, recipe, questions)
         options = ("--writer_corpus", str(data["corpus"])) if settings.writer_in_finetuning else ()
@@ -839,7 +838,12 @@ def pretrain_reader(
                             row_autoencoding_share=settings.reader_row_autoencoding_share,
                             row_autoencoding_written_only=bool(settings.reader_row_autoencoding_share),
                             writer_decoy_rows=settings.writer_decoy_rows, **practice_balance(settings, data),
-                            **({} if settings.writer_dropout is None else {"dropout": settings.writer_dropout}))  # fmt: skip
+                            **writer_dropout(settings))  # fmt: skip
+
+
+def writer_dropout(settings: GrowthSettings) -> dict:
+    """The writer's model's `dropout` pre-training option (none: every model's)."""
+    return {} if settings.writer_dropout is None else {"dropout": settings.writer_dropout}
 
 
 def practice_balance(settings: GrowthSettings, data: dict) -> dict:

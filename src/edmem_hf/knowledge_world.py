@@ -236,11 +236,17 @@ def biography(person: ToyEntity, rng: random.Random, varied: bool = True, headin
         else:
             subject = person.name if form == "full" else person.aliases[0]
             possessive = subject + "'s"
-        value = f"[[{a[relation]}]]" if relation in ("born_in", "university", "employer") else a[relation]
+        value = _stated_value(person, relation)
         text = template.format(S=subject, s=subject, P=possessive, p=possessive, V=value)
         sentences.append(text[0].upper() + text[1:])
     body = " ".join(sentences)
     return f"== Biography ==\n{body}" if heading else body
+
+
+def _stated_value(person: ToyEntity, relation: str) -> str:
+    """`person`'s value of `relation` as a page states it: a link when the answer is an entity."""
+    value = person.attributes[relation]
+    return f"[[{value}]]" if relation in ("born_in", "university", "employer") else value
 
 
 def _place_page(place: ToyEntity, people: list[ToyEntity], rng: random.Random, fullname: bool = False) -> str:
@@ -311,8 +317,7 @@ def one_fact_people(world: ToyWorld, names: list[str], pages: int, fullname: boo
     new_pages = {entity.name: world.pages[entity.name] for entity in world.entities}
     for person in sorted((entity for entity in world.entities if entity.name in cut), key=lambda e: e.name):
         relation = fact_of[person.name]
-        value = person.attributes[relation]
-        value = f"[[{value}]]" if relation in ("born_in", "university", "employer") else value
+        value = _stated_value(person, relation)
         link = f"[[{person.name}]]"
         for k, template in enumerate(rng.sample(TEMPLATES[relation], pages)):
             text = template.format(S=link, s=link, P=f"{link}'s", p=f"{link}'s", V=value)
