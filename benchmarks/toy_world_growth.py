@@ -29,7 +29,8 @@ only, on K pages of one sentence (`knowledge_world.one_fact_people`; a world of 
 (`edmem pretrain --written_table`), in folders of its own (`writer-written-table`). With `--reader-steps N`, a second
 stage of N steps follows, the writer and its table frozen (`edmem pretrain --frozen_writer`, TOME's second stage), in
 folders of its own (`...-frozen-writer-N`); `--reader-names-like-written-only` and `--reader-row-autoencoding-share`
-are levers of that stage alone.
+are levers of that stage alone. `--added-texts own-sentences` writes an added person's row (and a rewritten one) as
+the mean of rows written from each sentence of their own page, not from the passages around their mentions.
 
 Scored by `edmem evaluate`'s code, free and static decoding: *added*, the six questions about each added person;
 *trained*, the questions about the test-half people (read in pre-training, never fine-tuned on), before and after
@@ -41,7 +42,9 @@ people's rows swapped, the share of their answers that follow the row; *oracle r
 with the encoder's memory read forced onto the subject's new row (EM with finding solved); *rewrite*, the trained
 people's rows replaced by rows written from their passages (their EM kept); *row content*, a linear probe fitted on
 the trained people's rows reading the added people's occupation and field from theirs; for the writer, *written
-facts*, the shares of its rows' variance that a sentence's name and its fact explain, and a probe at the fact; with
+facts*, the shares of its rows' variance that a sentence's name and its fact explain, and a probe at the fact, and
+*fact rows*, the added people's questions with each subject's row written from only the sentences holding the asked
+answer (found, and with the read forced onto it); with
 practice people, *name shape*, their questions answered (teacher-forced) through a row written in the batch, the
 subject under its own name, a fresh name of any entities' words, or a fresh name of people's words.
 Time to add 1,000 (and 100,000) entities is measured.
@@ -58,6 +61,7 @@ import argparse
 import json
 import logging
 import random
+import re
 import statistics
 import sys
 import tempfile
@@ -166,6 +170,10 @@ class GrowthSettings:
     writer_passages_by_mentions: bool = False  # the writer's training writes from passages that mention most
     entity_key_dim: int | None = None  # the writer's model: a row's columns that queries score (the rest its value)
     writer_dropout: float | None = None  # the writer's model's pre-training dropout (None: every model's, 0.1)
+    # what the writer writes an added (and a rewritten) person's row from: "passages", the windows around their
+    # mentions that `edmem add-entities` takes; "own-sentences", each sentence of their own page, a row the mean of
+    # one-sentence rows (as one-fact practice people's rows were written in training)
+    added_texts: str = "passages"
     fresh_names_like_written_only: bool = False  # the writer's training: fresh names of written-only entities' words
     writer_decoy_rows: int = 0  # the writer's training: decoys sharing a word with each renamed entity's fresh name
     # TOME's second stage: after the writer's pre-training, this many steps with the writer, the lower encoder layers
@@ -237,10 +245,36 @@ def make_worlds(settings: GrowthSettings, seed: int, out: Path) -> dict:
 # --- growing ----------------------------------------------------------------------------------------------------
 
 
+ADDED_TEXTS = ("passages", "own-sentences")
+
+
+def own_page_sentences(pages: list, names: list[str]) -> list[list[str]]:
+    """Each name's own page cut into its sentences (headings dropped): texts of one fact each, as one-fact practice
+    people's passages are (`knowledge_world.one_fact_people`)."""
+    text_of = {page.title: page.text for page in pages}
+    sentences = []
+    for name in names:
+        if name not in text_of:
+            raise ValueError(f"no page titled {name!r} to cut into sentences")
+        cut = [s.strip() for s in re.split(r"(?<=[.!?])\s+|\n+", text_of[name])]
+        sentences.append([s for s in cut if s.endswith((".", "!", "?"))])
+    return sentences
+
+
+def writer_texts(pages: list, names: list[str], added_texts: str) -> list[list[str]]:
+    """The texts the writer writes `names`' rows from (`GrowthSettings.added_texts`)."""
+    if added_texts == "own-sentences":
+        return own_page_sentences(pages, names)
+    if added_texts != "passages":
+        raise ValueError(f"added_texts must be one of {ADDED_TEXTS}, got {added_texts!r}")
+    passages, _ = new_entity_passages(pages, known=())
+    return [passages[name] for name in names]
+
+
 def grow(model_dir: Path, new_dump: str, estimator: str, out: Path, held: list[str], settings: GrowthSettings,
          seed: int, negatives_from: list[str]) -> tuple[Path, float]:  # fmt: skip
     """The model at `model_dir` with the new pages' people added (rows by `estimator`), saved to `out`; the
-    seconds the rows took (0 when reused)."""
+    seconds the rows took (0 when reused). The writer writes from `settings.added_texts`."""
     if (out / "model.safetensors").exists():
         return out, json.loads((out / "seconds_to_add.json").read_text())
     model = EDMemForConditionalGeneration.from_pretrained(model_dir)
@@ -251,7 +285,10 @@ def grow(model_dir: Path, new_dump: str, estimator: str, out: Path, held: list[s
     if set(held) - set(passages):  # places no old page linked are new too: only the people are added here
         raise RuntimeError(f"no passages for the held-out {sorted(set(held) - set(passages))}")
     names = held
-    texts = [passages[name] for name in names]
+    if estimator == WRITER and settings.added_texts != "passages":
+        texts = writer_texts(pages, names, settings.added_texts)
+    else:
+        texts = [passages[name] for name in names]
     started = time.perf_counter()
     if estimator in ("mean_query", WRITER):
         add_entities(model, names, texts, tokenizer, estimator=estimator)
@@ -492,16 +529,17 @@ def oracle_read(model_dir: Path, data_file: Path) -> dict[str, float]:
             "oracle": em_of(answer_questions(model, tokenizer, data_file, subjects_only=True), data_file)}  # fmt: skip
 
 
-def rewrite(model_dir: Path, data_file: Path, new_dump: str, estimator: str) -> dict[str, float]:
+def rewrite(model_dir: Path, data_file: Path, new_dump: str, estimator: str, added_texts: str = "passages"
+            ) -> dict[str, float]:  # fmt: skip
     """EM on the trained people's questions of `data_file` as answered (`plain`) and with their rows replaced by
-    rows written from their passages in the full world's dump (`rewritten`), by `estimator` (the writer, or the
-    scaled mean query)."""
+    rows written from their passages in the full world's dump (`rewritten`), by `estimator` (the writer, from
+    `added_texts`; or the scaled mean query)."""
     model = EDMemForConditionalGeneration.from_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     plain = em_of(answer_questions(model, tokenizer, data_file), data_file)
     people = sorted({r["link_target"][0] for r in read_jsonl(data_file)})
-    passages, _ = new_entity_passages(iter_parsed_pages(new_dump), known=())
-    texts = [passages[person] for person in people]
+    pages = list(iter_parsed_pages(new_dump))
+    texts = writer_texts(pages, people, added_texts if estimator == WRITER else "passages")
     ids = [model.entity_vocab.id_of(person) for person in people]
     table = model.get_encoder().entity_embeddings.weight
     if estimator == WRITER:
@@ -511,6 +549,36 @@ def rewrite(model_dir: Path, data_file: Path, new_dump: str, estimator: str) -> 
         with torch.no_grad():
             table[torch.tensor(ids)] = means / means.norm(dim=-1, keepdim=True) * table.norm(dim=-1).mean()
     return {"plain": plain, "rewritten": em_of(answer_questions(model, tokenizer, data_file), data_file)}
+
+
+def fact_rows(model_dir: Path, data_file: Path, new_dump: str) -> dict[str, float]:
+    """EM on the added people's questions with each subject's row written by the model's writer from only the
+    sentences of their own page that hold the asked answer, one fact a row as the one-fact practice people's rows
+    are: found by the memory (`plain`) and with the read forced onto it (`oracle`). Beside `oracle_read`, a miss of
+    rows written from whole biographies is then either six facts mixed in one row or a row not read."""
+    model = EDMemForConditionalGeneration.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    records = list(read_jsonl(data_file))
+    people = sorted({record["link_target"][0] for record in records})
+    sentences = dict(zip(people, own_page_sentences(list(iter_parsed_pages(new_dump)), people)))
+    table = model.get_encoder().entity_embeddings.weight
+    rows_as_grown = table.detach().clone()
+    answers: dict[str, dict[str, str]] = {"plain": {}, "oracle": {}}
+    with tempfile.TemporaryDirectory() as folder:
+        for relation in sorted({record["relation"] for record in records}):  # one question a person each
+            asked = [record for record in records if record["relation"] == relation]
+            names = [record["link_target"][0] for record in asked]
+            texts = [[text for text in sentences[record["link_target"][0]] if record["answer"][0].lower() in text.lower()]
+                     for record in asked]  # fmt: skip
+            ids = [model.entity_vocab.id_of(name) for name in names]
+            write_rows_into_table(model, ids, writer_inputs(model, names, texts, tokenizer))
+            asked_file = Path(folder) / f"{relation}.jsonl"
+            asked_file.write_text("".join(json.dumps(record) + "\n" for record in asked), encoding="utf-8")
+            answers["plain"].update(answer_questions(model, tokenizer, asked_file))
+            answers["oracle"].update(answer_questions(model, tokenizer, asked_file, subjects_only=True))
+            with torch.no_grad():
+                table.copy_(rows_as_grown)
+    return {mode: em_of(given, data_file) for mode, given in answers.items()}
 
 
 # Literal facts of 16 values each: enough people share a value for a linear probe to be fitted on 80 people.
@@ -677,15 +745,18 @@ def name_shape(model_dir: Path, corpus: Path, practice_people: Path, data_file: 
 
 
 def diagnostics(trained: Path, grown: Path, estimator: str, files: dict[str, Path], new_dump: str, seed: int,
-                out: Path, practice: tuple[Path, Path] | None = None) -> dict[str, dict[str, float]]:  # fmt: skip
+                out: Path, practice: tuple[Path, Path] | None = None, added_texts: str = "passages"
+                ) -> dict[str, dict[str, float]]:  # fmt: skip
     """The diagnostics of a trained model and of it grown by `estimator` (kept in `out`, not run again; one added
-    to the file when it lacks it). `practice`: the corpus and the practice people's file, for `name_shape`."""
+    to the file when it lacks it). `practice`: the corpus and the practice people's file, for `name_shape`;
+    `added_texts`: what the writer writes rewritten rows from."""
     result = json.loads(out.read_text()) if out.exists() else {}
     todo = {"row_swap": lambda: row_swap(trained, files["test"], seed),
             "oracle_read": lambda: oracle_read(grown, files["added"]),
-            "rewrite": lambda: rewrite(trained, files["test"], new_dump, estimator),
+            "rewrite": lambda: rewrite(trained, files["test"], new_dump, estimator, added_texts),
             "row_content": lambda: row_content(grown, [files["train"], files["test"]], files["added"])}  # fmt: skip
     if estimator == WRITER:
+        todo["fact_rows"] = lambda: fact_rows(grown, files["added"], new_dump)
         asked = [files[split] for split in ("train", "test", "added")]
         todo["written_facts"] = lambda: written_facts(
             trained, {person for r in PROBED_RELATIONS for person in _facts_by_person(asked, r)}, seed
@@ -725,6 +796,12 @@ def writer_folder(settings: GrowthSettings) -> str:
         share = settings.reader_row_autoencoding_share
         name += f"-row-autoencoding-{share}" if share else ""
     return name
+
+
+def texts_suffix(settings: GrowthSettings) -> str:
+    """What the writer's grown model and diagnostics add to their names when added people are written from other
+    texts than their passages."""
+    return "" if settings.added_texts == "passages" else f"-from-{settings.added_texts}"
 
 
 def models_folder(seed_dir: Path, settings: GrowthSettings) -> Path:
@@ -772,7 +849,8 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
         models[f"{WRITER}_before"] = finetune_model(writer, files["train"], out / f"finetune-{folder}", settings.qa, seed,
                                                     None, weight, options=options)  # fmt: skip
         models[WRITER], seconds[WRITER] = grow(models[f"{WRITER}_before"], data["new_dump"], WRITER,
-                                               out / f"grown-{folder}", held, settings, seed, data["train_people"])  # fmt: skip
+                                               out / f"grown-{folder}{texts_suffix(settings)}", held, settings, seed,
+                                               data["train_people"])  # fmt: skip
     if settings.continued_steps:
         continued = continue_pretraining(
             pretrained, data["new_dump"], out / "pretrain-continued", settings, seed, held
@@ -811,8 +889,10 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
                                                      data["new_dump"], seed, out / "diagnostics-default.json")}  # fmt: skip
     if settings.writer:
         results["diagnostics"][WRITER] = diagnostics(models[f"{WRITER}_before"], models[WRITER], WRITER, files,
-                                                     data["new_dump"], seed, out / f"diagnostics-{folder}.json",
-                                                     (data["corpus"], data["practice_people"]) if data["practice"] else None)  # fmt: skip
+                                                     data["new_dump"], seed,
+                                                     out / f"diagnostics-{folder}{texts_suffix(settings)}.json",
+                                                     (data["corpus"], data["practice_people"]) if data["practice"] else None,
+                                                     settings.added_texts)  # fmt: skip
     sizes = {split: sum(1 for _ in open(files[split], encoding="utf-8")) for split in ("train", "test", "added")}
     # this call's time: what a rerun with the same --out reuses (pre-training, fine-tuning) costs nothing here
     return {"seed": seed, "held_out": held, "questions": sizes, "results": results, "seconds_to_add": seconds,
@@ -1005,6 +1085,9 @@ def main(argv: list[str] | None = None) -> int:
                              "value, read by the memory (default: all, the paper's row)")  # fmt: skip
     parser.add_argument("--writer-dropout", type=float,
                         help="the writer's model's pre-training dropout (default: every model's, 0.1)")  # fmt: skip
+    parser.add_argument("--added-texts", choices=ADDED_TEXTS,
+                        help="what the writer writes an added person's row from: the passages around their mentions, "
+                             "or each sentence of their own page, the row the mean (default: passages)")  # fmt: skip
     parser.add_argument("--fresh-names-like-written-only", action=argparse.BooleanOptionalAction,
                         help="the writer's training renames written-only entities with the words of their own names "
                              "(people's, for practice people), not of every entity's (default: off)")  # fmt: skip
@@ -1030,7 +1113,7 @@ def main(argv: list[str] | None = None) -> int:
     for key in (*overrides, "practice_people", "practice_biographies", "practice_one_fact_pages", "practice_share",
                 "practice_questions_people", "written_table", "row_autoencoding_share",
                 "row_autoencoding_written_only", "writer_passages_by_mentions", "entity_key_dim", "writer_dropout",
-                "fresh_names_like_written_only", "writer_decoy_rows", "reader_steps", "reader_names_like_written_only",
+                "added_texts", "fresh_names_like_written_only", "writer_decoy_rows", "reader_steps", "reader_names_like_written_only",
                 "reader_row_autoencoding_share"):  # fmt: skip
         if getattr(args, key) is not None:
             settings = replace(settings, **{key: getattr(args, key)})
@@ -1076,6 +1159,7 @@ def main(argv: list[str] | None = None) -> int:
         f"writer_passages_by_mentions={int(settings.writer_passages_by_mentions)}",
         f"entity_key_dim={settings.entity_key_dim}",
         f"writer_dropout={settings.writer_dropout}",
+        f"added_texts={settings.added_texts}",
         f"fresh_names_like_written_only={int(settings.fresh_names_like_written_only)}",
         f"writer_decoy_rows={settings.writer_decoy_rows}",
         f"written_row_share={settings.written_row_share}",

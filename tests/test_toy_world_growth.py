@@ -40,6 +40,17 @@ def test_the_held_out_people_are_only_in_the_new_pages(bench, tmp_path):
         assert not any(record["link_target"][0] in held for record in read_jsonl(files[split]))
     added = list(read_jsonl(files["added"]))
     assert {record["link_target"][0] for record in added} == set(held) and len(added) == 6 * len(held)
+    # each added person's own page cut into sentences, one fact each: every fact asked is stated by some sentence
+    pages = list(iter_parsed_pages(data["new_dump"]))
+    sentences = dict(zip(held, bench.writer_texts(pages, held, "own-sentences")))
+    for name, texts in sentences.items():
+        assert len(texts) == 6 * settings.qa.biographies and all(text.endswith(".") for text in texts)
+        answers = [record["answer"][0] for record in added if record["link_target"][0] == name]
+        assert all(sum(a.lower() in t.lower() for t in texts) >= settings.qa.biographies for a in answers), name
+    passages = bench.writer_texts(pages, held, "passages")
+    assert [len(texts) for texts in passages] != [len(texts) for texts in sentences.values()]
+    with pytest.raises(ValueError, match="no page titled"):
+        bench.own_page_sentences(pages, ["Nobody Anywhere"])
     question = next(iter(read_jsonl(files["train"])))["question"].replace("'", "&apos;")
     assert data["mixed_questions"] is None and question in bz2.open(tmp_path / "old-wiki.xml.bz2", "rt").read()
     # the questions in the pre-training batches instead: not on the old world's pages
@@ -162,7 +173,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
             "--row-autoencoding-written-only", "--writer-passages-by-mentions", "--entity-key-dim", "8",
             "--fresh-names-like-written-only", "--writer-decoy-rows", "2", "--reader-steps", "5",
             "--reader-row-autoencoding-share", "0.5", "--practice-biographies", "2", "--practice-share", "0.5",
-            "--practice-questions-people", "2", "--timed-additions", "10"]  # fmt: skip
+            "--practice-questions-people", "2", "--added-texts", "own-sentences", "--timed-additions", "10"]  # fmt: skip
     assert bench.main(argv) == 0
     result = json.loads((out / "results.json").read_text())
     seed = out / "seed-0"
@@ -188,7 +199,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
         size = trained.config.entity_vocab_size
         for estimator in estimators:
             folder = (
-                f"grown-{WRITER_FOLDER}-frozen-writer-5-row-autoencoding-0.5"
+                f"grown-{WRITER_FOLDER}-frozen-writer-5-row-autoencoding-0.5-from-own-sentences"
                 if estimator == "writer"
                 else f"grown-{estimator}"
             )
@@ -218,6 +229,10 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     written = result["runs"][0]["results"]["diagnostics"]["writer"]["written_facts"]
     assert 0 <= written["fact_share"] <= 100 and 0 <= written["name_share"] <= 100 and written["chance"] == 6.25
     assert "written_facts" not in result["runs"][0]["results"]["diagnostics"]["default"]
+    # the writer's rows of one fact each: every added question answered, the EM in range, found and forced
+    fact_rows = result["runs"][0]["results"]["diagnostics"]["writer"]["fact_rows"]
+    assert set(fact_rows) == {"plain", "oracle"} and all(0.0 <= value <= 100.0 for value in fact_rows.values())
+    assert "fact_rows" not in result["runs"][0]["results"]["diagnostics"]["default"]
     trained = EDMemForConditionalGeneration.from_pretrained(models / "finetune")
     fitted = EDMemForConditionalGeneration.from_pretrained(models / "grown-fitted").model.entity_embeddings.weight
     mean = EDMemForConditionalGeneration.from_pretrained(models / "grown-mean_query").model.entity_embeddings.weight
@@ -259,14 +274,14 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
         f"RESULT seeds=1 people_added={len(held)} practice_people=3 practice_biographies=2 practice_one_fact_pages=0 "
         "practice_share=0.5 practice_questions_people=2 pretrain_steps=30 written_table=0 row_autoencoding_share=0.5 "
         "row_autoencoding_written_only=1 writer_passages_by_mentions=1 entity_key_dim=8 writer_dropout=None "
-        "fresh_names_like_written_only=1 writer_decoy_rows=2 written_row_share=0.5 reader_steps=5 "
+        "added_texts=own-sentences fresh_names_like_written_only=1 writer_decoy_rows=2 written_row_share=0.5 reader_steps=5 "
         "reader_names_like_written_only=0 reader_row_autoencoding_share=0.5 "
     )
     for key in ("added_over_trained_em", "trained_em_change", "seconds_to_add_10_fitted", "seconds_to_add_10_mean",
                 "added_over_trained_em_with_floor", "added_recall", "row_swap_follow", "writer_cost_on_trained_em",
                 "seconds_to_add_10_writer", "estimator=writer", "trained_memory_recall_practice_rows_hidden_writer",
                 "practice_em_writer_before", "passage_facts_uniform", "passage_facts_by_mentions",
-                "name_shape_own_name_writer", "name_shape_fresh_any_words_writer",
+                "name_shape_own_name_writer", "fact_rows_plain_writer", "fact_rows_oracle_writer", "name_shape_fresh_any_words_writer",
                 "name_shape_fresh_people_words_writer", "trained_em_practice_rows_hidden",
                 "added_over_trained_em_practice_rows_hidden", "writer_cost_on_trained_em_practice_rows_hidden"):  # fmt: skip
         assert f" {key}" in last
