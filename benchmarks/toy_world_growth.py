@@ -24,7 +24,9 @@ through written rows only (docs/model.md, "Practice entities"); every model read
 biographies, linked from no other, `--practice-share S` makes their passages and questions S of those every model
 reads (`edmem pretrain --balanced_entities_file`), `--practice-questions-people M` mixes the questions of M of them
 (a world of its own: give it its own `--out`). `--practice-one-fact-pages K` states each practice person by one fact
-only, on K pages of one sentence (`knowledge_world.one_fact_people`; a world of its own too). With
+only, on K pages of one sentence (`knowledge_world.one_fact_people`; a world of its own too);
+`--practice-sentence-pages K` states each by every fact, each fact on K pages of one sentence
+(`knowledge_world.sentence_page_people`, another world). With
 `--written-table`, the writer's model leaves pre-training with every entity's row written from its passages
 (`edmem pretrain --written_table`), in folders of its own (`writer-written-table`). With `--reader-steps N`, a second
 stage of N steps follows, the writer and its table frozen (`edmem pretrain --frozen_writer`, TOME's second stage), in
@@ -122,6 +124,7 @@ from edmem_hf.knowledge_world import (  # noqa: E402
     generate_knowledge_world,
     one_fact_people,
     page_only_people,
+    sentence_page_people,
     split_people,
     without_people,
 )
@@ -164,10 +167,13 @@ class GrowthSettings:
     practice_questions_people: int = 0
     # each practice person stated by one fact only, on this many one-sentence pages (0: as the others)
     practice_one_fact_pages: int = 0
+    # each practice person stated by every fact, each fact on this many one-sentence pages (0: as the others)
+    practice_sentence_pages: int = 0
     written_table: bool = False  # the writer's model leaves pre-training with every row written (`--written_table`)
     row_autoencoding_share: float = 0.0  # the writer's training: passages read as their written row alone
     row_autoencoding_written_only: bool = False  # ... only passages about written-only (practice) entities
     writer_passages_by_mentions: bool = False  # the writer's training writes from passages that mention most
+    writer_passages_per_row: int = 1  # the writer's training: each written row the mean of this many passages' rows
     entity_key_dim: int | None = None  # the writer's model: a row's columns that queries score (the rest its value)
     writer_dropout: float | None = None  # the writer's model's pre-training dropout (None: every model's, 0.1)
     # what the writer writes an added (and a rewritten) person's row from: "passages", the windows around their
@@ -207,10 +213,14 @@ def make_worlds(settings: GrowthSettings, seed: int, out: Path) -> dict:
     old = without_people(world, held)
     if settings.practice_biographies:  # after without_people, which lists every person it keeps on place pages
         world, old = (page_only_people(w, practice, settings.practice_biographies) for w in (world, old))
+    worlds = ("practice_biographies", "practice_one_fact_pages", "practice_sentence_pages")
+    if sum(bool(getattr(settings, name)) for name in worlds) > 1:
+        raise ValueError(f"{', '.join('--' + name.replace('_', '-') for name in worlds)} are worlds of their own: "
+                         "give one")  # fmt: skip
     if settings.practice_one_fact_pages:
-        if settings.practice_biographies:
-            raise ValueError("--practice-one-fact-pages and --practice-biographies are two worlds: give one")
         world, old = (one_fact_people(w, practice, settings.practice_one_fact_pages) for w in (world, old))
+    if settings.practice_sentence_pages:
+        world, old = (sentence_page_people(w, practice, settings.practice_sentence_pages) for w in (world, old))
     splits = split_people(without_people(old, practice), seed)
     out.mkdir(parents=True, exist_ok=True)
     old_dump = write_mediawiki_dump(with_questions_in_pages(old, splits["train"]) if qa.questions_on_pages else old,
@@ -785,6 +795,7 @@ def writer_folder(settings: GrowthSettings) -> str:
         name += f"-row-autoencoding-{settings.row_autoencoding_share}"
         name += "-written-only" if settings.row_autoencoding_written_only else ""
     name += "-by-mentions" if settings.writer_passages_by_mentions else ""
+    name += f"-pooled-{settings.writer_passages_per_row}" if settings.writer_passages_per_row != 1 else ""
     name += "-names-like-written-only" if settings.fresh_names_like_written_only else ""
     name += f"-share-{settings.written_row_share}" if settings.written_row_share != 0.5 else ""
     name += f"-decoys-{settings.writer_decoy_rows}" if settings.writer_decoy_rows else ""
@@ -839,6 +850,7 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
                                   row_autoencoding_share=settings.row_autoencoding_share,
                                   row_autoencoding_written_only=settings.row_autoencoding_written_only,
                                   writer_passages_by_mentions=settings.writer_passages_by_mentions,
+                                  writer_passages_per_row=settings.writer_passages_per_row,
                                   fresh_names_like_written_only=settings.fresh_names_like_written_only,
                                   writer_decoy_rows=settings.writer_decoy_rows,
                                   entity_key_dim=settings.entity_key_dim, **balance, **writer_dropout(settings))  # fmt: skip
@@ -913,6 +925,7 @@ def pretrain_reader(
                             written_row_share=1.0, written_only_share=settings.written_only_share,
                             written_only_entities_file=data["practice_people"] and str(data["practice_people"]),
                             writer_passages_by_mentions=settings.writer_passages_by_mentions,
+                            writer_passages_per_row=settings.writer_passages_per_row,
                             fresh_names_like_written_only=settings.fresh_names_like_written_only
                             or settings.reader_names_like_written_only,
                             row_autoencoding_share=settings.reader_row_autoencoding_share,
@@ -1065,6 +1078,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--practice-one-fact-pages", type=int,
                         help="each practice person stated by one fact only, on this many one-sentence pages "
                              "(default: 0, as the others)")  # fmt: skip
+    parser.add_argument("--practice-sentence-pages", type=int,
+                        help="each practice person stated by every fact, each fact on this many one-sentence pages "
+                             "(default: 0, as the others)")  # fmt: skip
     parser.add_argument("--practice-share", type=float,
                         help="the practice people's passages (and mixed questions) this share of those read in "
                              "pre-training, every model alike (default: 0, as the corpus has them)")  # fmt: skip
@@ -1080,6 +1096,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--writer-passages-by-mentions", action=argparse.BooleanOptionalAction,
                         help="the writer's training draws the passage a row is written from in proportion to its "
                              "mentions of the entity (default: off, uniformly)")  # fmt: skip
+    parser.add_argument("--writer-passages-per-row", type=int,
+                        help="the writer's training: each written row the mean of the rows written from this many "
+                             "passages (default: 1)")  # fmt: skip
     parser.add_argument("--entity-key-dim", type=int,
                         help="the writer's model: the columns of a row that queries score, its key; the rest are its "
                              "value, read by the memory (default: all, the paper's row)")  # fmt: skip
@@ -1110,9 +1129,11 @@ def main(argv: list[str] | None = None) -> int:
     settings = QUICK if args.quick else GrowthSettings()
     settings = replace(settings, qa=with_overrides(settings.qa, args))
     overrides = ("fit_steps", "continued_steps", "writer", "written_row_share", "written_only_share", "recipe")
-    for key in (*overrides, "practice_people", "practice_biographies", "practice_one_fact_pages", "practice_share",
+    for key in (*overrides, "practice_people", "practice_biographies", "practice_one_fact_pages", "practice_sentence_pages",
+                "practice_share",
                 "practice_questions_people", "written_table", "row_autoencoding_share",
-                "row_autoencoding_written_only", "writer_passages_by_mentions", "entity_key_dim", "writer_dropout",
+                "row_autoencoding_written_only", "writer_passages_by_mentions", "writer_passages_per_row",
+                "entity_key_dim", "writer_dropout",
                 "added_texts", "fresh_names_like_written_only", "writer_decoy_rows", "reader_steps", "reader_names_like_written_only",
                 "reader_row_autoencoding_share"):  # fmt: skip
         if getattr(args, key) is not None:
@@ -1150,6 +1171,7 @@ def main(argv: list[str] | None = None) -> int:
         f"practice_people={settings.practice_people}",
         f"practice_biographies={settings.practice_biographies}",
         f"practice_one_fact_pages={settings.practice_one_fact_pages}",
+        f"practice_sentence_pages={settings.practice_sentence_pages}",
         f"practice_share={settings.practice_share}",
         f"practice_questions_people={settings.practice_questions_people}",
         f"pretrain_steps={settings.qa.pretrain_steps}",
@@ -1157,6 +1179,7 @@ def main(argv: list[str] | None = None) -> int:
         f"row_autoencoding_share={settings.row_autoencoding_share}",
         f"row_autoencoding_written_only={int(settings.row_autoencoding_written_only)}",
         f"writer_passages_by_mentions={int(settings.writer_passages_by_mentions)}",
+        f"writer_passages_per_row={settings.writer_passages_per_row}",
         f"entity_key_dim={settings.entity_key_dim}",
         f"writer_dropout={settings.writer_dropout}",
         f"added_texts={settings.added_texts}",

@@ -17,6 +17,7 @@ from edmem_hf.knowledge_world import (
     generate_knowledge_world,
     one_fact_people,
     page_only_people,
+    sentence_page_people,
     split_people,
     without_people,
 )
@@ -252,6 +253,27 @@ def test_one_fact_people_are_stated_by_one_fact_on_pages_of_one_sentence(tmp_pat
         one_fact_people(world, few, 13)
     with pytest.raises(KeyError, match="no person named 'Nobody'"):
         one_fact_people(world, ["Nobody"], 3)
+
+
+def test_sentence_page_people_are_stated_by_every_fact_one_sentence_a_page(tmp_path):
+    world = generate_knowledge_world(KnowledgeWorldSettings(num_people=20, biographies=5), seed=4)
+    few = sorted(person.name for person in _people(world)[:3])
+    cut = sentence_page_people(world, few, pages=2)
+    pages = {page.title: page for page in iter_parsed_pages(write_mediawiki_dump(cut, tmp_path / "w.xml"))}
+    for name in few:
+        person = world.entity(name)
+        assert sorted(pair.relation for pair in cut.qa_pairs if pair.subject == name) == sorted(RELATIONS)
+        own = [title for title, page in pages.items() if name in {link.target for link in page.links}]
+        assert sorted(own) == sorted([name, *(f"{name} ({k})" for k in range(2, 2 * len(RELATIONS) + 1))])
+        texts = [cut.pages[title] for title in own]
+        assert all(text.count(".") == 1 for text in texts) and len(set(texts)) == len(texts)
+        for relation in RELATIONS:  # every fact on two pages of one sentence
+            assert sum(_states(text, person.attributes[relation]) for text in texts) >= 2
+    assert cut.pages[_people(world)[3].name] == world.pages[_people(world)[3].name]
+    # a one-fact person is what a sentence-page person is, cut to their first fact
+    assert one_fact_people(world, few[:1], 2).pages[few[0]] == cut.pages[few[0]]
+    with pytest.raises(ValueError, match="pages=1"):
+        sentence_page_people(world, few, 1)
 
 
 def test_the_fullname_augmentation_names_the_person_in_full_everywhere():

@@ -77,7 +77,17 @@ def test_the_held_out_people_are_only_in_the_new_pages(bench, tmp_path):
     assert all({name, f"{name} (2)", f"{name} (3)"} <= titles for name in practice)
     mixed = [record["link_target"][0] for record in read_jsonl(one_fact["mixed_questions"])]
     assert sorted(name for name in mixed if name in practice) == sorted(practice)
-    with pytest.raises(ValueError, match="two worlds"):
+    # every fact of each practice person on two pages of one sentence: all their questions in the mix
+    sentences = bench.make_worlds(replace(practice_settings, practice_sentence_pages=2), 1, tmp_path / "sentences")
+    titles = {page.title for page in iter_parsed_pages(str(tmp_path / "sentences" / "old-wiki.xml.bz2"))}
+    assert all({name, *(f"{name} ({k})" for k in range(2, 13))} <= titles for name in practice)
+    mixed = [record["link_target"][0] for record in read_jsonl(sentences["mixed_questions"])]
+    assert sorted(name for name in mixed if name in practice) == sorted(practice * 6)
+    with pytest.raises(ValueError, match="worlds of their own"):
+        bench.make_worlds(
+            replace(practice_settings, practice_one_fact_pages=3, practice_sentence_pages=2), 1, tmp_path
+        )
+    with pytest.raises(ValueError, match="worlds of their own"):
         bench.make_worlds(replace(practice_settings, practice_one_fact_pages=3, practice_biographies=2), 1, tmp_path)
 
 
@@ -161,7 +171,7 @@ def test_written_facts_says_when_the_names_allow_too_few_new_ones(bench, tmp_pat
         bench.written_facts(tmp_path / "model", people, seed=0)
 
 
-WRITER_FOLDER = "writer-row-autoencoding-0.5-written-only-by-mentions-names-like-written-only-decoys-2-key-8"
+WRITER_FOLDER = "writer-row-autoencoding-0.5-written-only-by-mentions-pooled-2-names-like-written-only-decoys-2-key-8"
 
 
 def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
@@ -170,7 +180,8 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     argv = ["--quick", "--out", str(out), "--num-people", "10", "--pretrain-steps", "30", "--finetune-epochs", "150",
             "--finetune-learning-rate", "1e-2", "--d-model", "32", "--fit-steps", "3",
             "--questions-in-batches", "--recipe", "masked_spans", "--practice-people", "3", "--row-autoencoding-share", "0.5",
-            "--row-autoencoding-written-only", "--writer-passages-by-mentions", "--entity-key-dim", "8",
+            "--row-autoencoding-written-only", "--writer-passages-by-mentions", "--writer-passages-per-row", "2",
+            "--entity-key-dim", "8",
             "--fresh-names-like-written-only", "--writer-decoy-rows", "2", "--reader-steps", "5",
             "--reader-row-autoencoding-share", "0.5", "--practice-biographies", "2", "--practice-share", "0.5",
             "--practice-questions-people", "2", "--added-texts", "own-sentences", "--timed-additions", "10"]  # fmt: skip
@@ -272,9 +283,10 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith(
         f"RESULT seeds=1 people_added={len(held)} practice_people=3 practice_biographies=2 practice_one_fact_pages=0 "
-        "practice_share=0.5 practice_questions_people=2 pretrain_steps=30 written_table=0 row_autoencoding_share=0.5 "
-        "row_autoencoding_written_only=1 writer_passages_by_mentions=1 entity_key_dim=8 writer_dropout=None "
-        "added_texts=own-sentences fresh_names_like_written_only=1 writer_decoy_rows=2 written_row_share=0.5 reader_steps=5 "
+        "practice_sentence_pages=0 practice_share=0.5 practice_questions_people=2 pretrain_steps=30 written_table=0 "
+        "row_autoencoding_share=0.5 row_autoencoding_written_only=1 writer_passages_by_mentions=1 "
+        "writer_passages_per_row=2 entity_key_dim=8 writer_dropout=None added_texts=own-sentences "
+        "fresh_names_like_written_only=1 writer_decoy_rows=2 written_row_share=0.5 reader_steps=5 "
         "reader_names_like_written_only=0 reader_row_autoencoding_share=0.5 "
     )
     for key in ("added_over_trained_em", "trained_em_change", "seconds_to_add_10_fitted", "seconds_to_add_10_mean",

@@ -325,10 +325,55 @@ def test_named_written_only_entities_join_the_share(corpus, tmp_path):
     for option in (dict(written_only_entities_file=str(names_file)), dict(written_table=True),
                    dict(row_autoencoding_share=0.5), dict(row_autoencoding_written_only=True),
                    dict(writer_passages_by_mentions=True), dict(fresh_names_like_written_only=True),
-                   dict(writer_decoy_rows=2), dict(frozen_writer=True)):  # fmt: skip
+                   dict(writer_decoy_rows=2), dict(frozen_writer=True), dict(writer_passages_per_row=3)):  # fmt: skip
         plain = _args(corpus, tmp_path / "y", **option)
         with pytest.raises(ValueError, match=f"--{next(iter(option))} is an option of training the writer"):
             _dataloaders(plain, passages, tokenizer, 1, build_model(plain, tokenizer, vocab))
+
+
+def test_a_pooled_row_is_the_mean_of_rows_from_passages_the_batch_does_not_read(corpus):
+    """With `passages_per_row`, each written entity is written from up to that many distinct passages, its first the
+    one chosen without pooling, none read by the batch, all about it; the model reads the mean of their rows; the
+    written table takes as many; one passage a row is the batch it always was."""
+    plain = writer_collator(corpus, written_row_share=1.0, max_written_rows=64, seed=4)
+    pooled = writer_collator(corpus, written_row_share=1.0, max_written_rows=64, seed=4, passages_per_row=3)
+    rng, several = random.Random(1), 0
+    for _ in range(20):
+        indices = rng.sample(range(len(plain.passages)), 8)
+        examples = [{**plain.passages[i], "example_index": i, "epoch": 0} for i in indices]
+        chosen, _ = plain.choose(examples)
+        assert pooled.choose(examples)[0] == chosen and plain.pooled_passages(chosen, examples) == {}
+        more = pooled.pooled_passages(chosen, examples)
+        batch, alone = pooled(examples), plain(examples)
+        owners = batch["written_entity_ids"].tolist()
+        assert alone["written_entity_ids"].tolist() == list(chosen)
+        for entity, first in chosen.items():
+            drawn = [first, *more[entity]]
+            assert len(set(drawn)) == len(drawn) <= 3 and not set(drawn) & set(indices)
+            assert all(entity in plain.passages[p]["entity_labels"] for p in drawn)
+            available = set(plain.entity_passages.of(entity).tolist()) - set(indices)
+            assert len(drawn) == min(3, len(available))
+            assert owners.count(entity) == len(drawn)
+            several += len(drawn) > 1
+        assert batch["writer_input_ids"][: len(owners)].shape[0] == len(owners)
+    assert several > 20
+    assert pooled.rows_to_write(every_entity=True)[1] and max(map(len, pooled.rows_to_write(True)[1])) <= 4
+    wide = writer_collator(corpus, written_row_share=1.0, passages_per_row=6)
+    assert max(map(len, wide.rows_to_write(True)[1])) > 4
+    with pytest.raises(ValueError, match="passages_per_row must be >= 1"):
+        writer_collator(corpus, passages_per_row=0)
+    # the model: an entity given several texts reads the mean of their rows, in whatever order
+    torch.manual_seed(0)
+    model = EDMemForConditionalGeneration(replace(plain.config, entity_row_writer=True)).eval()
+    inputs = [plain.writer_input(entity, passage) for entity, passage in ((2, 0), (2, 1), (3, 2))]
+    width = max(map(len, inputs))
+    texts = torch.tensor([ids + [plain.config.pad_token_id] * (width - len(ids)) for ids in inputs])
+    mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids in inputs])
+    rows = model.write_entity_rows(texts, mask)
+    order = [2, 0, 1]
+    written = model._written_rows(torch.tensor([3, 2, 2]), texts[order], mask[order], None, None)
+    assert written.ids.tolist() == [2, 3]
+    torch.testing.assert_close(written.rows, torch.stack([(rows[0] + rows[1]) / 2, rows[2]]))
 
 
 def test_passages_by_mentions_are_drawn_in_proportion_to_the_entity_s_mentions():

@@ -305,25 +305,47 @@ def one_fact_people(world: ToyWorld, names: list[str], pages: int, fullname: boo
     the name is a fresh one, the only source of the answer is a row written from another of their pages (the tiny
     world of `benchmarks/tiny_written_world.py`, where a passage that identifies its person stops rows carrying
     facts). Everything else is as it was (`fullname`: as the world was made)."""
+    relations = [relation for relation, _, _ in PERSON_ATTRIBUTES]
+    cut = sorted(_people_named(world, names))
+    return _one_sentence_pages(world, {name: [relations[i % len(relations)]] for i, name in enumerate(cut)}, pages,
+                               fullname)  # fmt: skip
+
+
+def sentence_page_people(world: ToyWorld, names: list[str], pages: int, fullname: bool = False) -> ToyWorld:
+    """`world` with each of the people `names` stated by every one of their facts, each fact on `pages` pages of one
+    sentence: their own page holds their first fact's first sentence, the others are titled `"{name} ({k})"`, linked
+    from nowhere; every sentence the person a link by full name; no place page lists them; asked every fact.
+
+    `one_fact_people` with the whole person: a passage says the name and one fact, so a row written from another
+    passage carries another fact, and only rows pooled from several of their passages (`WriterCollator`'s
+    `passages_per_row`) hold what the passage being read hides, as an added person's row pooled from the sentences
+    of their biographies does."""
+    relations = [relation for relation, _, _ in PERSON_ATTRIBUTES]
+    return _one_sentence_pages(world, dict.fromkeys(_people_named(world, names), relations), pages, fullname)
+
+
+def _one_sentence_pages(world: ToyWorld, facts_of: dict[str, list[str]], pages: int, fullname: bool) -> ToyWorld:
+    """`world` with each person of `facts_of` stated by those facts only, each fact on `pages` one-sentence pages
+    (`one_fact_people`, `sentence_page_people`), asked those facts only."""
     if pages < 2:
         raise ValueError(f"pages={pages}: a row is written from another page than the one read, so at least 2")
     if pages > min(len(forms) for forms in TEMPLATES.values()):
         raise ValueError(f"pages={pages}: more pages than a relation has sentence templates")
-    cut = _people_named(world, names)
-    relations = [relation for relation, _, _ in PERSON_ATTRIBUTES]
-    fact_of = {name: relations[i % len(relations)] for i, name in enumerate(sorted(cut))}
     rng = random.Random(f"{world.seed}-one-fact")
-    listed = [entity for entity in world.entities if entity.type == "person" and entity.name not in cut]
+    listed = [entity for entity in world.entities if entity.type == "person" and entity.name not in facts_of]
     new_pages = {entity.name: world.pages[entity.name] for entity in world.entities}
-    for person in sorted((entity for entity in world.entities if entity.name in cut), key=lambda e: e.name):
-        relation = fact_of[person.name]
-        value = _stated_value(person, relation)
-        link = f"[[{person.name}]]"
-        for k, template in enumerate(rng.sample(TEMPLATES[relation], pages)):
-            text = template.format(S=link, s=link, P=f"{link}'s", p=f"{link}'s", V=value)
-            new_pages[person.name if k == 0 else f"{person.name} ({k + 1})"] = text[0].upper() + text[1:]
+    for person in sorted((entity for entity in world.entities if entity.name in facts_of), key=lambda e: e.name):
+        link, k = f"[[{person.name}]]", 0
+        for relation in facts_of[person.name]:
+            value = _stated_value(person, relation)
+            for template in rng.sample(TEMPLATES[relation], pages):
+                text = template.format(S=link, s=link, P=f"{link}'s", p=f"{link}'s", V=value)
+                k += 1
+                new_pages[person.name if k == 1 else f"{person.name} ({k})"] = text[0].upper() + text[1:]
     new_pages.update(_place_pages(world.entities, listed, world.seed, fullname))
-    qa_pairs = [pair for pair in world.qa_pairs if pair.subject not in cut or pair.relation == fact_of[pair.subject]]
+    qa_pairs = [
+        pair for pair in world.qa_pairs if pair.subject not in facts_of or pair.relation in facts_of[pair.subject]
+    ]
     return ToyWorld(world.entities, new_pages, dict(world.redirects), qa_pairs, world.seed)
 
 
@@ -371,6 +393,7 @@ __all__ = [
     "generate_knowledge_world",
     "one_fact_people",
     "page_only_people",
+    "sentence_page_people",
     "shared_name_pools",
     "split_people",
     "without_people",

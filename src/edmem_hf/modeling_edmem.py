@@ -1010,8 +1010,8 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
         self, written_entity_ids, writer_input_ids, writer_attention_mask, written_read_entity_ids, input_ids
     ) -> WrittenRows | None:
         """The written rows a batch asks for: `written_entity_ids[i]` reads the row written from
-        `writer_input_ids[i]`, handed to the mentions of `written_read_entity_ids` (`writer_batches.WriterCollator` makes
-        these fields)."""
+        `writer_input_ids[i]` (an id given several times, the mean of its rows), handed to the mentions of
+        `written_read_entity_ids` (`writer_batches.WriterCollator` makes these fields)."""
         if written_entity_ids is None:
             if writer_input_ids is not None or written_read_entity_ids is not None:
                 raise ValueError("writer fields were given without written_entity_ids, the entities they write")
@@ -1021,8 +1021,8 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
         if written_entity_ids.numel() == 0:
             return None
         ids = written_entity_ids.to(writer_input_ids.device)
-        if ((ids < 0) | (ids >= self.config.entity_vocab_size)).any() or ids.unique().numel() != ids.numel():
-            raise ValueError(f"written_entity_ids must be distinct ids in 0..{self.config.entity_vocab_size - 1}")
+        if ((ids < 0) | (ids >= self.config.entity_vocab_size)).any():
+            raise ValueError(f"written_entity_ids must be ids in 0..{self.config.entity_vocab_size - 1}")
         if written_read_entity_ids is not None:
             check_entity_labels(written_read_entity_ids, input_ids, self.config, "written_read_entity_ids")
             handed = written_read_entity_ids[written_read_entity_ids != IGNORE_INDEX].to(ids.device)
@@ -1030,9 +1030,13 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
                 raise ValueError(
                     "written_read_entity_ids names an entity that has no written row (written_entity_ids)"
                 )
-        return WrittenRows(
-            ids, self.write_entity_rows(writer_input_ids, writer_attention_mask), written_read_entity_ids
-        )
+        rows = self.write_entity_rows(writer_input_ids, writer_attention_mask)
+        distinct, owner = ids.unique(return_inverse=True)
+        if distinct.numel() != ids.numel():  # rows pooled from several texts: their mean
+            counts = torch.bincount(owner, minlength=distinct.numel()).to(rows.dtype)
+            rows = rows.new_zeros(distinct.numel(), rows.shape[1]).index_add(0, owner, rows) / counts[:, None]
+            ids = distinct
+        return WrittenRows(ids, rows, written_read_entity_ids)
 
     @can_return_tuple
     def forward(
@@ -1070,7 +1074,8 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
             `<E_s>` (dynamic decoding asks for them at every step).
         written_entity_ids / writer_input_ids / writer_attention_mask: `(K,)` entity ids and `(K, L)` texts about
             them: both memories and the entity-linking head read the row written from `writer_input_ids[i]` in
-            place of entity `written_entity_ids[i]`'s table row (training with the writer; see `write_entity_rows`).
+            place of entity `written_entity_ids[i]`'s table row (training with the writer; see `write_entity_rows`);
+            an entity given several times reads the mean of the rows of its texts.
         written_read_entity_ids: `(batch, src_len)`, a written entity's id at each `<E_s>` of `input_ids` whose encoder
             memory read is that entity's written row itself (`WrittenRows.read_at`), -100 elsewhere.
         """

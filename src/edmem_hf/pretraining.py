@@ -139,6 +139,13 @@ class PretrainingArguments:
             "(docs/model.md)."
         },
     )
+    writer_passages_per_row: int = field(
+        default=1,
+        metadata={
+            "help": "Each written row the mean of the rows written from up to this many passages (the batch reads "
+            "none of them), and the table written from as many (docs/model.md)."
+        },
+    )
     frozen_writer: bool = field(
         default=False,
         metadata={
@@ -903,6 +910,11 @@ def _given_or_new_model(args: PretrainingArguments, model: Any, tokenizer: Any, 
     return model
 
 
+def _default(name: str) -> Any:
+    """The default of `PretrainingArguments.name`."""
+    return PretrainingArguments.__dataclass_fields__[name].default
+
+
 # options that only a model with a writer of entity rows can take (an error names the first one given otherwise)
 _WRITER_TRAINING_OPTIONS = (
     "written_only_entities_file",
@@ -910,6 +922,7 @@ _WRITER_TRAINING_OPTIONS = (
     "row_autoencoding_share",
     "row_autoencoding_written_only",
     "writer_passages_by_mentions",
+    "writer_passages_per_row",
     "fresh_names_like_written_only",
     "writer_decoy_rows",
     "frozen_writer",
@@ -963,8 +976,8 @@ def _dataloaders(
         train_collator = QuestionsAndPassagesCollator(train_collator, EDMemSeq2SeqCollator(tokenizer.pad_token_id))
     if getattr(getattr(model, "config", None), "entity_row_writer", False):  # questions too read written rows
         train_collator = _writer_collator(args, train_collator, datasets["train"], tokenizer, model)
-    elif any(getattr(args, name) for name in _WRITER_TRAINING_OPTIONS):
-        option = next(f"--{name}" for name in _WRITER_TRAINING_OPTIONS if getattr(args, name))
+    elif given := [name for name in _WRITER_TRAINING_OPTIONS if getattr(args, name) != _default(name)]:
+        option = f"--{given[0]}"
         raise ValueError(f"{option} is an option of training the writer of entity rows; the model has none "
                          "(--entity_row_writer true)")  # fmt: skip
     sampler = _EpochShuffleSampler(len(train_set), seed=args.seed)
@@ -1020,7 +1033,7 @@ def _writer_collator(args: PretrainingArguments, base: Any, passages: Any, token
         max_written_rows=args.max_written_rows, fresh_names=args.fresh_names, seed=args.seed,
         written_only_ids=practice, row_autoencoding_share=args.row_autoencoding_share,
         row_autoencoding_written_only=args.row_autoencoding_written_only,
-        passages_by_mentions=args.writer_passages_by_mentions,
+        passages_by_mentions=args.writer_passages_by_mentions, passages_per_row=args.writer_passages_per_row,
         fresh_names_like_written_only=args.fresh_names_like_written_only, decoy_rows=args.writer_decoy_rows,
     )  # fmt: skip
 

@@ -89,7 +89,10 @@ class WriterCollator:
     fresh names that share a word with its fresh name, linked by nothing: negatives that a query must tell from the
     renamed entity's row by its whole name (a batch's other written rows seldom share a word with it). With
     `row_autoencoding_share`, that share of the passages about a written entity (a written-only one, with
-    `row_autoencoding_written_only`) is read as the entity's written row alone (`_autoencode`). The choices are drawn
+    `row_autoencoding_written_only`) is read as the entity's written row alone (`_autoencode`). With
+    `passages_per_row` P > 1, each written entity reads the mean of the rows written from up to P passages the batch
+    does not read (`pooled_passages`): a row pooled from several passages, as an added entity's row is from its
+    texts, and the only one to hold the facts of an entity whose every passage states one. The choices are drawn
     from `seed` and the examples' tokens, so that a resumed run draws them again as the uninterrupted one did.
 
     Args:
@@ -119,6 +122,7 @@ class WriterCollator:
     row_autoencoding_share: float = 0.0
     row_autoencoding_written_only: bool = False
     passages_by_mentions: bool = False
+    passages_per_row: int = 1
     _name_ids: dict[int, list[int]] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -135,6 +139,8 @@ class WriterCollator:
         if self.fresh_names_like_written_only and not self.fresh_names:
             raise ValueError("fresh_names_like_written_only chooses the words of fresh names, which are off: give "
                              "fresh_names=True")  # fmt: skip
+        if self.passages_per_row < 1:
+            raise ValueError(f"passages_per_row must be >= 1, got {self.passages_per_row}")
         if self.max_written_rows < 1:
             raise ValueError(f"max_written_rows must be >= 1, got {self.max_written_rows}")
         if len(self.names) != self.config.entity_vocab_size:
@@ -224,6 +230,21 @@ class WriterCollator:
             self._add_decoys(chosen, fresh, set(entities), read, rng)
         return chosen, {entity: self._tokens_of_name(name) for entity, name in fresh.items()}
 
+    def pooled_passages(self, chosen: dict[int, int], examples: Sequence[dict]) -> dict[int, list[int]]:
+        """Up to `passages_per_row - 1` more passages for each entity of `chosen` (`{entity: passage}`), drawn
+        uniformly from those that mention it, other than its chosen one and those the batch reads (`{}` when
+        `passages_per_row` is 1)."""
+        if self.passages_per_row == 1:
+            return {}
+        read = {int(example["example_index"]) for example in examples if "example_index" in example}
+        rng = self._batch_rng(examples, 0x9001)
+        more = {}
+        for entity, first in chosen.items():
+            others = [p for p in self.entity_passages.of(entity).tolist() if p not in read and p != first]
+            count = min(self.passages_per_row - 1, len(others))
+            more[entity] = [others[i] for i in sorted(rng.choice(len(others), size=count, replace=False))]
+        return more
+
     def _add_decoys(self, chosen: dict[int, int], fresh: dict[int, str], labelled: set[int], read: set[int],
                     rng: np.random.Generator) -> None:  # fmt: skip
         """Up to `decoy_rows` decoys for each renamed entity, into `chosen` and `fresh` (at most `max_written_rows`
@@ -272,10 +293,13 @@ class WriterCollator:
         batch = self.base(examples)
         if not chosen:
             return batch
-        inputs = [self.writer_input(entity, passage, fresh.get(entity)) for entity, passage in chosen.items()]
+        more = self.pooled_passages(chosen, examples)
+        owners = [entity for entity, passage in chosen.items() for _ in (passage, *more.get(entity, ()))]
+        inputs = [self.writer_input(entity, p, fresh.get(entity))
+                  for entity, passage in chosen.items() for p in (passage, *more.get(entity, ()))]  # fmt: skip
         width = max(map(len, inputs))
         pad = self.config.pad_token_id
-        batch["written_entity_ids"] = torch.tensor(list(chosen), dtype=torch.long)
+        batch["written_entity_ids"] = torch.tensor(owners, dtype=torch.long)
         batch["writer_input_ids"] = torch.tensor([ids + [pad] * (width - len(ids)) for ids in inputs])
         batch["writer_attention_mask"] = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids in inputs])
         batch["written_read_entity_ids"] = self._masked_names(batch, batch["written_entity_ids"])
@@ -331,13 +355,14 @@ class WriterCollator:
         return torch.where(handed, labels, torch.full_like(labels, IGNORE_INDEX))
 
     def rows_to_write(
-        self, every_entity: bool = False, max_passages: int = 4
+        self, every_entity: bool = False, max_passages: int | None = None
     ) -> tuple[list[int], list[list[list[int]]]]:
         """The entities whose table rows `write_rows_into_table` writes once training ends, and up to `max_passages`
-        writer inputs of each (the first passages, or with `passages_by_mentions` those that mention it most): the
+        (None: 4, or `passages_per_row` when more) writer inputs of each (the first passages, or with `passages_by_mentions` those that mention it most): the
         written-only entities that have passages, or with `every_entity` every entity that has passages and a name
         (the table written from text)."""
         ids, inputs = [], []
+        max_passages = max_passages or max(4, self.passages_per_row)
         entities = range(len(self.names)) if every_entity else np.flatnonzero(self.written_only).tolist()
         for entity in entities:
             if self.passages_by_mentions:
