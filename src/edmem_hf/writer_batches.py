@@ -237,7 +237,7 @@ class WriterCollator:
         if self.passages_per_row == 1:
             return {}
         read = {int(example["example_index"]) for example in examples if "example_index" in example}
-        rng = self._batch_rng(examples, 0x9001)
+        rng = self._batch_rng(examples, 0x9001, *(int(example.get("epoch", 0)) for example in examples))
         more = {}
         for entity, first in chosen.items():
             others = [p for p in self.entity_passages.of(entity).tolist() if p not in read and p != first]
