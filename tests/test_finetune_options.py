@@ -93,6 +93,9 @@ def test_missing_folders_and_files_are_named(files, capsys):
     assert "--do_predict needs --test_file" in _refused(capsys, _argv(files, "--do_predict"))
     frozen = _argv(files, "--frozen_writer")
     assert "--frozen_writer writes the table from a corpus: give --writer_corpus" in _refused(capsys, frozen)
+    pooled = _argv(files, "--writer_passages_per_row", "3")
+    refused = "--writer_passages_per_row pools rows written from a corpus: give --writer_corpus"
+    assert refused in _refused(capsys, pooled)
 
 
 def test_edmem_lists_finetune(capsys):

@@ -490,5 +490,6 @@ def test_a_frozen_writer_keeps_what_it_reads_and_trains_the_reader_on_its_table(
                    str(questions), "--do_train", "--max_steps", "3", "--per_device_train_batch_size", "8",
                    "--learning_rate", "1e-2", "--eval_strategy", "no", "--save_strategy", "no",
                    "--load_best_model_at_end", "false", "--report_to", "none", "--use_cpu", "--disable_tqdm", "true",
-                   "--writer_corpus", corpus, "--frozen_writer", "--written_row_share", "1.0"])  # fmt: skip
+                   "--writer_corpus", corpus, "--frozen_writer", "--written_row_share", "1.0",
+                   "--writer_passages_per_row", "2"])  # fmt: skip
     _frozen_kept_and_table(first, tmp_path / "tuned", corpus)

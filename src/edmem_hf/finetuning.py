@@ -113,6 +113,13 @@ class ModelArguments:
     written_row_share: float = field(
         default=0.5, metadata={"help": "with --writer_corpus: the share of each batch's entities read through it"}
     )
+    writer_passages_per_row: int = field(
+        default=1,
+        metadata={
+            "help": "with --writer_corpus: each written row the mean of the rows written from up to this many "
+            "passages (`edmem pretrain --writer_passages_per_row`)"
+        },
+    )
     frozen_writer: bool = field(
         default=False,
         metadata={
@@ -336,6 +343,10 @@ def parse_arguments(
             parser.error(f"{option} {path}: no such file")
     if model_args.frozen_writer and model_args.writer_corpus is None:
         parser.error("--frozen_writer writes the table from a corpus: give --writer_corpus")
+    if model_args.writer_passages_per_row != 1 and model_args.writer_corpus is None:
+        parser.error("--writer_passages_per_row pools rows written from a corpus: give --writer_corpus")
+    if model_args.writer_passages_per_row < 1:
+        parser.error(f"--writer_passages_per_row {model_args.writer_passages_per_row}: give 1 or more")
     if model_args.writer_corpus is not None and not os.path.isdir(os.path.join(model_args.writer_corpus, "passages")):
         parser.error(f"--writer_corpus {model_args.writer_corpus}: not an edmem build-corpus folder (no passages/)")
     if not task.reads_answer_links:
@@ -469,6 +480,7 @@ def run(
             raise ValueError(f"--writer_corpus: {model_args.model_name_or_path} has no writer of entity rows")
         collator = WriterCollator.from_corpus(collator, model_args.writer_corpus, model, tokenizer,
                                               written_row_share=model_args.written_row_share,
+                                              passages_per_row=model_args.writer_passages_per_row,
                                               seed=training_args.seed)  # fmt: skip
         if model_args.frozen_writer:
             freeze_the_writer(model, collator)
