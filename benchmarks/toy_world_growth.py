@@ -724,19 +724,22 @@ def written_facts(model_dir: Path, people: set[str], seed: int) -> dict[str, flo
     return figures
 
 
-def name_shape(model_dir: Path, corpus: Path, practice_people: Path, data_file: Path, seed: int) -> dict[str, float]:
+def name_shape(model_dir: Path, corpus: Path, practice_people: Path, data_file: Path, seed: int,
+               passages_per_row: int = 1) -> dict[str, float]:  # fmt: skip
     """Whether the reader takes a row whatever its subject's name looks like: the share of `data_file`'s questions
     (about practice people) whose answer the model predicts whole, teacher-forced, each question's subject read
-    through a row written from one of its passages (the writer's training, `WriterCollator`), the subject named by
-    its own name (`own_name`), by a fresh name of any two entities' words (`fresh_any_words`, how the writer's
-    training renames by default), or by a fresh name of practice people's words (`fresh_people_words`). A reader
-    that reads rows only for names no person could have answers `fresh_any_words` well and the others poorly."""
+    through a row written from its passages as the writer's training wrote it (`WriterCollator`: the mean of
+    `passages_per_row` passages' rows), the subject named by its own name (`own_name`), by a fresh name of any two
+    entities' words (`fresh_any_words`, how the writer's training renames by default), or by a fresh name of practice
+    people's words (`fresh_people_words`). A reader that reads rows only for names no person could have answers
+    `fresh_any_words` well and the others poorly."""
     model = EDMemForConditionalGeneration.from_pretrained(model_dir).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     vocab = model.entity_vocab
     practice = [vocab.id_of(line.strip()) for line in practice_people.read_text(encoding="utf-8").splitlines()]
     written = WriterCollator.from_corpus(EDMemSeq2SeqCollator(tokenizer.pad_token_id), str(corpus), model, tokenizer,
-                                         written_row_share=0.0, written_only_ids=practice, seed=seed)  # fmt: skip
+                                         written_row_share=0.0, written_only_ids=practice, seed=seed,
+                                         passages_per_row=passages_per_row)  # fmt: skip
     features = [encode_qa_record(row, tokenizer) for row in read_qa(str(data_file), vocab)]
     namings = {"own_name": dict(fresh_names=False), "fresh_any_words": {},
                "fresh_people_words": dict(fresh_names_like_written_only=True)}  # fmt: skip
@@ -755,11 +758,11 @@ def name_shape(model_dir: Path, corpus: Path, practice_people: Path, data_file: 
 
 
 def diagnostics(trained: Path, grown: Path, estimator: str, files: dict[str, Path], new_dump: str, seed: int,
-                out: Path, practice: tuple[Path, Path] | None = None, added_texts: str = "passages"
-                ) -> dict[str, dict[str, float]]:  # fmt: skip
+                out: Path, practice: tuple[Path, Path] | None = None, added_texts: str = "passages",
+                passages_per_row: int = 1) -> dict[str, dict[str, float]]:  # fmt: skip
     """The diagnostics of a trained model and of it grown by `estimator` (kept in `out`, not run again; one added
     to the file when it lacks it). `practice`: the corpus and the practice people's file, for `name_shape`;
-    `added_texts`: what the writer writes rewritten rows from."""
+    `added_texts`: what the writer writes rewritten rows from; `passages_per_row`: as the writer's training pooled."""
     result = json.loads(out.read_text()) if out.exists() else {}
     todo = {"row_swap": lambda: row_swap(trained, files["test"], seed),
             "oracle_read": lambda: oracle_read(grown, files["added"]),
@@ -772,7 +775,7 @@ def diagnostics(trained: Path, grown: Path, estimator: str, files: dict[str, Pat
             trained, {person for r in PROBED_RELATIONS for person in _facts_by_person(asked, r)}, seed
         )  # the people are read only when the figure is not kept yet
         if practice is not None and "practice" in files:
-            todo["name_shape"] = lambda: name_shape(trained, *practice, files["practice"], seed)
+            todo["name_shape"] = lambda: name_shape(trained, *practice, files["practice"], seed, passages_per_row)
     for name, measure in todo.items():
         if name not in result:
             result[name] = measure()
@@ -904,7 +907,7 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
                                                      data["new_dump"], seed,
                                                      out / f"diagnostics-{folder}{texts_suffix(settings)}.json",
                                                      (data["corpus"], data["practice_people"]) if data["practice"] else None,
-                                                     settings.added_texts)  # fmt: skip
+                                                     settings.added_texts, settings.writer_passages_per_row)  # fmt: skip
     sizes = {split: sum(1 for _ in open(files[split], encoding="utf-8")) for split in ("train", "test", "added")}
     # this call's time: what a rerun with the same --out reuses (pre-training, fine-tuning) costs nothing here
     return {"seed": seed, "held_out": held, "questions": sizes, "results": results, "seconds_to_add": seconds,
