@@ -294,9 +294,11 @@ class WriterCollator:
         if not chosen:
             return batch
         more = self.pooled_passages(chosen, examples)
-        owners = [entity for entity, passage in chosen.items() for _ in (passage, *more.get(entity, ()))]
-        inputs = [self.writer_input(entity, p, fresh.get(entity))
-                  for entity, passage in chosen.items() for p in (passage, *more.get(entity, ()))]  # fmt: skip
+        owners, inputs = [], []  # an entity written from several passages reads the mean of their rows
+        for entity, passage in chosen.items():
+            for drawn in (passage, *more.get(entity, ())):
+                owners.append(entity)
+                inputs.append(self.writer_input(entity, drawn, fresh.get(entity)))
         width = max(map(len, inputs))
         pad = self.config.pad_token_id
         batch["written_entity_ids"] = torch.tensor(owners, dtype=torch.long)
@@ -358,9 +360,9 @@ class WriterCollator:
         self, every_entity: bool = False, max_passages: int | None = None
     ) -> tuple[list[int], list[list[list[int]]]]:
         """The entities whose table rows `write_rows_into_table` writes once training ends, and up to `max_passages`
-        (None: 4, or `passages_per_row` when more) writer inputs of each (the first passages, or with `passages_by_mentions` those that mention it most): the
-        written-only entities that have passages, or with `every_entity` every entity that has passages and a name
-        (the table written from text)."""
+        (None: 4, or `passages_per_row` when more) writer inputs of each (the first passages, or with
+        `passages_by_mentions` those that mention it most): the written-only entities that have passages, or with
+        `every_entity` every entity that has passages and a name (the table written from text)."""
         ids, inputs = [], []
         max_passages = max_passages or max(4, self.passages_per_row)
         entities = range(len(self.names)) if every_entity else np.flatnonzero(self.written_only).tolist()
