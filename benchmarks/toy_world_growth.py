@@ -210,13 +210,13 @@ def make_worlds(settings: GrowthSettings, seed: int, out: Path) -> dict:
     practice_set = set(practice)
     people = [name for name in people if name not in practice_set]
     held = sorted(random.Random(seed).sample(people, max(2, round(settings.held_out_fraction * len(people)))))
-    old = without_people(world, held)
-    if settings.practice_biographies:  # after without_people, which lists every person it keeps on place pages
-        world, old = (page_only_people(w, practice, settings.practice_biographies) for w in (world, old))
     worlds = ("practice_biographies", "practice_one_fact_pages", "practice_sentence_pages")
     if sum(bool(getattr(settings, name)) for name in worlds) > 1:
         raise ValueError(f"{', '.join('--' + name.replace('_', '-') for name in worlds)} are worlds of their own: "
                          "give one")  # fmt: skip
+    old = without_people(world, held)
+    if settings.practice_biographies:  # after without_people, which lists every person it keeps on place pages
+        world, old = (page_only_people(w, practice, settings.practice_biographies) for w in (world, old))
     if settings.practice_one_fact_pages:
         world, old = (one_fact_people(w, practice, settings.practice_one_fact_pages) for w in (world, old))
     if settings.practice_sentence_pages:
