@@ -87,6 +87,7 @@ from toy_world_qa import (  # noqa: E402
     hidden_rows,
     majority_answers,
     memory_hits,
+    memory_top_names,
     predict,
     pretrain_variant,
     pretraining_schedule,
@@ -565,7 +566,10 @@ def fact_rows(model_dir: Path, data_file: Path, new_dump: str) -> dict[str, floa
     """EM on the added people's questions with each subject's row written by the model's writer from only the
     sentences of their own page that hold the asked answer, one fact a row as the one-fact practice people's rows
     are: found by the memory (`plain`) and with the read forced onto it (`oracle`). Beside `oracle_read`, a miss of
-    rows written from whole biographies is then either six facts mixed in one row or a row not read."""
+    rows written from whole biographies is then either six facts mixed in one row or a row not read. Then every
+    fact's row of each person at once, an entity each (`"{name} ({relation})"`), their own rows hidden: EM
+    (`several`) and how often the memory's top row at the subject is one of the person's (`several_person_found`)
+    and the asked fact's (`several_fact_found`): whether the query picks a person's fact among their rows."""
     model = EDMemForConditionalGeneration.from_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     records = list(read_jsonl(data_file))
@@ -574,13 +578,16 @@ def fact_rows(model_dir: Path, data_file: Path, new_dump: str) -> dict[str, floa
     table = model.get_encoder().entity_embeddings.weight
     rows_as_grown = table.detach().clone()
     answers: dict[str, dict[str, str]] = {"plain": {}, "oracle": {}}
+    fact_texts: dict[tuple[str, str], list[str]] = {}
     with tempfile.TemporaryDirectory() as folder:
         for relation in sorted({record["relation"] for record in records}):  # one question a person each
             asked = [record for record in records if record["relation"] == relation]
             names = [record["link_target"][0] for record in asked]
-            texts = [[text for text in sentences[record["link_target"][0]] if record["answer"][0].lower() in text.lower()]
-                     for record in asked]  # fmt: skip
+            for record, name in zip(asked, names):
+                answer = record["answer"][0].lower()
+                fact_texts[name, relation] = [text for text in sentences[name] if answer in text.lower()]
             ids = [model.entity_vocab.id_of(name) for name in names]
+            texts = [fact_texts[name, relation] for name in names]
             write_rows_into_table(model, ids, writer_inputs(model, names, texts, tokenizer))
             asked_file = Path(folder) / f"{relation}.jsonl"
             asked_file.write_text("".join(json.dumps(record) + "\n" for record in asked), encoding="utf-8")
@@ -588,7 +595,23 @@ def fact_rows(model_dir: Path, data_file: Path, new_dump: str) -> dict[str, floa
             answers["oracle"].update(answer_questions(model, tokenizer, asked_file, subjects_only=True))
             with torch.no_grad():
                 table.copy_(rows_as_grown)
-    return {mode: em_of(given, data_file) for mode, given in answers.items()}
+    figures = {mode: em_of(given, data_file) for mode, given in answers.items()}
+    people_ids = [model.entity_vocab.id_of(name) for name in people]
+    keys = list(fact_texts)
+    rows = written_rows(model, writer_inputs(model, [name for name, _ in keys], list(fact_texts.values()), tokenizer))
+    add_entities(model, [f"{name} ({relation})" for name, relation in keys], rows=rows)
+    mask = torch.ones(model.config.entity_vocab_size, dtype=torch.bool)
+    mask[people_ids] = False
+    model.set_entity_mask(mask)
+    figures["several"] = em_of(answer_questions(model, tokenizer, data_file), data_file)
+    found = [name or "" for name in memory_top_names(model.eval(), tokenizer, data_file)]
+    subjects = [record["link_target"][0] for record in records]
+    figures["several_person_found"] = round(
+        100 * sum(f.startswith(f"{s} (") for f, s in zip(found, subjects)) / len(found), 2
+    )
+    asked = [f"{record['link_target'][0]} ({record['relation']})" for record in records]
+    figures["several_fact_found"] = round(100 * sum(f == a for f, a in zip(found, asked)) / len(found), 2)
+    return figures
 
 
 # Literal facts of 16 values each: enough people share a value for a linear probe to be fitted on 80 people.

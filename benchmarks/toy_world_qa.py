@@ -671,17 +671,22 @@ def memory_hits(model_dir: Path, data_file: Path, hidden: Sequence[str] = ()) ->
         mask = torch.ones(model.config.entity_vocab_size, dtype=torch.bool)
         mask[[model.entity_vocab.id_of(name) for name in hidden]] = False
         model.set_entity_mask(mask)
-    subjects = {record["id"]: record["link_target"][0] for record in read_jsonl(data_file)}
+    subjects = [record["link_target"][0] for record in read_jsonl(data_file)]
+    return [top == subject for top, subject in zip(memory_top_names(model, tokenizer, data_file), subjects)]
+
+
+def memory_top_names(model, tokenizer, data_file: Path) -> list[str | None]:
+    """For each question (file order): the name of the encoder memory's top entity at its marked subject, as `model`
+    (in eval mode, with its entity mask) finds it; None where the question has no marked subject."""
     rows = read_qa(data_file, model.entity_vocab)
-    hits = {}
+    tops = {}
     for begin in range(0, len(rows), 64):
         chunk = rows[begin : begin + 64]
         batch = tokenizer([in_running_text(q) for q in chunk["question"]], padding=True, return_tensors="pt")
         access = model.get_encoder()(**batch, output_attended_entities=True).memory_access
         for (row, _), top in zip(access.positions.tolist(), access.top_entity_ids[:, 0].tolist()):
-            question = chunk["id"][row]
-            hits[question] = model.entity_vocab.name_of(top) == subjects[question]
-    return [hits.get(question, False) for question in subjects]
+            tops.setdefault(chunk["id"][row], model.entity_vocab.name_of(top))  # the first mention: the subject
+    return [tops.get(record["id"]) for record in read_jsonl(data_file)]
 
 
 # --- scoring ----------------------------------------------------------------------------------------------------

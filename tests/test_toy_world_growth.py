@@ -242,7 +242,9 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     assert "written_facts" not in result["runs"][0]["results"]["diagnostics"]["default"]
     # the writer's rows of one fact each: every added question answered, the EM in range, found and forced
     fact_rows = result["runs"][0]["results"]["diagnostics"]["writer"]["fact_rows"]
-    assert set(fact_rows) == {"plain", "oracle"} and all(0.0 <= value <= 100.0 for value in fact_rows.values())
+    assert set(fact_rows) == {"plain", "oracle", "several", "several_person_found", "several_fact_found"}
+    assert all(0.0 <= value <= 100.0 for value in fact_rows.values())
+    assert fact_rows["several_fact_found"] <= fact_rows["several_person_found"]
     assert "fact_rows" not in result["runs"][0]["results"]["diagnostics"]["default"]
     trained = EDMemForConditionalGeneration.from_pretrained(models / "finetune")
     fitted = EDMemForConditionalGeneration.from_pretrained(models / "grown-fitted").model.entity_embeddings.weight
