@@ -46,7 +46,8 @@ people's rows replaced by rows written from their passages (their EM kept); *row
 the trained people's rows reading the added people's occupation and field from theirs; for the writer, *written
 facts*, the shares of its rows' variance that a sentence's name and its fact explain, and a probe at the fact, and
 *fact rows*, the added people's questions with each subject's row written from only the sentences holding the asked
-answer (found, and with the read forced onto it); with
+answer (found, and with the read forced onto it), and with every fact's row of each in the table at once (which the
+memory finds); with
 practice people, *name shape*, their questions answered (teacher-forced) through a row written in the batch, the
 subject under its own name, a fresh name of any entities' words, or a fresh name of people's words.
 Time to add 1,000 (and 100,000) entities is measured.
