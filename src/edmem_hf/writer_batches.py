@@ -204,10 +204,10 @@ class WriterCollator:
     def choose(self, examples: Sequence[dict]) -> tuple[dict[int, int], dict[int, list[int]]]:
         """The batch's written entities and the passage each is written from, `{entity id: passage index}`, and the
         fresh names of those renamed, `{entity id: name tokens}`."""
-        read = {int(example["example_index"]) for example in examples if "example_index" in example}
+        read = _passages_read(examples)
         entities = sorted({int(label) for example in examples for key in ("entity_labels", "decoder_entity_labels")
                            for label in (example.get(key) or ()) if label != IGNORE_INDEX})  # fmt: skip
-        rng = self._batch_rng(examples, *(int(example.get("epoch", 0)) for example in examples))
+        rng = self._epoch_rng(examples)
         first, then = [], []
         for entity in entities:
             if self.names[entity] is None:
@@ -236,8 +236,8 @@ class WriterCollator:
         `passages_per_row` is 1)."""
         if self.passages_per_row == 1:
             return {}
-        read = {int(example["example_index"]) for example in examples if "example_index" in example}
-        rng = self._batch_rng(examples, 0x9001, *(int(example.get("epoch", 0)) for example in examples))
+        read = _passages_read(examples)
+        rng = self._epoch_rng(examples, 0x9001)
         more = {}
         for entity, first in chosen.items():
             others = [p for p in self.entity_passages.of(entity).tolist() if p not in read and p != first]
@@ -275,6 +275,10 @@ class WriterCollator:
         one drew for the same batch."""
         tokens = np.concatenate([np.asarray(example["input_ids"], dtype=np.int64) for example in examples])
         return np.random.default_rng([self.seed, zlib.crc32(tokens.tobytes()), *salt])
+
+    def _epoch_rng(self, examples: Sequence[dict], *salt: int) -> np.random.Generator:
+        """`_batch_rng` salted with the examples' epochs too: the same passages read in another epoch draw anew."""
+        return self._batch_rng(examples, *salt, *(int(example.get("epoch", 0)) for example in examples))
 
     def _fresh_name(self, rng: np.random.Generator) -> str | None:
         """The first word of one entity's name and the last of another's, a name no entity has (None if ten draws
@@ -422,6 +426,11 @@ def _renamed_example(example: dict, fresh: dict[int, list[int]], config: Any) ->
         example[ids_key], example[labels_key] = renamed(list(example[ids_key]), list(example[labels_key]), fresh,
                                                         config)  # fmt: skip
     return example
+
+
+def _passages_read(examples: Sequence[dict]) -> set[int]:
+    """The passages a batch reads (its examples' `example_index`; a question is none): never written from."""
+    return {int(example["example_index"]) for example in examples if "example_index" in example}
 
 
 def _passage_not_read(
