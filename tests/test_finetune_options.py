@@ -96,6 +96,8 @@ def test_missing_folders_and_files_are_named(files, capsys):
     pooled = _argv(files, "--writer_passages_per_row", "3")
     refused = "--writer_passages_per_row pools rows written from a corpus: give --writer_corpus"
     assert refused in _refused(capsys, pooled)
+    none = _argv(files, "--writer_passages_per_row", "0")
+    assert "--writer_passages_per_row 0: give 1 or more" in _refused(capsys, none)
 
 
 def test_edmem_lists_finetune(capsys):

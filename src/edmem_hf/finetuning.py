@@ -343,10 +343,10 @@ def parse_arguments(
             parser.error(f"{option} {path}: no such file")
     if model_args.frozen_writer and model_args.writer_corpus is None:
         parser.error("--frozen_writer writes the table from a corpus: give --writer_corpus")
-    if model_args.writer_passages_per_row != 1 and model_args.writer_corpus is None:
-        parser.error("--writer_passages_per_row pools rows written from a corpus: give --writer_corpus")
     if model_args.writer_passages_per_row < 1:
         parser.error(f"--writer_passages_per_row {model_args.writer_passages_per_row}: give 1 or more")
+    if model_args.writer_passages_per_row != 1 and model_args.writer_corpus is None:
+        parser.error("--writer_passages_per_row pools rows written from a corpus: give --writer_corpus")
     if model_args.writer_corpus is not None and not os.path.isdir(os.path.join(model_args.writer_corpus, "passages")):
         parser.error(f"--writer_corpus {model_args.writer_corpus}: not an edmem build-corpus folder (no passages/)")
     if not task.reads_answer_links:
