@@ -176,6 +176,7 @@ class GrowthSettings:
     row_autoencoding_written_only: bool = False  # ... only passages about written-only (practice) entities
     writer_passages_by_mentions: bool = False  # the writer's training writes from passages that mention most
     writer_passages_per_row: int = 1  # the writer's training: each written row the mean of this many passages' rows
+    writer_pools_texts: bool = True  # ... False: a row each of those passages, the query choosing among them
     entity_key_dim: int | None = None  # the writer's model: a row's columns that queries score (the rest its value)
     writer_dropout: float | None = None  # the writer's model's pre-training dropout (None: every model's, 0.1)
     # what the writer writes an added (and a rewritten) person's row from: "passages", the windows around their
@@ -570,7 +571,10 @@ def fact_rows(model_dir: Path, data_file: Path, new_dump: str) -> dict[str, floa
     rows written from whole biographies is then either six facts mixed in one row or a row not read. Then every
     fact's row of each person at once, an entity each (`"{name} ({relation})"`), their own rows hidden: EM
     (`several`) and how often the memory's top row at the subject is one of the person's (`several_person_found`)
-    and the asked fact's (`several_fact_found`): whether the query picks a person's fact among their rows."""
+    and the asked fact's (`several_fact_found`): whether the query picks a person's fact among their rows. Last,
+    every sentence of each person's own page a row, an entity each, with no knowledge of which states the asked fact
+    (`sentence_rows`, `sentence_rows_person_found`): how entities are added to a model trained with a row a passage
+    (`--writer-rows-apart`)."""
     model = EDMemForConditionalGeneration.from_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     records = list(read_jsonl(data_file))
@@ -597,22 +601,41 @@ def fact_rows(model_dir: Path, data_file: Path, new_dump: str) -> dict[str, floa
             with torch.no_grad():
                 table.copy_(rows_as_grown)
     figures = {mode: em_of(given, data_file) for mode, given in answers.items()}
-    people_ids = [model.entity_vocab.id_of(name) for name in people]
-    keys = list(fact_texts)
-    rows = written_rows(model, writer_inputs(model, [name for name, _ in keys], list(fact_texts.values()), tokenizer))
-    add_entities(model, [f"{name} ({relation})" for name, relation in keys], rows=rows)
+    several = rows_as_entities(model_dir, data_file, fact_texts)
+    figures["several"], figures["several_person_found"] = several["em"], several["person_found"]
+    asked = [(record["link_target"][0], record["relation"]) for record in records]
+    figures["several_fact_found"] = round(100 * sum(f == a for f, a in zip(several["found"], asked)) / len(asked), 2)
+    by_sentence = {(name, str(i)): [text] for name in people for i, text in enumerate(sentences[name])}
+    sentence_rows = rows_as_entities(model_dir, data_file, by_sentence)
+    figures["sentence_rows"], figures["sentence_rows_person_found"] = (
+        sentence_rows["em"],
+        sentence_rows["person_found"],
+    )
+    return figures
+
+
+def rows_as_entities(model_dir: Path, data_file: Path, texts: dict[tuple[str, str], list[str]]) -> dict:
+    """The people of `data_file` each read through several rows the writer writes, an entity each: `texts[name,
+    label]` the texts of one row of `name` (entity `"{name} ({label})"`), their own rows hidden. EM on their
+    questions (`em`), how often the memory's top row at the subject is one of the person's (`person_found`), and the
+    `(name, label)` of that row at each question, in order (`found`; None where it is none of these)."""
+    model = EDMemForConditionalGeneration.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    records = list(read_jsonl(data_file))
+    people_ids = [model.entity_vocab.id_of(name) for name in {record["link_target"][0] for record in records}]
+    keys = list(texts)
+    rows = written_rows(model, writer_inputs(model, [name for name, _ in keys], list(texts.values()), tokenizer))
+    entity_names = [f"{name} ({label})" for name, label in keys]
+    add_entities(model, entity_names, rows=rows)
     mask = torch.ones(model.config.entity_vocab_size, dtype=torch.bool)
     mask[people_ids] = False
     model.set_entity_mask(mask)
-    figures["several"] = em_of(answer_questions(model, tokenizer, data_file), data_file)
-    found = [name or "" for name in memory_top_names(model.eval(), tokenizer, data_file)]
+    em = em_of(answer_questions(model, tokenizer, data_file), data_file)
+    key_of = dict(zip(entity_names, keys))
+    found = [key_of.get(name) for name in memory_top_names(model.eval(), tokenizer, data_file)]
     subjects = [record["link_target"][0] for record in records]
-    figures["several_person_found"] = round(
-        100 * sum(f.startswith(f"{s} (") for f, s in zip(found, subjects)) / len(found), 2
-    )
-    asked = [f"{record['link_target'][0]} ({record['relation']})" for record in records]
-    figures["several_fact_found"] = round(100 * sum(f == a for f, a in zip(found, asked)) / len(found), 2)
-    return figures
+    person_found = sum(key is not None and key[0] == subject for key, subject in zip(found, subjects))
+    return {"em": em, "person_found": round(100 * person_found / len(found), 2), "found": found}
 
 
 # Literal facts of 16 values each: enough people share a value for a linear probe to be fitted on 80 people.
@@ -822,7 +845,8 @@ def writer_folder(settings: GrowthSettings) -> str:
         name += f"-row-autoencoding-{settings.row_autoencoding_share}"
         name += "-written-only" if settings.row_autoencoding_written_only else ""
     name += "-by-mentions" if settings.writer_passages_by_mentions else ""
-    name += f"-pooled-{settings.writer_passages_per_row}" if settings.writer_passages_per_row != 1 else ""
+    if settings.writer_passages_per_row != 1:
+        name += f"-{'pooled' if settings.writer_pools_texts else 'rows'}-{settings.writer_passages_per_row}"
     name += "-names-like-written-only" if settings.fresh_names_like_written_only else ""
     name += f"-share-{settings.written_row_share}" if settings.written_row_share != 0.5 else ""
     name += f"-decoys-{settings.writer_decoy_rows}" if settings.writer_decoy_rows else ""
@@ -878,6 +902,7 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
                                   row_autoencoding_written_only=settings.row_autoencoding_written_only,
                                   writer_passages_by_mentions=settings.writer_passages_by_mentions,
                                   writer_passages_per_row=settings.writer_passages_per_row,
+                                  writer_pools_texts=settings.writer_pools_texts,
                                   fresh_names_like_written_only=settings.fresh_names_like_written_only,
                                   writer_decoy_rows=settings.writer_decoy_rows,
                                   entity_key_dim=settings.entity_key_dim, **balance, **writer_dropout(settings))  # fmt: skip
@@ -1126,6 +1151,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--writer-passages-per-row", type=int,
                         help="the writer's training: each written row the mean of the rows written from this many "
                              "passages (default: 1)")  # fmt: skip
+    parser.add_argument("--writer-rows-apart", dest="writer_pools_texts", action="store_false", default=None,
+                        help="the writer's training: the passages of --writer-passages-per-row each a row of their "
+                             "own, the query choosing among them (`edmem pretrain --writer_pools_texts false`)")  # fmt: skip
     parser.add_argument("--entity-key-dim", type=int,
                         help="the writer's model: the columns of a row that queries score, its key; the rest are its "
                              "value, read by the memory (default: all, the paper's row)")  # fmt: skip
@@ -1160,7 +1188,7 @@ def main(argv: list[str] | None = None) -> int:
                 "practice_share",
                 "practice_questions_people", "written_table", "row_autoencoding_share",
                 "row_autoencoding_written_only", "writer_passages_by_mentions", "writer_passages_per_row",
-                "entity_key_dim", "writer_dropout",
+                "writer_pools_texts", "entity_key_dim", "writer_dropout",
                 "added_texts", "fresh_names_like_written_only", "writer_decoy_rows", "reader_steps", "reader_names_like_written_only",
                 "reader_row_autoencoding_share"):  # fmt: skip
         if getattr(args, key) is not None:
@@ -1207,6 +1235,7 @@ def main(argv: list[str] | None = None) -> int:
         f"row_autoencoding_written_only={int(settings.row_autoencoding_written_only)}",
         f"writer_passages_by_mentions={int(settings.writer_passages_by_mentions)}",
         f"writer_passages_per_row={settings.writer_passages_per_row}",
+        f"writer_pools_texts={int(settings.writer_pools_texts)}",
         f"entity_key_dim={settings.entity_key_dim}",
         f"writer_dropout={settings.writer_dropout}",
         f"added_texts={settings.added_texts}",

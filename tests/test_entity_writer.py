@@ -106,6 +106,52 @@ def test_written_rows_in_the_top_k_read_and_report():
     assert torch.allclose(result.read, torch.einsum("mk,mkd->md", weights, full[expected_ids]), atol=1e-5)
 
 
+def test_an_entity_of_several_written_rows_reads_each_and_is_scored_by_all():
+    """An id given several times in `WrittenRows` (a row a passage): the attention spreads over each of its rows as
+    over table rows, the replaced table row is not read, and the gold's score is the log-sum-exp of its rows', in
+    the full read (read, log-partition, NLL, gradients against the dense formula) and in the top-k read."""
+    torch.manual_seed(3)
+    queries = torch.randn(7, 10, dtype=torch.float64, requires_grad=True)
+    table = torch.randn(31, 10, dtype=torch.float64, requires_grad=True)
+    ids = torch.tensor([4, 4, 4, 9, 20, 20])
+    rows = torch.randn(len(ids), 10, dtype=torch.float64, requires_grad=True)
+    gold = torch.tensor([4, 9, 20, 5, -100, 4, 20])
+    written = WrittenRows(ids, rows)
+    upstream = torch.randn(7, 10, dtype=torch.float64)
+
+    def run(fast: bool):
+        queries.grad = table.grad = rows.grad = None
+        if fast:
+            read, lse, nll, _, _ = entity_attention(queries, table, labels=gold, chunk_size=8, written_rows=written)
+        else:
+            read, lse = dense_entity_attention(queries, table, written_rows=written)
+            scores = torch.cat([queries @ table.t(), queries @ rows.t()], dim=1)  # table columns, then written rows
+            owner = torch.cat([torch.arange(31), ids])
+            replaced = torch.isin(torch.arange(31), ids)
+            gold_columns = (owner[None] == gold[:, None]) & ~torch.cat([replaced, torch.zeros(6, dtype=torch.bool)])
+            labelled = gold >= 0
+            nll = lse.double()[labelled] - scores.masked_fill(~gold_columns, float("-inf")).logsumexp(-1)[labelled]
+        ((read * upstream).sum() + nll.sum()).backward()
+        return read.detach(), lse.detach().double(), nll.detach().double(), queries.grad, table.grad, rows.grad
+
+    fast, dense = run(True), run(False)
+    for name, a, b in zip(("read", "lse", "nll", "d queries", "d table", "d rows"), fast, dense):
+        assert torch.allclose(a, b, atol=1e-6), name
+    assert fast[4][ids].abs().max() == 0 and (fast[5].abs().sum(-1) > 0).all()  # every written row is read
+    # top-k: each row competes on its own, an entity may hold several places
+    with torch.no_grad():
+        result = entity_attention(queries, table, top_k=6, return_top_k=6, chunk_size=8, written_rows=written)
+        columns = torch.cat([table.index_fill(0, ids, 0.0), rows])
+        scores = (queries @ columns.t()).masked_fill(
+            torch.cat([torch.isin(torch.arange(31), ids), torch.zeros(6, dtype=torch.bool)]), float("-inf")
+        )
+        best, where = scores.topk(6, dim=1)
+        assert torch.allclose(result.top_scores.double(), best, atol=1e-6)
+        assert torch.equal(result.top_ids, torch.cat([torch.arange(31), ids])[where])
+        expected = torch.einsum("mk,mkd->md", torch.softmax(best, dim=-1), columns[where])
+        assert torch.allclose(result.read, expected, atol=1e-6)
+
+
 # --- the model -------------------------------------------------------------------------------------------------
 
 
@@ -157,6 +203,13 @@ def test_a_handed_row_is_the_encoder_memorys_read_at_its_mention():
     others = torch.ones_like(mentions)
     others[0, 7] = False
     assert torch.equal(handed[others], searched[others])
+    # an entity of several written rows hands the query's attention over its rows alone
+    several = WrittenRows(torch.tensor([7, 12, 12]), torch.randn(3, table.shape[1]), read_at)
+    handed, _ = memory(hidden, mentions, table, written_rows=several)
+    both = table.index_copy(0, torch.tensor([12, 13]), several.rows[1:])
+    only[13] = True
+    alone, _ = memory(hidden, mentions, both, entity_mask=only)
+    assert torch.allclose(handed[0, 7], alone[0, 7], atol=1e-6)
     # through the model: the handed read reaches the writer's gradient; an entity without a written row is refused
     fields = {**writer_fields(), "written_read_entity_ids": torch.full_like(batch["input_ids"], -100)}
     fields["written_read_entity_ids"][0, 2] = 7

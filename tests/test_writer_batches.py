@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from datasets import load_from_disk
+from huggingface_hub.errors import StrictDataclassClassValidationError
 
 from edmem_hf import EDMemForConditionalGeneration, EntityVocab
 from edmem_hf.collator import EDMemMaskingCollator
@@ -374,6 +375,14 @@ def test_a_pooled_row_is_the_mean_of_rows_from_passages_the_batch_does_not_read(
     written = model._written_rows(torch.tensor([3, 2, 2]), texts[order], mask[order], None, None)
     assert written.ids.tolist() == [2, 3]
     torch.testing.assert_close(written.rows, torch.stack([(rows[0] + rows[1]) / 2, rows[2]]))
+    # with writer_pools_texts off, each text is a row of its own, in the order given
+    apart = EDMemForConditionalGeneration(replace(plain.config, entity_row_writer=True, writer_pools_texts=False))
+    apart.load_state_dict(model.state_dict())
+    written = apart.eval()._written_rows(torch.tensor([3, 2, 2]), texts[order], mask[order], None, None)
+    assert written.ids.tolist() == [3, 2, 2]
+    torch.testing.assert_close(written.rows, rows[order])
+    with pytest.raises(StrictDataclassClassValidationError, match="writer_pools_texts=False .* needs entity_row_wri"):
+        replace(plain.config, writer_pools_texts=False)
 
 
 def test_passages_by_mentions_are_drawn_in_proportion_to_the_entity_s_mentions():

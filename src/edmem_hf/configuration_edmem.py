@@ -66,6 +66,10 @@ class EDMemConfig(PreTrainedConfig):
             head on the encoder's lower layers that turns a text about an entity, `<E_s> name <E_e> passage`, into a
             row of the entity table, for entities added after training and for training that reads written rows
             (docs/model.md, "Entities written from text"). Off: the paper's model, unchanged.
+        writer_pools_texts (`bool`): with the writer, how a batch that writes an entity from several texts is read:
+            `True`, one row, the mean of the texts' rows; `False`, a row a text, the memory attending to each and
+            the entity scored by the log-sum-exp of its rows, so that the query learns to choose among an entity's
+            rows (docs/model.md, "A row a passage").
     """
 
     model_type = "edmem"
@@ -111,6 +115,7 @@ class EDMemConfig(PreTrainedConfig):
     variant: str = "edmem"
     lower_decoder_attends_to: str = "upper"
     entity_row_writer: bool = False
+    writer_pools_texts: bool = True
     use_cache: bool = True
     pad_token_id: int | None = 1
     bos_token_id: int | None = 0
@@ -162,6 +167,10 @@ class EDMemConfig(PreTrainedConfig):
             )
         if self.entity_row_writer and self.variant != "edmem":
             raise ValueError(f"entity_row_writer is built on the full EDMem (variant 'edmem'), not {self.variant!r}")
+        if not self.writer_pools_texts and not self.entity_row_writer:
+            raise ValueError(
+                "writer_pools_texts=False says how written rows are read: it needs entity_row_writer=True"
+            )
         for name in ("memory_dropout", "upper_input_dropout"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")

@@ -18,10 +18,14 @@ TOP_K_SCORE_BUDGET = 1 << 24
 
 
 class WrittenRows(NamedTuple):
-    """Rows that replace the table rows of some entities in one forward pass: `ids` `(K,)` distinct entity ids,
-    `rows` `(K, d)` their rows (written from text, with gradients). The table itself is not touched. An entity mask
+    """Rows that replace the table rows of some entities in one forward pass: `ids` `(K,)` entity ids, `rows`
+    `(K, d)` their rows (written from text, with gradients). The table itself is not touched. An entity mask
     hides table rows: a written row is read (and its entity predicted) even where its table row is hidden, so that
     entities that only ever have written rows can keep their table rows out of the memory.
+
+    An id given more than once has several rows, each read on its own: the attention spreads over every row, and
+    the entity's score (the linking loss's gold) is the log-sum-exp of its rows' scores, so that the query may
+    choose among an entity's rows (TOME's memory holds mentions, several an entity).
 
     `read_at` (optional, `(batch, seq)` over the encoder's input): an entity id at each `<E_s>` whose memory read is
     that entity's written row itself, whatever the query finds (-100 elsewhere): the row handed to the reader, as
@@ -33,11 +37,15 @@ class WrittenRows(NamedTuple):
     read_at: torch.Tensor | None = None
 
 
-def with_handed_rows(read: torch.Tensor, entities: torch.Tensor, written: WrittenRows) -> torch.Tensor:
-    """`read` `(M, d)` with the mentions whose `entities` `(M,)` have a written row reading that row instead."""
-    slots = _slots(entities.to(written.ids.device), written.ids)
-    handed = written.rows[slots.clamp_min(0)].to(read.dtype)
-    return torch.where((slots >= 0)[:, None], handed, read)
+def with_handed_rows(
+    read: torch.Tensor, queries: torch.Tensor, entities: torch.Tensor, written: WrittenRows
+) -> torch.Tensor:
+    """`read` `(M, d)` with the mentions whose `entities` `(M,)` have written rows reading those rows instead: the
+    attention of their `queries` `(M, d)` over that entity's rows alone (an entity of one row: the row itself)."""
+    own = written.ids[None, :] == entities.to(written.ids.device)[:, None]  # (M, K)
+    scores = (queries.to(written.rows.dtype) @ written.rows.t()).float().masked_fill(~own, float("-inf"))
+    handed = (torch.softmax(scores, dim=-1).nan_to_num(0.0) @ written.rows.float()).to(read.dtype)
+    return torch.where(own.any(-1)[:, None], handed, read)
 
 
 def dense_entity_attention(
@@ -46,20 +54,25 @@ def dense_entity_attention(
     entity_mask: torch.Tensor | None = None,
     written_rows: WrittenRows | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The textbook formula with a full `(M, N)` score matrix: the reference that `entity_attention` must equal.
+    """The textbook formula with a full score matrix: the reference that `entity_attention` must equal.
 
     Returns the read `softmax(q E^T) E` `(M, d)` and the log-partition `logsumexp(q E^T)` `(M,)`, where `E` is the
-    table with `written_rows` copied over their ids' rows (shown whatever `entity_mask` says).
+    table without the rows of `written_rows.ids`, followed by the written rows (shown whatever `entity_mask` says).
     """
+    shown = torch.ones(table.shape[0], dtype=torch.bool, device=table.device) if entity_mask is None else entity_mask
     if written_rows is not None:
-        table = table.index_copy(0, written_rows.ids, written_rows.rows.to(table.dtype))
-        if entity_mask is not None:
-            entity_mask = entity_mask.index_fill(0, written_rows.ids, True)
-    scores = (queries @ table.t()).float()
-    if entity_mask is not None:
-        scores = scores.masked_fill(~entity_mask, float("-inf"))
+        shown = shown.index_fill(0, written_rows.ids, False)
+        table = torch.cat([table, written_rows.rows.to(table.dtype)])
+        shown = torch.cat([shown, shown.new_ones(written_rows.ids.shape[0])])
+    scores = (queries @ table.t()).float().masked_fill(~shown, float("-inf"))
     read = torch.softmax(scores, dim=-1) @ table.float()
     return read.to(queries.dtype), torch.logsumexp(scores, dim=-1)
+
+
+def _written_gold_scores(written_scores: torch.Tensor, ids: torch.Tensor, gold: torch.Tensor) -> torch.Tensor:
+    """`(M,)`: each query's score of its `gold` entity's written rows, from `written_scores` `(M, K)` of the rows
+    `ids` `(K,)`: the log-sum-exp over them when an entity has several (-inf where the gold has none)."""
+    return written_scores.masked_fill(ids[None, :] != gold[:, None], float("-inf")).logsumexp(-1)
 
 
 class EntityAttentionResult(NamedTuple):
@@ -186,6 +199,7 @@ def _attention_with_written_rows(
                 top_scores, top_ids = chunked_top_k(queries, table, k, table_mask, chunk_size)
             best_written, slots = written_scores.topk(min(k, ids.shape[0]), dim=1)
             top_scores, order = torch.cat([top_scores, best_written], dim=1).topk(k, dim=1)
+            top_slots = torch.cat([torch.full_like(top_ids, -1), slots], dim=1).gather(1, order)  # -1: a table row
             top_ids = torch.cat([top_ids, ids[slots]], dim=1).gather(1, order)
 
     gold = torch.full((queries.shape[0],), -1, dtype=torch.long, device=queries.device)
@@ -208,13 +222,11 @@ def _attention_with_written_rows(
             table_share = (table_lse - finite).exp()[:, None]
             read = (table_share * table_read.float() + written_probs @ rows.float()).to(queries.dtype)
         if labels is not None:
-            rows_of_gold = (queries.to(rows.dtype) * rows[gold_slot.clamp_min(0)]).sum(-1).float()
-            gold_scores = torch.where(gold_slot >= 0, rows_of_gold, table_gold)
+            gold_scores = torch.where(gold_slot >= 0, _written_gold_scores(written_scores, ids, gold), table_gold)
             labelled = gold >= 0
             nll = log_partition[labelled] - gold_scores[labelled]
     if compute_read and not full_read:
-        candidate_ids = top_ids[:, :top_k]
-        slots = _slots(candidate_ids, ids)
+        candidate_ids, slots = top_ids[:, :top_k], top_slots[:, :top_k]
         candidates = torch.where((slots >= 0)[..., None], rows[slots.clamp_min(0)], table[candidate_ids])
         scores = torch.einsum("md,mkd->mk", queries.to(table.dtype), candidates).float()
         visible = torch.where(slots >= 0, True, table_mask[candidate_ids])

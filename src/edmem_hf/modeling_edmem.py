@@ -132,9 +132,11 @@ class EntityMemory(nn.Module):
         if positions.shape[0] == 0:
             upper_input = self.upper_input_dropout(self.layer_norm(hidden_states))
             return upper_input, _empty_access(positions, hidden_states, need_nll)
-        queries = self.projection_dropout(self.query_proj(hidden_states[mention_mask]))
+        queries = key_queries(
+            self.projection_dropout(self.query_proj(hidden_states[mention_mask])), entity_table.shape[-1]
+        )
         result = entity_attention(
-            key_queries(queries, entity_table.shape[-1]),
+            queries,
             entity_table,
             labels=entity_labels[mention_mask] if need_nll else None,
             entity_mask=entity_mask,
@@ -147,7 +149,7 @@ class EntityMemory(nn.Module):
         )
         read = result.read
         if written_rows is not None and written_rows.read_at is not None:
-            read = with_handed_rows(read, written_rows.read_at[mention_mask], written_rows)
+            read = with_handed_rows(read, queries, written_rows.read_at[mention_mask], written_rows)
         update = torch.zeros_like(hidden_states)
         read = self.projection_dropout(self.output_proj(read.to(hidden_states.dtype)))
         update[mention_mask] = read.to(update.dtype)  # autocast
@@ -1010,8 +1012,9 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
         self, written_entity_ids, writer_input_ids, writer_attention_mask, written_read_entity_ids, input_ids
     ) -> WrittenRows | None:
         """The written rows a batch asks for: `written_entity_ids[i]` reads the row written from
-        `writer_input_ids[i]` (an id given several times, the mean of its rows), handed to the mentions of
-        `written_read_entity_ids` (`writer_batches.WriterCollator` makes these fields)."""
+        `writer_input_ids[i]` (an id given several times: the mean of its rows, or with `config.writer_pools_texts`
+        off, each row on its own), handed to the mentions of `written_read_entity_ids` (`writer_batches.WriterCollator`
+        makes these fields)."""
         if written_entity_ids is None:
             if writer_input_ids is not None or written_read_entity_ids is not None:
                 raise ValueError("writer fields were given without written_entity_ids, the entities they write")
@@ -1032,6 +1035,8 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
                 )
         rows = self.write_entity_rows(writer_input_ids, writer_attention_mask)
         distinct, owner = ids.unique(return_inverse=True)
+        if distinct.numel() != ids.numel() and not self.config.writer_pools_texts:
+            return WrittenRows(ids, rows, written_read_entity_ids)
         if distinct.numel() != ids.numel():  # rows pooled from several texts: their mean
             counts = torch.bincount(owner, minlength=distinct.numel()).to(rows.dtype)
             rows = rows.new_zeros(distinct.numel(), rows.shape[1]).index_add(0, owner, rows) / counts[:, None]

@@ -95,6 +95,14 @@ class PretrainingArguments:
         default=None,
         metadata={"help": "A writer of entity rows, trained to write rows the memory reads (docs/model.md)."},
     )
+    writer_pools_texts: bool | None = field(
+        default=None,
+        metadata={
+            "help": "With the writer: an entity written from several passages in a batch reads the mean of their "
+            "rows (true, the default) or each row on its own, scored by their log-sum-exp, so that the query "
+            "chooses among them (false; docs/model.md, 'A row a passage')."
+        },
+    )
     # --- training with the writer of entity rows (a model with entity_row_writer) ---
     written_row_share: float = field(
         default=0.5, metadata={"help": "Share of a batch's entities read through a row written from another passage."}
@@ -142,8 +150,9 @@ class PretrainingArguments:
     writer_passages_per_row: int = field(
         default=1,
         metadata={
-            "help": "Each written row the mean of the rows written from up to this many passages (the batch reads "
-            "none of them), and the table written from as many (docs/model.md)."
+            "help": "Each written entity read through the rows written from up to this many passages (the batch "
+            "reads none of them): their mean, or each on its own with --writer_pools_texts false; the table "
+            "written from as many, their mean (docs/model.md)."
         },
     )
     frozen_writer: bool = field(
@@ -502,6 +511,7 @@ _ARCH_FIELDS = (
     "entity_loss_reduction",
     "variant",
     "entity_row_writer",
+    "writer_pools_texts",
 )
 
 
