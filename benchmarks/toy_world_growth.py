@@ -571,10 +571,7 @@ def fact_rows(model_dir: Path, data_file: Path, new_dump: str) -> dict[str, floa
     rows written from whole biographies is then either six facts mixed in one row or a row not read. Then every
     fact's row of each person at once, an entity each (`"{name} ({relation})"`), their own rows hidden: EM
     (`several`) and how often the memory's top row at the subject is one of the person's (`several_person_found`)
-    and the asked fact's (`several_fact_found`): whether the query picks a person's fact among their rows. Last,
-    every sentence of each person's own page a row, an entity each, with no knowledge of which states the asked fact
-    (`sentence_rows`, `sentence_rows_person_found`): how entities are added to a model trained with a row a passage
-    (`--writer-rows-apart`)."""
+    and the asked fact's (`several_fact_found`): whether the query picks a person's fact among their rows."""
     model = EDMemForConditionalGeneration.from_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     records = list(read_jsonl(data_file))
@@ -605,13 +602,19 @@ def fact_rows(model_dir: Path, data_file: Path, new_dump: str) -> dict[str, floa
     figures["several"], figures["several_person_found"] = several["em"], several["person_found"]
     asked = [(record["link_target"][0], record["relation"]) for record in records]
     figures["several_fact_found"] = round(100 * sum(f == a for f, a in zip(several["found"], asked)) / len(asked), 2)
-    by_sentence = {(name, str(i)): [text] for name in people for i, text in enumerate(sentences[name])}
-    sentence_rows = rows_as_entities(model_dir, data_file, by_sentence)
-    figures["sentence_rows"], figures["sentence_rows_person_found"] = (
-        sentence_rows["em"],
-        sentence_rows["person_found"],
-    )
     return figures
+
+
+def sentence_rows(model_dir: Path, data_file: Path, new_dump: str) -> dict[str, float]:
+    """Every sentence of each added person's own page a row, an entity each (`"{name} (i)"`), their own rows hidden,
+    with no knowledge of which sentence states what: EM on their questions (`em`) and how often the memory's top row
+    at the subject is one of the person's (`person_found`). How entities are added to a model trained with a row a
+    passage (`--writer-rows-apart`); beside `fact_rows`' `several`, whose rows are chosen by the asked answer."""
+    people = sorted({record["link_target"][0] for record in read_jsonl(data_file)})
+    sentences = own_page_sentences(list(iter_parsed_pages(new_dump)), people)
+    texts = {(name, str(i)): [text] for name, own in zip(people, sentences) for i, text in enumerate(own)}
+    figures = rows_as_entities(model_dir, data_file, texts)
+    return {"em": figures["em"], "person_found": figures["person_found"]}
 
 
 def rows_as_entities(model_dir: Path, data_file: Path, texts: dict[tuple[str, str], list[str]]) -> dict:
@@ -817,6 +820,7 @@ def diagnostics(trained: Path, grown: Path, estimator: str, files: dict[str, Pat
             "row_content": lambda: row_content(grown, [files["train"], files["test"]], files["added"])}  # fmt: skip
     if estimator == WRITER:
         todo["fact_rows"] = lambda: fact_rows(grown, files["added"], new_dump)
+        todo["sentence_rows"] = lambda: sentence_rows(grown, files["added"], new_dump)
         asked = [files[split] for split in ("train", "test", "added")]
         todo["written_facts"] = lambda: written_facts(
             trained, {person for r in PROBED_RELATIONS for person in _facts_by_person(asked, r)}, seed

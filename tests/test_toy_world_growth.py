@@ -171,7 +171,7 @@ def test_written_facts_says_when_the_names_allow_too_few_new_ones(bench, tmp_pat
         bench.written_facts(tmp_path / "model", people, seed=0)
 
 
-WRITER_FOLDER = "writer-row-autoencoding-0.5-written-only-by-mentions-pooled-2-names-like-written-only-decoys-2-key-8"
+WRITER_FOLDER = "writer-row-autoencoding-0.5-written-only-by-mentions-rows-2-names-like-written-only-decoys-2-key-8"
 
 
 def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
@@ -181,7 +181,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
             "--finetune-learning-rate", "1e-2", "--d-model", "32", "--fit-steps", "3",
             "--questions-in-batches", "--recipe", "masked_spans", "--practice-people", "3", "--row-autoencoding-share", "0.5",
             "--row-autoencoding-written-only", "--writer-passages-by-mentions", "--writer-passages-per-row", "2",
-            "--entity-key-dim", "8",
+            "--writer-rows-apart", "--entity-key-dim", "8",
             "--fresh-names-like-written-only", "--writer-decoy-rows", "2", "--reader-steps", "5",
             "--reader-row-autoencoding-share", "0.5", "--practice-biographies", "2", "--practice-share", "0.5",
             "--practice-questions-people", "2", "--added-texts", "own-sentences", "--timed-additions", "10"]  # fmt: skip
@@ -246,6 +246,13 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     assert all(0.0 <= value <= 100.0 for value in fact_rows.values())
     assert fact_rows["several_fact_found"] <= fact_rows["several_person_found"]
     assert "fact_rows" not in result["runs"][0]["results"]["diagnostics"]["default"]
+    # a row each sentence of the added people's pages (the writer's model keeps a row a passage apart)
+    sentence_rows = result["runs"][0]["results"]["diagnostics"]["writer"]["sentence_rows"]
+    assert set(sentence_rows) == {"em", "person_found"} and all(0 <= v <= 100 for v in sentence_rows.values())
+    assert (
+        EDMemForConditionalGeneration.from_pretrained(models / f"pretrain-{WRITER_FOLDER}").config.writer_pools_texts
+        is False
+    )
     trained = EDMemForConditionalGeneration.from_pretrained(models / "finetune")
     fitted = EDMemForConditionalGeneration.from_pretrained(models / "grown-fitted").model.entity_embeddings.weight
     mean = EDMemForConditionalGeneration.from_pretrained(models / "grown-mean_query").model.entity_embeddings.weight
@@ -287,7 +294,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
         f"RESULT seeds=1 people_added={len(held)} practice_people=3 practice_biographies=2 practice_one_fact_pages=0 "
         "practice_sentence_pages=0 practice_share=0.5 practice_questions_people=2 pretrain_steps=30 written_table=0 "
         "row_autoencoding_share=0.5 row_autoencoding_written_only=1 writer_passages_by_mentions=1 "
-        "writer_passages_per_row=2 entity_key_dim=8 writer_dropout=None added_texts=own-sentences "
+        "writer_passages_per_row=2 writer_pools_texts=0 entity_key_dim=8 writer_dropout=None added_texts=own-sentences "
         "fresh_names_like_written_only=1 writer_decoy_rows=2 written_row_share=0.5 reader_steps=5 "
         "reader_names_like_written_only=0 reader_row_autoencoding_share=0.5 "
     )
@@ -295,7 +302,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
                 "added_over_trained_em_with_floor", "added_recall", "row_swap_follow", "writer_cost_on_trained_em",
                 "seconds_to_add_10_writer", "estimator=writer", "trained_memory_recall_practice_rows_hidden_writer",
                 "practice_em_writer_before", "passage_facts_uniform", "passage_facts_by_mentions",
-                "name_shape_own_name_writer", "fact_rows_plain_writer", "fact_rows_oracle_writer", "name_shape_fresh_any_words_writer",
+                "name_shape_own_name_writer", "fact_rows_plain_writer", "fact_rows_oracle_writer", "sentence_rows_em_writer", "name_shape_fresh_any_words_writer",
                 "name_shape_fresh_people_words_writer", "trained_em_practice_rows_hidden",
                 "added_over_trained_em_practice_rows_hidden", "writer_cost_on_trained_em_practice_rows_hidden"):  # fmt: skip
         assert f" {key}" in last
