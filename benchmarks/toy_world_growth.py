@@ -572,7 +572,7 @@ def fact_rows(model_dir: Path, data_file: Path, new_dump: str) -> dict[str, floa
     fact's row of each person at once, an entity each (`"{name} ({relation})"`), their own rows hidden: EM
     (`several`) and how often the memory's top row at the subject is one of the person's (`several_person_found`)
     and the asked fact's (`several_fact_found`): whether the query picks a person's fact among their rows."""
-    model = EDMemForConditionalGeneration.from_pretrained(model_dir)
+    model = without_kept_rows(EDMemForConditionalGeneration.from_pretrained(model_dir))
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     records = list(read_jsonl(data_file))
     people = sorted({record["link_target"][0] for record in records})
@@ -603,6 +603,16 @@ def fact_rows(model_dir: Path, data_file: Path, new_dump: str) -> dict[str, floa
     asked = [(record["link_target"][0], record["relation"]) for record in records]
     figures["several_fact_found"] = round(100 * sum(f == a for f, a in zip(several["found"], asked)) / len(asked), 2)
     return figures
+
+
+def without_kept_rows(model):
+    """`model` without the written rows its table keeps (`add_entities(..., rows_apart=True)`): each entity read
+    through its table row again, which the diagnostics that write table rows need."""
+    table = model.get_encoder().entity_embeddings
+    if getattr(table, "written_rows", None) is not None:
+        del table.written_rows, table.written_row_entity_ids
+        model.config.written_entity_rows = 0
+    return model
 
 
 def sentence_rows(model_dir: Path, data_file: Path, new_dump: str) -> dict[str, float]:

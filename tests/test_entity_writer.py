@@ -13,7 +13,7 @@ from transformers import AutoModelForSeq2SeqLM
 
 from edmem_hf import EDMemForConditionalGeneration, EntityVocab
 from edmem_hf.entity_attention import WrittenRows, dense_entity_attention, entity_attention
-from edmem_hf.entity_growth import add_entities, memory_queries
+from edmem_hf.entity_growth import add_entities, memory_queries, writer_inputs
 from edmem_hf.entity_writer import writer_input_ids
 from tiny_models import (
     BOS,
@@ -326,6 +326,77 @@ def test_add_entities_writes_each_row_as_the_mean_of_its_texts_rows():
         add_entities(tiny_model(vocab_size=len(tokenizer)), ["x y"], [["x y"]], tokenizer, estimator="writer")
 
 
+def test_rows_kept_apart_are_read_as_a_batch_s_written_rows_and_saved_with_the_model(tmp_path):
+    """`add_entities` on a model trained with a row a passage (`writer_pools_texts=False`) keeps the row of each text
+    beside the table (`config.written_entity_rows`), each read as a row of its entity: the model's outputs are those
+    of the same model reading the same texts as a batch's written rows; the table row is their mean; they are saved,
+    loaded and hidden with their entity; a model that never kept any has no new weight."""
+    tokenizer = make_word_tokenizer(bart_template=True)
+    words = make_words(400)
+    start, end = tokenizer.convert_tokens_to_ids(["<E_s>", "<E_e>"])
+    shape = dict(vocab_size=len(tokenizer), entity_vocab_size=5, entity_start_token_id=start, entity_end_token_id=end,
+                 entity_row_writer=True, writer_pools_texts=False)  # fmt: skip
+    model = tiny_model(seed=7, **shape).eval()
+    assert not any("written_row" in key for key in model.state_dict())
+    model.entity_vocab = EntityVocab(words[:5])
+    names = [f"{words[10]} {words[11]}", words[12]]
+    texts = [[" ".join(words[20:30]), " ".join(words[30:33]), words[34]], [" ".join(words[40:45])]]
+    plain = tiny_model(seed=7, **shape).eval()
+    plain.entity_vocab = EntityVocab(words[:5])
+    add_entities(plain, names, texts, tokenizer, rows_apart=False)
+    assert plain.config.written_entity_rows == 0
+    assert add_entities(model, names, texts, tokenizer) == [5, 6]  # apart: the model was trained to read rows so
+    table = model.model.entity_embeddings
+    assert model.config.written_entity_rows == 4 and table.written_row_entity_ids.tolist() == [5, 5, 5, 6]
+    torch.testing.assert_close(table.weight[5:], plain.model.entity_embeddings.weight[5:], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(table.written_rows[:3].mean(0), table.weight[5], atol=1e-5, rtol=1e-5)
+    # the kept rows are read as the same texts given to the model as a batch's written rows
+    inputs = [ids for own in writer_inputs(model, names, texts, tokenizer) for ids in own]
+    width = max(map(len, inputs))
+    batch_rows = {
+        "written_entity_ids": torch.tensor([5, 5, 5, 6]),
+        "writer_input_ids": torch.tensor([ids + [PAD] * (width - len(ids)) for ids in inputs]),
+        "writer_attention_mask": torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids in inputs]),
+    }
+    question = tokenizer(
+        [f"{words[50]} <E_s> {names[0]} <E_e> {words[51]} <E_s> {names[1]} <E_e>"], return_tensors="pt"
+    )
+    target = tokenizer([f"<E_s> {names[0]} <E_e> {words[52]}"], return_tensors="pt").input_ids
+    fields = dict(**question, labels=target, output_attended_entities=True)
+    kept = model(**fields)
+    as_batch = plain(**fields, **batch_rows)
+    torch.testing.assert_close(kept.logits, as_batch.logits, atol=1e-5, rtol=1e-5)
+    assert torch.equal(
+        kept.encoder_attended_entities.top_entity_ids, as_batch.encoder_attended_entities.top_entity_ids
+    )
+    assert not torch.allclose(kept.logits, plain(**fields).logits, atol=1e-4)  # the mean row reads otherwise
+    # saved and loaded with the model
+    model.save_pretrained(tmp_path / "grown")
+    loaded = EDMemForConditionalGeneration.from_pretrained(tmp_path / "grown").eval()
+    assert loaded.config.written_entity_rows == 4
+    assert torch.equal(loaded.model.entity_embeddings.written_rows, table.written_rows)
+    assert torch.equal(loaded(**fields).logits, kept.logits)
+    script = f"""
+        import torch
+        from transformers import AutoModelForSeq2SeqLM
+        model = AutoModelForSeq2SeqLM.from_pretrained({str(tmp_path / "grown")!r}, trust_remote_code=True).eval()
+        print(type(model).__module__, float(model(input_ids=torch.tensor({question.input_ids.tolist()}),
+                                                  labels=torch.tensor({target.tolist()})).logits.sum()))
+        """
+    module, total = run_without_the_package(script, tmp_path).stdout.strip().splitlines()[-1].split()
+    assert module.startswith("transformers_modules") and float(total) == pytest.approx(kept.logits.sum().item(), 1e-5)
+    # hidden with their entity: no access finds entity 5 any more
+    mask = torch.ones(7, dtype=torch.bool)
+    mask[5] = False
+    loaded.set_entity_mask(mask)
+    hidden = loaded(**fields)
+    assert (
+        5 not in hidden.encoder_attended_entities.top_entity_ids and 5 in kept.encoder_attended_entities.top_entity_ids
+    )
+    with pytest.raises(ValueError, match="rows_apart keeps the writer's row of each text"):
+        add_entities(model, [words[90]], [[words[91]]], tokenizer, estimator="mean_query", rows_apart=True)
+
+
 def test_edmem_add_entities_writes_with_the_models_writer(tmp_path, capsys):
     from edmem_hf.cli import main
     from edmem_hf.dump import iter_parsed_pages
@@ -350,3 +421,11 @@ def test_edmem_add_entities_writes_with_the_models_writer(tmp_path, capsys):
               "--estimator", "writer"]  # fmt: skip
     with pytest.raises(ValueError, match="no writer of entity rows"):
         main(failed)
+    # --rows_apart keeps the row of each passage beside the table
+    apart = ["add-entities", "--model", str(tmp_path / "model"), "--dump", dump, "--out", str(tmp_path / "apart"),
+             "--rows_apart"]  # fmt: skip
+    assert main(apart) == 0
+    kept = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "apart").model.entity_embeddings
+    assert kept.written_row_entity_ids.tolist() == [
+        len(known) + i for i, name in enumerate(names) for _ in passages[name]
+    ]

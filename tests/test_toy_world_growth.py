@@ -249,10 +249,13 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     # a row each sentence of the added people's pages (the writer's model keeps a row a passage apart)
     sentence_rows = result["runs"][0]["results"]["diagnostics"]["writer"]["sentence_rows"]
     assert set(sentence_rows) == {"em", "person_found"} and all(0 <= v <= 100 for v in sentence_rows.values())
-    assert (
-        EDMemForConditionalGeneration.from_pretrained(models / f"pretrain-{WRITER_FOLDER}").config.writer_pools_texts
-        is False
+    first_stage = EDMemForConditionalGeneration.from_pretrained(models / f"pretrain-{WRITER_FOLDER}")
+    assert first_stage.config.writer_pools_texts is False
+    # and the added people were written a row a sentence, kept apart beside the table
+    grown = EDMemForConditionalGeneration.from_pretrained(
+        models / f"grown-{WRITER_FOLDER}-frozen-writer-5-row-autoencoding-0.5-from-own-sentences"
     )
+    assert set(grown.model.entity_embeddings.written_row_entity_ids.tolist()) == set(range(size, size + len(held)))
     trained = EDMemForConditionalGeneration.from_pretrained(models / "finetune")
     fitted = EDMemForConditionalGeneration.from_pretrained(models / "grown-fitted").model.entity_embeddings.weight
     mean = EDMemForConditionalGeneration.from_pretrained(models / "grown-mean_query").model.entity_embeddings.weight

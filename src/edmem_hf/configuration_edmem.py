@@ -70,6 +70,11 @@ class EDMemConfig(PreTrainedConfig):
             `True`, one row, the mean of the texts' rows; `False`, a row a text, the memory attending to each and
             the entity scored by the log-sum-exp of its rows, so that the query learns to choose among an entity's
             rows (docs/model.md, "A row a passage").
+        written_entity_rows (`int`): rows written from text kept with the model beside the table
+            (`entity_embeddings.written_rows`, `(written_entity_rows, entity_embed_dim)`, and
+            `entity_embeddings.written_row_entity_ids`, whose entity each is): every memory access and the
+            entity-linking head read each as a row of its entity, in place of the entity's table row, so that an entity
+            may have several (`add_entities(..., rows_apart=True)`, docs/model.md, "A row a passage"). 0 by default.
     """
 
     model_type = "edmem"
@@ -116,6 +121,7 @@ class EDMemConfig(PreTrainedConfig):
     lower_decoder_attends_to: str = "upper"
     entity_row_writer: bool = False
     writer_pools_texts: bool = True
+    written_entity_rows: int = 0
     use_cache: bool = True
     pad_token_id: int | None = 1
     bos_token_id: int | None = 0
@@ -167,6 +173,10 @@ class EDMemConfig(PreTrainedConfig):
             )
         if self.entity_row_writer and self.variant != "edmem":
             raise ValueError(f"entity_row_writer is built on the full EDMem (variant 'edmem'), not {self.variant!r}")
+        if self.written_entity_rows < 0 or (self.written_entity_rows and self.variant == "encdec"):
+            raise ValueError(
+                f"written_entity_rows must be >= 0 on a model with memory, got {self.written_entity_rows}"
+            )
         if not self.writer_pools_texts and not self.entity_row_writer:
             raise ValueError(
                 "writer_pools_texts=False says how written rows are read: it needs entity_row_writer=True"

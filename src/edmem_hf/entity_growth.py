@@ -158,6 +158,7 @@ def add_entities(
     *,
     rows: torch.Tensor | None = None,
     estimator: str | None = None,
+    rows_apart: bool | None = None,
     batch_size: int = 32,
     max_length: int = 128,
 ) -> list[int]:
@@ -182,6 +183,10 @@ def add_entities(
         rows: instead of `passages` and `tokenizer`, the new rows themselves, `(len(names), entity_embed_dim)`
             (another estimator's).
         estimator: `"writer"` or `"mean_query"` (`ESTIMATORS`); None: the writer when the model has one.
+        rows_apart: with the writer, also keep the row of each text apart, beside the table
+            (`config.written_entity_rows`): every memory access and the linking head then read an entity's rows,
+            each on its own, in place of its table row (the mean), and a query may choose the row of the fact it
+            asks. None: apart where the model was trained to read rows so (`config.writer_pools_texts` False).
     """
     table = _entity_table(model)
     if model.entity_vocab is None:
@@ -202,6 +207,12 @@ def add_entities(
         raise ValueError(f"add_entities: estimator must be one of {ESTIMATORS}, got {estimator!r}")
     if estimator == "writer" and not has_writer:
         raise ValueError(f"add_entities: {type(model).__name__} has no writer of entity rows (entity_row_writer)")
+    if rows_apart is None:
+        rows_apart = estimator == "writer" and rows is None and not model.config.writer_pools_texts
+    if rows_apart and (estimator != "writer" or rows is not None):
+        raise ValueError(
+            "add_entities: rows_apart keeps the writer's row of each text: it needs passages and the writer"
+        )
     if rows is None:
         if len(names) != len(passages):
             raise ValueError(f"add_entities: {len(names)} names but {len(passages)} passage lists")
@@ -213,7 +224,13 @@ def add_entities(
                 raise ValueError(f"add_entities: no marked mention of {name!r} in its passages")
         if estimator == "writer":
             inputs = writer_inputs(model, names, passages, tokenizer, max_length=max_length)
-            rows = written_rows(model, inputs, batch_size=batch_size)
+            if rows_apart:
+                each = written_rows(model, [[ids] for texts in inputs for ids in texts], batch_size=batch_size)
+                owners = torch.tensor([i for i, texts in enumerate(inputs) for _ in texts])
+                counts = torch.bincount(owners, minlength=len(names)).float()
+                rows = torch.zeros(len(names), each.shape[1]).index_add(0, owners, each) / counts[:, None]
+            else:
+                rows = written_rows(model, inputs, batch_size=batch_size)
         else:
             means = memory_queries(model, passages, tokenizer, batch_size=batch_size, max_length=max_length)
             rows = means / means.norm(dim=-1, keepdim=True) * weight.norm(dim=-1).mean().cpu()
@@ -226,10 +243,25 @@ def add_entities(
     first = model.config.entity_vocab_size
     model.config.entity_vocab_size = first + len(names)
     model.entity_vocab = model.entity_vocab.extended(names)
+    if rows_apart:
+        _keep_written_rows(model, table, owners + first, each)
     mask = model._get_entity_mask("cpu")
     if mask is not None:
         model.set_entity_mask(torch.cat([mask, torch.ones(len(names), dtype=torch.bool)]))
     return list(range(first, first + len(names)))
+
+
+def _keep_written_rows(model, table: nn.Embedding, entity_ids: torch.Tensor, rows: torch.Tensor) -> None:
+    """Appends `rows` `(R, d)` of `entity_ids` `(R,)` to the written rows the table keeps (`config.written_entity_rows`,
+    `modeling_edmem.new_entity_table`)."""
+    device = table.weight.device
+    if getattr(table, "written_rows", None) is None:
+        table.register_buffer("written_rows", rows.to(device=device, dtype=torch.float32))
+        table.register_buffer("written_row_entity_ids", entity_ids.to(device))
+    else:
+        table.written_rows = torch.cat([table.written_rows, rows.to(table.written_rows)])
+        table.written_row_entity_ids = torch.cat([table.written_row_entity_ids, entity_ids.to(device)])
+    model.config.written_entity_rows = table.written_rows.shape[0]
 
 
 def _marked(text: str, start: int, end: int, window: int) -> str:
@@ -279,6 +311,9 @@ def cli_main(argv: list[str] | None = None) -> int:
                              "scaled mean memory query at the mentions; fitted: the mean-query rows trained alone on "
                              "the pre-training objective (fit_new_entities), about 50 times slower and no better on "
                              "docs/evidence.md's toy world")  # fmt: skip
+    parser.add_argument("--rows_apart", action=argparse.BooleanOptionalAction,
+                        help="writer: also keep the row of each passage apart, each read as a row of its entity "
+                             "(default: where the model was trained with a row a passage, writer_pools_texts false)")  # fmt: skip
     parser.add_argument("--fit_steps", type=int, default=300, help="fitted: optimisation steps")
     parser.add_argument("--fit_learning_rate", type=float, default=3e-2, help="fitted: Adam's learning rate")
     parser.add_argument("--negatives", type=int, default=64,
@@ -306,7 +341,8 @@ def cli_main(argv: list[str] | None = None) -> int:
         ids = fit_new_entities(model, names, texts, tokenizer, {name: everyone[name] for name in chosen},
                                steps=args.fit_steps, learning_rate=args.fit_learning_rate, seed=args.seed)  # fmt: skip
     else:
-        ids = add_entities(model, names, texts, tokenizer, estimator=args.estimator, batch_size=args.batch_size)
+        ids = add_entities(model, names, texts, tokenizer, estimator=args.estimator, rows_apart=args.rows_apart,
+                           batch_size=args.batch_size)  # fmt: skip
     os.makedirs(args.out, exist_ok=True)
     model.save_pretrained(args.out)
     tokenizer.save_pretrained(args.out)

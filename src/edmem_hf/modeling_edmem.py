@@ -82,6 +82,36 @@ def key_queries(queries: torch.Tensor, row_width: int) -> torch.Tensor:
     return nn.functional.pad(queries, (0, row_width - queries.shape[-1]))
 
 
+def new_entity_table(config: EDMemConfig) -> nn.Embedding:
+    """The entity table, `(entity_vocab_size, entity_embed_dim)`, with the written rows kept beside it
+    (`config.written_entity_rows`) as its buffers `written_rows` and `written_row_entity_ids`."""
+    table = nn.Embedding(config.entity_vocab_size, config.entity_embed_dim)
+    if config.written_entity_rows:
+        table.register_buffer("written_rows", torch.zeros(config.written_entity_rows, config.entity_embed_dim))
+        table.register_buffer("written_row_entity_ids", torch.zeros(config.written_entity_rows, dtype=torch.long))
+    return table
+
+
+def with_kept_rows(
+    written_rows: WrittenRows | None, table: nn.Embedding, entity_mask: torch.Tensor | None
+) -> WrittenRows | None:
+    """A batch's `written_rows` (or none) with the written rows the `table` keeps beside it, those of hidden entities
+    left out: each read as a row of its entity in place of the entity's table row."""
+    ids = getattr(table, "written_row_entity_ids", None)
+    if ids is None or ids.numel() == 0:
+        return written_rows
+    rows = table.written_rows.to(table.weight.dtype)
+    if entity_mask is not None:
+        shown = entity_mask.to(ids.device)[ids]
+        ids, rows = ids[shown], rows[shown]
+    if written_rows is None:
+        return WrittenRows(ids, rows)
+    return written_rows._replace(
+        ids=torch.cat([written_rows.ids, ids.to(written_rows.ids.device)]),
+        rows=torch.cat([written_rows.rows, rows.to(written_rows.rows)]),
+    )
+
+
 class EntityMemory(nn.Module):
     """The memory access between lower and upper layers (equations 1-2 of the paper).
 
@@ -448,7 +478,7 @@ class _EntityMemoryStack(EDMemPreTrainedModel):
         alone = entity_embeddings is None and self.config.variant != "encdec"
         self.memory = EntityMemory(self.config) if alone or entity_embeddings is not None else None
         if alone:
-            self.entity_embeddings = nn.Embedding(self.config.entity_vocab_size, self.config.entity_embed_dim)
+            self.entity_embeddings = new_entity_table(self.config)
         else:
             # The table is the model's: one parameter, saved once as its `entity_embeddings.weight`. The stack reads
             # it through this reference, which is not registered as a submodule of the stack.
@@ -467,14 +497,15 @@ class _EntityMemoryStack(EDMemPreTrainedModel):
 
     def _read_memory(self, hidden_states, input_ids, entity_labels, output_attended_entities, written_rows=None):
         """The memory access at each `<E_s>` of `input_ids`."""
+        entity_mask = self._get_entity_mask(hidden_states.device)
         return self.memory(
             hidden_states,
             input_ids == self.config.entity_start_token_id,
             self.entity_embeddings.weight,
             entity_labels=entity_labels,
-            entity_mask=self._get_entity_mask(hidden_states.device),
+            entity_mask=entity_mask,
             return_top_k=self.config.memory_top_k if output_attended_entities else None,
-            written_rows=written_rows,
+            written_rows=with_kept_rows(written_rows, self.entity_embeddings, entity_mask),
         )
 
 
@@ -813,7 +844,7 @@ class EDMemModel(_EncoderDecoderModel):
     edmem_variant = "edmem"
 
     def __init__(self, config: EDMemConfig):
-        super().__init__(config, nn.Embedding(config.entity_vocab_size, config.entity_embed_dim))
+        super().__init__(config, new_entity_table(config))
 
 
 class EDMemEncDecModel(_EncoderDecoderModel):
@@ -835,7 +866,7 @@ class EDMemEncMemModel(EDMemHubMixin, EDMemPreTrainedModel):
     def __init__(self, config: EDMemConfig):
         super().__init__(config)
         self.shared = _token_embeddings(config)
-        self.entity_embeddings = nn.Embedding(config.entity_vocab_size, config.entity_embed_dim)
+        self.entity_embeddings = new_entity_table(config)
         self.encoder = EDMemEncoder(config, self.entity_embeddings)
         self.post_init()
 
@@ -1168,14 +1199,15 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
         written_rows: WrittenRows | None = None,
     ) -> EntityMemoryAccess:
         """The entity-linking head at each `<E_s>` of the decoder input: its NLL against the labels, its top-k."""
+        entity_mask = self._get_entity_mask(hidden_states.device)
         return self.entity_linking_head(
             hidden_states,
             decoder_input_ids == self.config.entity_start_token_id,
             self.model.entity_embeddings.weight,
             entity_labels=decoder_entity_labels,
-            entity_mask=self._get_entity_mask(hidden_states.device),
+            entity_mask=entity_mask,
             return_top_k=top_k,
-            written_rows=written_rows,
+            written_rows=with_kept_rows(written_rows, self.model.entity_embeddings, entity_mask),
         )
 
 
@@ -1284,13 +1316,15 @@ class EDMemForEntityLinking(EDMemHubMixin, EDMemPreTrainedModel):
         logits = self.lm_head(hidden)
         linked = None
         if output_attended_entities or entity_labels is not None:
+            entity_mask = self._get_entity_mask(hidden.device)
             linked = self.entity_linking_head(
                 hidden,
                 input_ids == self.config.entity_start_token_id,
                 self.model.entity_embeddings.weight,
                 entity_labels=entity_labels,
-                entity_mask=self._get_entity_mask(hidden.device),
+                entity_mask=entity_mask,
                 return_top_k=self.config.memory_top_k if output_attended_entities else None,
+                written_rows=with_kept_rows(None, self.model.entity_embeddings, entity_mask),
             )
         loss = lm_loss = entity_loss = None
         if labels is not None or entity_labels is not None:
