@@ -385,6 +385,22 @@ def test_a_pooled_row_is_the_mean_of_rows_from_passages_the_batch_does_not_read(
         replace(plain.config, writer_pools_texts=False)
 
 
+def test_a_model_trained_with_a_row_a_passage_leaves_training_with_its_written_rows_kept_apart(corpus, tmp_path):
+    """`--writer_pools_texts false`: the written-only entities' rows, written when training ends, are kept apart
+    beside the table, a row a passage (the table row their mean), as the model read them in training."""
+    out = tmp_path / "apart"
+    pretrain(_args(corpus, out, max_steps=2, entity_row_writer=True, written_only_share=0.3, writer_pools_texts=False,
+                   writer_passages_per_row=2))  # fmt: skip
+    model = EDMemForConditionalGeneration.from_pretrained(out)
+    ids, inputs = writer_collator(corpus, written_only_share=0.3, seed=42, passages_per_row=2).rows_to_write()
+    table = model.model.entity_embeddings
+    assert model.config.writer_pools_texts is False and model.config.written_entity_rows == sum(map(len, inputs))
+    assert table.written_row_entity_ids.tolist() == [entity for entity, own in zip(ids, inputs) for _ in own]
+    each = written_rows(model, [[one] for own in inputs for one in own])
+    assert torch.allclose(table.written_rows, each, atol=1e-6)
+    assert torch.allclose(table.weight[ids], written_rows(model, inputs), atol=1e-6)
+
+
 def test_passages_by_mentions_are_drawn_in_proportion_to_the_entity_s_mentions():
     """`passages_by_mentions`: a row is written from a passage in proportion to how often it mentions the entity
     (its own page most), never from one the batch reads; the written table takes the passages that mention it most."""

@@ -252,16 +252,30 @@ def add_entities(
 
 
 def _keep_written_rows(model, table: nn.Embedding, entity_ids: torch.Tensor, rows: torch.Tensor) -> None:
-    """Appends `rows` `(R, d)` of `entity_ids` `(R,)` to the written rows the table keeps (`config.written_entity_rows`,
-    `modeling_edmem.new_entity_table`)."""
+    """Makes `rows` `(R, d)` the written rows the table keeps for the entities `entity_ids` `(R,)`, after those of the
+    other entities (`config.written_entity_rows`, `modeling_edmem.new_entity_table`)."""
     device = table.weight.device
+    entity_ids, rows = entity_ids.to(device), rows.to(device=device, dtype=torch.float32)
     if getattr(table, "written_rows", None) is None:
-        table.register_buffer("written_rows", rows.to(device=device, dtype=torch.float32))
-        table.register_buffer("written_row_entity_ids", entity_ids.to(device))
+        table.register_buffer("written_rows", rows)
+        table.register_buffer("written_row_entity_ids", entity_ids)
     else:
-        table.written_rows = torch.cat([table.written_rows, rows.to(table.written_rows)])
-        table.written_row_entity_ids = torch.cat([table.written_row_entity_ids, entity_ids.to(device)])
+        others = ~torch.isin(table.written_row_entity_ids, entity_ids)
+        table.written_rows = torch.cat([table.written_rows[others], rows])
+        table.written_row_entity_ids = torch.cat([table.written_row_entity_ids[others], entity_ids])
     model.config.written_entity_rows = table.written_rows.shape[0]
+
+
+@torch.no_grad()
+def write_rows_apart(model, entity_ids: list[int], inputs: list[list[list[int]]], batch_size: int = 64) -> None:
+    """`write_rows_into_table`, and the row of each writer input kept apart beside the table in place of those
+    entities' earlier kept rows: the rows a model trained with a row a passage (`config.writer_pools_texts` False)
+    reads."""
+    write_rows_into_table(model, entity_ids, inputs, batch_size)
+    if entity_ids:
+        each = written_rows(model, [[ids] for texts in inputs for ids in texts], batch_size)
+        owners = torch.tensor([entity for entity, texts in zip(entity_ids, inputs) for _ in texts])
+        _keep_written_rows(model, _entity_table(model), owners, each)
 
 
 def _marked(text: str, start: int, end: int, window: int) -> str:
