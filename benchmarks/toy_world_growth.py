@@ -607,7 +607,7 @@ def fact_rows(model_dir: Path, data_file: Path, new_dump: str) -> dict[str, floa
 
 def without_kept_rows(model):
     """`model` without the written rows its table keeps (`add_entities(..., rows_apart=True)`): each entity read
-    through its table row again, which the diagnostics that write table rows need."""
+    through its table row again, which the diagnostics that write rows of their own need."""
     table = model.get_encoder().entity_embeddings
     if getattr(table, "written_rows", None) is not None:
         del table.written_rows, table.written_row_entity_ids
@@ -793,7 +793,7 @@ def name_shape(model_dir: Path, corpus: Path, practice_people: Path, data_file: 
     entities' words (`fresh_any_words`, how the writer's training renames by default), or by a fresh name of practice
     people's words (`fresh_people_words`). A reader that reads rows only for names no person could have answers
     `fresh_any_words` well and the others poorly."""
-    model = EDMemForConditionalGeneration.from_pretrained(model_dir).eval()
+    model = without_kept_rows(EDMemForConditionalGeneration.from_pretrained(model_dir)).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     vocab = model.entity_vocab
     practice = [vocab.id_of(line.strip()) for line in practice_people.read_text(encoding="utf-8").splitlines()]
