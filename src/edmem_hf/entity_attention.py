@@ -69,12 +69,6 @@ def dense_entity_attention(
     return read.to(queries.dtype), torch.logsumexp(scores, dim=-1)
 
 
-def _written_gold_scores(written_scores: torch.Tensor, ids: torch.Tensor, gold: torch.Tensor) -> torch.Tensor:
-    """`(M,)`: each query's score of its `gold` entity's written rows, from `written_scores` `(M, K)` of the rows
-    `ids` `(K,)`: the log-sum-exp over them when an entity has several (-inf where the gold has none)."""
-    return written_scores.masked_fill(ids[None, :] != gold[:, None], float("-inf")).logsumexp(-1)
-
-
 class EntityAttentionResult(NamedTuple):
     """What `entity_attention` returns; fields are None when not asked for."""
 
@@ -238,6 +232,12 @@ def _attention_with_written_rows(
     else:
         top_ids = top_scores = None
     return EntityAttentionResult(read, log_partition, nll, top_ids, top_scores)
+
+
+def _written_gold_scores(written_scores: torch.Tensor, ids: torch.Tensor, gold: torch.Tensor) -> torch.Tensor:
+    """`(M,)`: each query's score of its `gold` entity's written rows, from `written_scores` `(M, K)` of the rows
+    `ids` `(K,)`: the log-sum-exp over them when an entity has several (-inf where the gold has none)."""
+    return written_scores.masked_fill(ids[None, :] != gold[:, None], float("-inf")).logsumexp(-1)
 
 
 def _slots(entity_ids: torch.Tensor, written_ids: torch.Tensor) -> torch.Tensor:

@@ -225,10 +225,7 @@ def add_entities(
         if estimator == "writer":
             inputs = writer_inputs(model, names, passages, tokenizer, max_length=max_length)
             if rows_apart:
-                each = written_rows(model, [[ids] for texts in inputs for ids in texts], batch_size=batch_size)
-                owners = torch.tensor([i for i, texts in enumerate(inputs) for _ in texts])
-                counts = torch.bincount(owners, minlength=len(names)).float()
-                rows = torch.zeros(len(names), each.shape[1]).index_add(0, owners, each) / counts[:, None]
+                each, owners, rows = _rows_apart(model, inputs, batch_size)
             else:
                 rows = written_rows(model, inputs, batch_size=batch_size)
         else:
@@ -266,16 +263,28 @@ def _keep_written_rows(model, table: nn.Embedding, entity_ids: torch.Tensor, row
     model.config.written_entity_rows = table.written_rows.shape[0]
 
 
+def _rows_apart(model, inputs: list[list[list[int]]], batch_size: int) -> tuple[torch.Tensor, ...]:
+    """The writer's row of each writer input `(T, d)`, the index in `inputs` of the entity it is about `(T,)`, and
+    each entity's mean row `(len(inputs), d)`."""
+    each = written_rows(model, [[ids] for texts in inputs for ids in texts], batch_size=batch_size)
+    owners = torch.tensor([i for i, texts in enumerate(inputs) for _ in texts], dtype=torch.long)
+    counts = torch.bincount(owners, minlength=len(inputs)).float()
+    return each, owners, torch.zeros(len(inputs), each.shape[1]).index_add(0, owners, each) / counts[:, None]
+
+
 @torch.no_grad()
 def write_rows_apart(model, entity_ids: list[int], inputs: list[list[list[int]]], batch_size: int = 64) -> None:
-    """`write_rows_into_table`, and the row of each writer input kept apart beside the table in place of those
+    """As `write_rows_into_table`, and the row of each writer input kept apart beside the table in place of those
     entities' earlier kept rows: the rows a model trained with a row a passage (`config.writer_pools_texts` False)
     reads."""
-    write_rows_into_table(model, entity_ids, inputs, batch_size)
+    if len(entity_ids) != len(inputs):
+        raise ValueError(f"{len(entity_ids)} entity ids but {len(inputs)} lists of writer inputs")
     if entity_ids:
-        each = written_rows(model, [[ids] for texts in inputs for ids in texts], batch_size)
-        owners = torch.tensor([entity for entity, texts in zip(entity_ids, inputs) for _ in texts])
-        _keep_written_rows(model, _entity_table(model), owners, each)
+        each, owners, means = _rows_apart(model, inputs, batch_size)
+        table = _entity_table(model)
+        ids = torch.tensor(entity_ids, device=table.weight.device)
+        table.weight[ids] = means.to(table.weight)
+        _keep_written_rows(model, table, ids[owners.to(ids.device)], each)
 
 
 def _marked(text: str, start: int, end: int, window: int) -> str:

@@ -1066,13 +1066,11 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
                 )
         rows = self.write_entity_rows(writer_input_ids, writer_attention_mask)
         distinct, owner = ids.unique(return_inverse=True)
-        if distinct.numel() != ids.numel() and not self.config.writer_pools_texts:
+        if distinct.numel() == ids.numel() or not self.config.writer_pools_texts:  # a row a text
             return WrittenRows(ids, rows, written_read_entity_ids)
-        if distinct.numel() != ids.numel():  # rows pooled from several texts: their mean
-            counts = torch.bincount(owner, minlength=distinct.numel()).to(rows.dtype)
-            rows = rows.new_zeros(distinct.numel(), rows.shape[1]).index_add(0, owner, rows) / counts[:, None]
-            ids = distinct
-        return WrittenRows(ids, rows, written_read_entity_ids)
+        counts = torch.bincount(owner, minlength=distinct.numel()).to(rows.dtype)  # rows pooled: their mean
+        pooled = rows.new_zeros(distinct.numel(), rows.shape[1]).index_add(0, owner, rows) / counts[:, None]
+        return WrittenRows(distinct, pooled, written_read_entity_ids)
 
     @can_return_tuple
     def forward(
@@ -1111,7 +1109,8 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
         written_entity_ids / writer_input_ids / writer_attention_mask: `(K,)` entity ids and `(K, L)` texts about
             them: both memories and the entity-linking head read the row written from `writer_input_ids[i]` in
             place of entity `written_entity_ids[i]`'s table row (training with the writer; see `write_entity_rows`);
-            an entity given several times reads the mean of the rows of its texts.
+            an entity given several times reads the mean of the rows of its texts, or each of them with
+            `config.writer_pools_texts` off.
         written_read_entity_ids: `(batch, src_len)`, a written entity's id at each `<E_s>` of `input_ids` whose encoder
             memory read is that entity's written row itself (`WrittenRows.read_at`), -100 elsewhere.
         """
