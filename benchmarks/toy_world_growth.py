@@ -515,10 +515,14 @@ def row_swap(model_dir: Path, data_file: Path, seed: int) -> dict[str, float]:
     partner = {}
     for a, b in zip(people[0::2], people[1::2]):
         partner[a], partner[b] = b, a
-    table = model.get_encoder().entity_embeddings.weight
+    table = model.get_encoder().entity_embeddings
     ids = torch.tensor([model.entity_vocab.id_of(p) for p in partner])
+    partner_ids = torch.tensor([model.entity_vocab.id_of(partner[p]) for p in partner])
     with torch.no_grad():
-        table[ids] = table[torch.tensor([model.entity_vocab.id_of(partner[p]) for p in partner])].clone()
+        table.weight[ids] = table.weight[partner_ids].clone()
+    if getattr(table, "written_rows", None) is not None:  # rows kept apart change owners too
+        owner = dict(zip(partner_ids.tolist(), ids.tolist()))
+        table.written_row_entity_ids = torch.tensor([owner.get(i, i) for i in table.written_row_entity_ids.tolist()])
     answers = answer_questions(model, tokenizer, data_file)
     gold = {(r["link_target"][0], r["relation"]): r["answer"] for r in records}
     follow = kept = counted = 0
