@@ -370,6 +370,9 @@ def test_rows_kept_apart_are_read_as_a_batch_s_written_rows_and_saved_with_the_m
         kept.encoder_attended_entities.top_entity_ids, as_batch.encoder_attended_entities.top_entity_ids
     )
     assert not torch.allclose(kept.logits, plain(**fields).logits, atol=1e-4)  # the mean row reads otherwise
+    # a batch's written rows of an entity stand in for all of its rows, the kept ones too
+    first_texts = {key: value[[0, 3]] for key, value in batch_rows.items()}
+    torch.testing.assert_close(model(**fields, **first_texts).logits, plain(**fields, **first_texts).logits)
     # saved and loaded with the model
     model.save_pretrained(tmp_path / "grown")
     loaded = EDMemForConditionalGeneration.from_pretrained(tmp_path / "grown").eval()

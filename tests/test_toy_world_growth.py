@@ -219,7 +219,8 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
             # only the new rows differ from the trained model; every other weight is the trained one
             for key, value in trained.state_dict().items():
                 other = grown.state_dict()[key]
-                assert torch.equal(other[:size] if "entity_embeddings" in key else other, value), key
+                # the table's rows, and the rows it keeps apart, gain the new ones after the trained ones
+                assert torch.equal(other[: len(value)] if "entity_embeddings" in key else other, value), key
     assert trained.entity_writer is not None and trained.config.entity_row_writer
     # the second stage began from the first's model and kept its writer, and so did fine-tuning (`trained`)
     first = EDMemForConditionalGeneration.from_pretrained(models / f"pretrain-{WRITER_FOLDER}")
@@ -251,11 +252,14 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     assert set(sentence_rows) == {"em", "person_found"} and all(0 <= v <= 100 for v in sentence_rows.values())
     first_stage = EDMemForConditionalGeneration.from_pretrained(models / f"pretrain-{WRITER_FOLDER}")
     assert first_stage.config.writer_pools_texts is False
-    # and the added people were written a row a sentence, kept apart beside the table
+    # a row a passage: the frozen second stage keeps the trained entities' rows apart, and the added people gain a
+    # row for each sentence of their page after them
     grown = EDMemForConditionalGeneration.from_pretrained(
         models / f"grown-{WRITER_FOLDER}-frozen-writer-5-row-autoencoding-0.5-from-own-sentences"
     )
-    assert set(grown.model.entity_embeddings.written_row_entity_ids.tolist()) == set(range(size, size + len(held)))
+    kept = grown.model.entity_embeddings.written_row_entity_ids.tolist()
+    new = [entity for entity in kept if entity >= size]
+    assert set(new) == set(range(size, size + len(held))) and kept[-len(new) :] == new and len(kept) > len(new)
     trained = EDMemForConditionalGeneration.from_pretrained(models / "finetune")
     fitted = EDMemForConditionalGeneration.from_pretrained(models / "grown-fitted").model.entity_embeddings.weight
     mean = EDMemForConditionalGeneration.from_pretrained(models / "grown-mean_query").model.entity_embeddings.weight

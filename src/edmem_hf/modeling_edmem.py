@@ -95,15 +95,17 @@ def new_entity_table(config: EDMemConfig) -> nn.Embedding:
 def with_kept_rows(
     written_rows: WrittenRows | None, table: nn.Embedding, entity_mask: torch.Tensor | None
 ) -> WrittenRows | None:
-    """A batch's `written_rows` (or none) with the written rows the `table` keeps beside it, those of hidden entities
-    left out: each read as a row of its entity in place of the entity's table row."""
+    """A batch's `written_rows` (or none) with the written rows the `table` keeps beside it: each read as a row of its
+    entity in place of the entity's table row; those of hidden entities, and of entities the batch writes rows of
+    (which stand in for all of their rows), left out."""
     ids = getattr(table, "written_row_entity_ids", None)
     if ids is None or ids.numel() == 0:
         return written_rows
     rows = table.written_rows.to(table.weight.dtype)
-    if entity_mask is not None:
-        shown = entity_mask.to(ids.device)[ids]
-        ids, rows = ids[shown], rows[shown]
+    shown = torch.ones_like(ids, dtype=torch.bool) if entity_mask is None else entity_mask.to(ids.device)[ids]
+    if written_rows is not None:
+        shown &= ~torch.isin(ids, written_rows.ids.to(ids.device))
+    ids, rows = ids[shown], rows[shown]
     if written_rows is None:
         return WrittenRows(ids, rows)
     return written_rows._replace(

@@ -385,8 +385,9 @@ def freeze_the_writer(model: Any, collator: WriterCollator) -> None:
     """TOME's second stage (`--frozen_writer`): the writer and what it reads (the encoder's lower layers, the position
     and token embeddings; the latter tied to the decoder's and the LM head) leave the optimizer, every entity's row is
     written by them from `collator`'s passages now, and the table leaves the optimizer too. The rows read in training
-    are then the rows the same writer writes for entities added later, and the table is the one searched at test."""
-    from .entity_growth import write_rows_into_table
+    are then the rows the same writer writes for entities added later, and the table is the one searched at test
+    (a model that reads a row a passage keeps each entity's rows apart beside it, as growth writes them)."""
+    from .entity_growth import write_rows_apart, write_rows_into_table
 
     encoder = model.get_encoder()
     lower = encoder.layers[: model.config.encoder_lower_layers]
@@ -394,7 +395,8 @@ def freeze_the_writer(model: Any, collator: WriterCollator) -> None:
         module.requires_grad_(False)
     lower.requires_grad_(False)
     with torch.no_grad():
-        write_rows_into_table(model, *collator.rows_to_write(every_entity=True))
+        write = write_rows_into_table if model.config.writer_pools_texts else write_rows_apart
+        write(model, *collator.rows_to_write(every_entity=True))
     encoder.entity_embeddings.weight.requires_grad_(False)
 
 
