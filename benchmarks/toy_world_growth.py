@@ -863,7 +863,7 @@ def writer_folder(settings: GrowthSettings) -> str:
         name += f"-row-autoencoding-{settings.row_autoencoding_share}"
         name += "-written-only" if settings.row_autoencoding_written_only else ""
     name += "-by-mentions" if settings.writer_passages_by_mentions else ""
-    if settings.writer_passages_per_row != 1:
+    if settings.writer_passages_per_row != 1 or not settings.writer_pools_texts:  # a model of its own either way
         name += f"-{'pooled' if settings.writer_pools_texts else 'rows'}-{settings.writer_passages_per_row}"
     name += "-names-like-written-only" if settings.fresh_names_like_written_only else ""
     name += f"-share-{settings.written_row_share}" if settings.written_row_share != 0.5 else ""

@@ -113,6 +113,12 @@ def test_each_recipe_keeps_its_models_apart(bench, tmp_path):
         "writer-written-table-frozen-writer-500-names-like-written-only-row-autoencoding-0.5"
     )
     assert bench.writer_folder(replace(second_only, reader_steps=0)) == "writer-written-table"
+    # rows pooled and rows apart are models of their own, even from one passage
+    assert bench.writer_folder(replace(paper, writer_passages_per_row=12)) == "writer-pooled-12"
+    assert (
+        bench.writer_folder(replace(paper, writer_passages_per_row=12, writer_pools_texts=False)) == "writer-rows-12"
+    )
+    assert bench.writer_folder(replace(paper, writer_pools_texts=False)) == "writer-rows-1"
 
 
 def test_the_row_probe_reads_a_fact_that_rows_carry_and_not_one_they_do_not(bench, tmp_path):
