@@ -287,6 +287,14 @@ def write_rows_apart(model, entity_ids: list[int], inputs: list[list[list[int]]]
         _keep_written_rows(model, table, ids[owners.to(ids.device)], each)
 
 
+def write_rows_as_read(model, entity_ids: list[int], inputs: list[list[list[int]]], batch_size: int = 64) -> None:
+    """The rows of `entity_ids` written from their writer inputs as the model reads an entity of several texts: one
+    row, their mean (`write_rows_into_table`), or where it reads a row a text (`config.writer_pools_texts` False)
+    each kept apart beside the table too (`write_rows_apart`)."""
+    write = write_rows_into_table if model.config.writer_pools_texts else write_rows_apart
+    write(model, entity_ids, inputs, batch_size)
+
+
 def _marked(text: str, start: int, end: int, window: int) -> str:
     before, after = text[max(0, start - window) : start], text[end : end + window]
     return f"{before} {ENTITY_START_TOKEN} {text[start:end]} {ENTITY_END_TOKEN} {after}".strip()

@@ -1354,10 +1354,9 @@ class _PretrainingRun:
         # written-only rows (every row, --written_table): the writer's; a frozen writer's table was written at the start
         # (kept apart beside the table too where the model reads a row a passage)
         if self.writer_collator is not None and not self.args.frozen_writer:
-            from .entity_growth import write_rows_apart, write_rows_into_table
+            from .entity_growth import write_rows_as_read
 
-            write = write_rows_into_table if unwrapped.config.writer_pools_texts else write_rows_apart
-            write(unwrapped, *self.writer_collator.rows_to_write(self.args.written_table))
+            write_rows_as_read(unwrapped, *self.writer_collator.rows_to_write(self.args.written_table))
             unwrapped.set_entity_mask(None)
         with _as_unsharded_class(unwrapped):
             unwrapped.save_pretrained(

@@ -363,7 +363,7 @@ class WriterCollator:
     def rows_to_write(
         self, every_entity: bool = False, max_passages: int | None = None
     ) -> tuple[list[int], list[list[list[int]]]]:
-        """The entities whose table rows `write_rows_into_table` writes once training ends, and up to `max_passages`
+        """The entities whose rows `write_rows_as_read` writes once training ends, and up to `max_passages`
         (None: 4, or `passages_per_row` when more) writer inputs of each (the first passages, or with
         `passages_by_mentions` those that mention it most): the written-only entities that have passages, or with
         `every_entity` every entity that has passages and a name (the table written from text)."""
@@ -387,7 +387,7 @@ def freeze_the_writer(model: Any, collator: WriterCollator) -> None:
     written by them from `collator`'s passages now, and the table leaves the optimizer too. The rows read in training
     are then the rows the same writer writes for entities added later, and the table is the one searched at test
     (a model that reads a row a passage keeps each entity's rows apart beside it, as growth writes them)."""
-    from .entity_growth import write_rows_apart, write_rows_into_table
+    from .entity_growth import write_rows_as_read
 
     encoder = model.get_encoder()
     lower = encoder.layers[: model.config.encoder_lower_layers]
@@ -395,8 +395,7 @@ def freeze_the_writer(model: Any, collator: WriterCollator) -> None:
         module.requires_grad_(False)
     lower.requires_grad_(False)
     with torch.no_grad():
-        write = write_rows_into_table if model.config.writer_pools_texts else write_rows_apart
-        write(model, *collator.rows_to_write(every_entity=True))
+        write_rows_as_read(model, *collator.rows_to_write(every_entity=True))
     encoder.entity_embeddings.weight.requires_grad_(False)
 
 
