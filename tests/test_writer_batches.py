@@ -383,6 +383,8 @@ def test_a_pooled_row_is_the_mean_of_rows_from_passages_the_batch_does_not_read(
     torch.testing.assert_close(written.rows, rows[order])
     with pytest.raises(StrictDataclassClassValidationError, match="writer_pools_texts=False .* needs entity_row_wri"):
         replace(plain.config, writer_pools_texts=False)
+    with pytest.raises(StrictDataclassClassValidationError, match="written_entity_rows must be >= 0.* got -1"):
+        replace(plain.config, written_entity_rows=-1)
 
 
 def test_a_model_trained_with_a_row_a_passage_leaves_training_with_its_written_rows_kept_apart(corpus, tmp_path):
