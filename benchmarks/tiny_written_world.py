@@ -20,6 +20,15 @@ person's; *trained*, the trained people found and answered on their own rows. Le
 twice: a masked city is then mostly readable from the passage itself, as in a page of several biographies),
 `--random-mask-prob P` and `--dropout P` (the knowledge world's pre-training corrupts with both: 0.3 and 0.1).
 
+`--employers N` gives each person a second fact, an employer among N, stated in three sentence forms of its own: a
+passage then states one of a person's two facts, and a row written from another passage holds the hidden fact or the
+other one. The writer reads a row a passage, kept apart (`edmem pretrain --writer_pools_texts false`,
+`--writer_passages_per_row 5`: every other passage of the person), and the query has to choose the row that holds
+what the passage hides, as in the knowledge world's sentence pages; `--answer-rows` makes the rows that name it the
+linking loss's gold among the person's rows (`--writer_answer_rows`). The unseen people are then added a row for
+each of two sentences (the first city form and the first employer form), kept apart, and asked both facts: the city
+(`unseen_answered`) and the employer (`unseen_employer_answered`), in their second forms.
+
     python benchmarks/tiny_written_world.py --seeds 0 1 2 3 4 --out runs/tiny-written-world
 
 A rerun with the same `--out` reuses the runs that are done. Ends with one line `RESULT key=value ...`: means over
@@ -55,13 +64,19 @@ def marked(name: str) -> str:
 
 
 def tiny_world(
-    tokenizer, seed: int = 0, practice: int = SIZES["practice"], cities: int = SIZES["cities"], tagged: bool = False
+    tokenizer,
+    seed: int = 0,
+    practice: int = SIZES["practice"],
+    cities: int = SIZES["cities"],
+    tagged: bool = False,
+    employers: int = 0,
 ) -> dict:
     """`trained`, `practice` (that many) and `unseen` people, `cities` (that many), each person's `home` city and the
     three sentence `forms`; every name, city and form word one token of `tokenizer`. With `tagged`, each person has
     a `tag` that every sentence about them ends with (`{t}`), a pair of words of their own (each word shared with
     other people's tags, the pair no one else's): their passages then say who they are, as a biography's other facts
-    (common values, a combination of its own) do, and an added person's tag is made of trained words."""
+    (common values, a combination of its own) do, and an added person's tag is made of trained words. With
+    `employers`, each person also `works` for one of that many `employers`, stated in three `employer_forms` (`{e}`)."""
     room = SIZES["firsts"] * SIZES["lasts"] - SIZES["unseen"] - SIZES["trained"]
     if not 0 <= practice <= room:
         raise ValueError(f"practice={practice}: the names give room for 0 to {room} practice people")
@@ -88,28 +103,47 @@ def tiny_world(
         raise ValueError(f"{len(named)} people need tags, and {len(tags)} pairs of words are left")
     if tagged:
         forms = [form[: -len(" .")] + " {t} ." for form in forms]
-    return dict(unseen=people[:unseen], trained=people[unseen:trained], practice=people[trained : trained + practice],
-                cities=cities, home=home, forms=forms, tag=dict(zip(named, tags)) if tagged else {})  # fmt: skip
+    world = dict(unseen=people[:unseen], trained=people[unseen:trained], practice=people[trained : trained + practice],
+                 cities=cities, home=home, forms=forms, tag=dict(zip(named, tags)) if tagged else {},
+                 employers=[], works={}, employer_forms=[])  # fmt: skip
+    if employers:  # words after the tags', drawn apart: the one-fact world stays as it was
+        more = rest[len(cities) + 6 + 2 * SIZES["tag_words"] :]
+        if not 2 <= employers <= len(more) - 4:
+            raise ValueError(f"employers={employers}: 2 to {len(more) - 4}")
+        world["employers"], e = more[:employers], more[employers : employers + 4]
+        works = random.Random(seed + 2)
+        world["works"] = {person: works.choice(world["employers"]) for person in people}
+        world["employer_forms"] = [
+            f"{{p}} {e[0]} {{e}} .",
+            f"{e[1]} {{e}} {e[2]} {{p}} .",
+            f"{{p}} {e[3]} {{e}} {e[0]} .",
+        ]
+    return world
 
 
 def sentence(world: dict, text: str, person: str, city: str) -> str:
-    """`text` (forms) about `person`, both mentions marked, with `city` as theirs (and their tag, if they have one)."""
-    return text.format(p=marked(person), c=marked(city), t=world["tag"].get(person, ""))
+    """`text` (forms) about `person`, its mentions marked, with `city` as theirs (and their tag and employer, if they
+    have them)."""
+    employer = world["works"].get(person)
+    return text.format(p=marked(person), c=marked(city), e=marked(employer) if employer else "",
+                       t=world["tag"].get(person, ""))  # fmt: skip
 
 
 def write_corpus(tokenizer, world: dict, out: Path, restated: bool = False) -> Path:
     """An `edmem build-corpus` folder: each trained and practice person in the three forms, each form a passage
-    with both mentions labelled (with `restated`, each passage two forms, the city stated twice), and
-    `practice.txt`, the practice people's names (`--written_only_entities_file`)."""
-    names = world["cities"] + world["trained"] + world["practice"]
+    with both mentions labelled (with `restated`, each passage two forms, the city stated twice; with employers,
+    their three forms too, a passage each), and `practice.txt`, the practice people's names
+    (`--written_only_entities_file`)."""
+    names = world["cities"] + world["trained"] + world["practice"] + world["employers"]
     start = tokenizer.convert_tokens_to_ids("<E_s>")
     rows = {"input_ids": [], "entity_labels": []}
     for person in world["trained"] + world["practice"]:
         city = world["home"][person]
-        for i, form in enumerate(world["forms"]):
+        mentioned = {"{p}": person, "{c}": city, "{e}": world["works"].get(person)}
+        for i, form in enumerate(world["forms"] + world["employer_forms"]):
             text = form + (" " + world["forms"][(i + 1) % 3] if restated else "")
             ids = tokenizer(sentence(world, text, person, city)).input_ids
-            order = iter([person if kind == "{p}" else city for kind in _mentions(text)])
+            order = iter([mentioned[kind] for kind in _mentions(text)])
             rows["input_ids"].append(ids)
             rows["entity_labels"].append([names.index(next(order)) if t == start else -100 for t in ids])
     passages = Dataset.from_dict(rows)
@@ -121,8 +155,8 @@ def write_corpus(tokenizer, world: dict, out: Path, restated: bool = False) -> P
 
 
 def _mentions(text: str) -> list[str]:
-    """The `{p}` and `{c}` of a form, in order."""
-    return [text[at : at + 3] for at in range(len(text)) if text.startswith(("{p}", "{c}"), at)]
+    """The `{p}`, `{c}` and `{e}` of a form, in order."""
+    return [text[at : at + 3] for at in range(len(text)) if text.startswith(("{p}", "{c}", "{e}"), at)]
 
 
 def pretraining_arguments(
@@ -134,12 +168,17 @@ def pretraining_arguments(
     positions: int = 32,
     random_mask_prob: float = 0.0,
     dropout: float = 0.0,
+    rows_apart: int = 0,
+    answer_rows: bool = False,
 ) -> PretrainingArguments:
     """The tiny model (two layers a stack, d_model 64, `positions` tokens a passage or writer input) with a writer,
     trained `steps` steps on `corpus`; no token masked at random and no dropout unless asked (the knowledge world's
-    pre-training has both: 0.3 and 0.1)."""
+    pre-training has both: 0.3 and 0.1). With `rows_apart` P, a written entity is read through the rows of up to P
+    passages, each a row of its own (with `answer_rows`, those that name what the passage hides its gold)."""
     practice = corpus / "practice.txt"
+    apart = dict(writer_pools_texts=False, writer_passages_per_row=rows_apart, writer_answer_rows=answer_rows)
     return PretrainingArguments(
+        **(apart if rows_apart else {}),
         output_dir=str(output_dir), corpus_dir=str(corpus), entity_row_writer=True, written_row_share=0.5,
         written_only_share=0.0, written_only_entities_file=str(practice) if practice.read_text() else None,
         d_model=64, encoder_lower_layers=1, encoder_upper_layers=1, decoder_lower_layers=1, decoder_upper_layers=1,
@@ -159,18 +198,18 @@ def hide_practice_people(model, world: dict) -> None:
 
 @torch.no_grad()
 def found_and_answered(
-    model, tokenizer, people: list[str], ids: list[int], city_of: dict, text: str, world: dict
+    model, tokenizer, people: list[str], ids: list[int], city_of: dict, text: str, world: dict, asked: str = "{c}"
 ) -> tuple[int, int]:
     """How many of `people` the memory finds at their name (top entity `ids[i]` at the first `{p}` of `text`), and
-    whose city `city_of[person]` the model fills in, teacher-forced, in `text` with every `{c}`'s tokens masked one
-    by one (as pre-training masks a mention)."""
+    whose city `city_of[person]` (or with `asked="{e}"`, employer) the model fills in, teacher-forced, in `text` with
+    every `asked` mention's tokens masked one by one (as pre-training masks a mention)."""
     start, end = model.config.entity_start_token_id, model.config.entity_end_token_id
     kinds = _mentions(text)
     found = answered = 0
     for person, entity in zip(people, ids):
         full = tokenizer(sentence(world, text, person, city_of[person]), return_tensors="pt").input_ids
         starts, ends = (full[0] == start).nonzero()[:, 0], (full[0] == end).nonzero()[:, 0]
-        cities = [(int(starts[i]) + 1, int(ends[i])) for i, kind in enumerate(kinds) if kind == "{c}"]
+        cities = [(int(starts[i]) + 1, int(ends[i])) for i, kind in enumerate(kinds) if kind == asked]
         question = full.clone()
         for begin, stop in cities:
             question[0, begin:stop] = tokenizer.mask_token_id
@@ -183,23 +222,34 @@ def found_and_answered(
 
 def measure(model_dir: Path, tokenizer, world: dict, restated: bool = False) -> dict:
     """The figures of one trained model (the module's docstring): counts out of `len(people)`. The unseen people are
-    added from the first form (with `restated`, the first two) and asked in the second (the second and third)."""
+    added from the first form (with `restated`, the first two; with employers, and the first employer form, a row
+    each, kept apart as the model reads them) and asked in the second (the second and third)."""
     forms, home, unseen = world["forms"], world["home"], world["unseen"]
     written_from, question = (f"{forms[0]} {forms[1]}", f"{forms[1]} {forms[2]}") if restated else (forms[0], forms[1])
     told = {p: world["cities"][(world["cities"].index(home[p]) + 1) % len(world["cities"])] for p in unseen}
+    employer = world["employer_forms"][:2]  # written from the first, asked in the second
     result = {}
     for name, city_of in (("unseen", home), ("told", told)):
         model = EDMemForConditionalGeneration.from_pretrained(model_dir).eval()
         hide_practice_people(model, world)
-        texts = [[sentence(world, written_from, person, city_of[person])] for person in unseen]
+        texts = [[sentence(world, text, person, city_of[person]) for text in (written_from, *employer[:1])]
+                 for person in unseen]  # fmt: skip
         ids = add_entities(model, unseen, texts, tokenizer)  # the model's writer, its default
         result[f"{name}_found"], result[f"{name}_answered"] = found_and_answered(
             model, tokenizer, unseen, ids, city_of, question, world
         )
+        if employer and name == "unseen":
+            result["unseen_employer_answered"] = found_and_answered(
+                model, tokenizer, unseen, ids, home, employer[1], world, asked="{e}"
+            )[1]
     ids = [model.entity_vocab.id_of(person) for person in world["trained"]]
     result["trained_found"], result["trained_answered"] = found_and_answered(
         model, tokenizer, world["trained"], ids, home, question, world
     )
+    if employer:
+        result["trained_employer_answered"] = found_and_answered(
+            model, tokenizer, world["trained"], ids, home, employer[1], world, asked="{e}"
+        )[1]
     return result
 
 
@@ -224,22 +274,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--random-mask-prob", type=float, default=0.0,
                         help="Chance that each other token is masked (the paper's and the knowledge world's: 0.3).")  # fmt: skip
     parser.add_argument("--dropout", type=float, default=0.0, help="Dropout (the knowledge world's: 0.1).")
+    parser.add_argument("--employers", type=int, default=0,
+                        help="A second fact, an employer among this many, a passage stating one fact; rows apart.")  # fmt: skip
+    parser.add_argument("--answer-rows", action="store_true",
+                        help="With --employers: the rows that name what a passage hides are the linking gold.")  # fmt: skip
     parser.add_argument("--out", type=Path, required=True, help="Runs and results_<setting>.json go here.")
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error(f"--steps {args.steps}: at least one step")
+    if args.answer_rows and not args.employers:
+        parser.error("--answer-rows chooses among a person's rows, which --employers gives")
+    if args.employers and args.restated:
+        parser.error("--employers and --restated are worlds of their own: give one")
     torch.set_num_threads(1)
     tokenizer = make_word_tokenizer(bart_template=True)
-    world = tiny_world(tokenizer, practice=args.practice, cities=args.cities, tagged=args.tagged)
+    world = tiny_world(tokenizer, practice=args.practice, cities=args.cities, tagged=args.tagged,
+                       employers=args.employers)  # fmt: skip
     variant = (
         ("-restated" if args.restated else "")
         + ("-tagged" if args.tagged else "")
         + (f"-cities{args.cities}" if args.cities != SIZES["cities"] else "")
+        + (f"-employers{args.employers}" if args.employers else "")
     )
     corruption = (f"-random-mask{args.random_mask_prob}" if args.random_mask_prob else "") + (
         f"-dropout{args.dropout}" if args.dropout else ""
     )
     setting = f"practice{args.practice}-key{args.entity_key_dim}{variant}{corruption}"
+    setting += "-answer-rows" if args.answer_rows else ""
     corpus = args.out / f"corpus-practice{args.practice}{variant}"
     if not (corpus / "practice.txt").exists():
         write_corpus(tokenizer, world, corpus, restated=args.restated)
@@ -249,17 +310,19 @@ def main(argv: list[str] | None = None) -> int:
         if not (model_dir / "model.safetensors").exists():
             positions = 64 if args.restated else 32  # a passage of two sentences, and a writer input of one
             arguments = pretraining_arguments(corpus, model_dir, seed, args.steps, args.entity_key_dim or None,
-                                              positions, args.random_mask_prob, args.dropout)  # fmt: skip
+                                              positions, args.random_mask_prob, args.dropout,
+                                              5 if args.employers else 0, args.answer_rows)  # fmt: skip
             pretrain(arguments)
         per_seed[seed] = measure(model_dir, tokenizer, world, args.restated)
         per_seed[seed]["passes"] = passes(per_seed[seed], world)
         print(f"seed {seed}: {per_seed[seed]}", flush=True)
-    group = {"unseen": "unseen", "told": "unseen", "trained": "trained"}
+    group = {"unseen": "unseen", "told": "unseen", "trained": "trained"}  # the first word of a key
     people = {key: len(world[group[key.split("_")[0]]]) for key in next(iter(per_seed.values())) if key != "passes"}
     summary = {key: 100 * sum(r[key] for r in per_seed.values()) / (people[key] * len(per_seed)) for key in people}
     summary["seeds_passing"] = sum(r["passes"] for r in per_seed.values())
     results = dict(setting=setting, sizes=SIZES | {"practice": args.practice, "cities": args.cities},
                    steps=args.steps, entity_key_dim=args.entity_key_dim, restated=args.restated, tagged=args.tagged,
+                   employers=args.employers, answer_rows=args.answer_rows,
                    random_mask_prob=args.random_mask_prob, dropout=args.dropout,
                    seeds=args.seeds, per_seed=per_seed, percent_over_seeds=summary)  # fmt: skip
     (args.out / f"results_{setting}_{args.steps}_steps.json").write_text(json.dumps(results, indent=1) + "\n")

@@ -113,6 +113,7 @@ from edmem_hf.entity_growth import (  # noqa: E402
     memory_queries,
     new_entity_passages,
     pretraining_examples,
+    write_rows_as_read,
     write_rows_into_table,
     writer_inputs,
     written_rows,
@@ -177,6 +178,7 @@ class GrowthSettings:
     writer_passages_by_mentions: bool = False  # the writer's training writes from passages that mention most
     writer_passages_per_row: int = 1  # the writer's training: each written row the mean of this many passages' rows
     writer_pools_texts: bool = True  # ... False: a row each of those passages, the query choosing among them
+    writer_answer_rows: bool = False  # ... the linking gold among them: the rows naming what the passage hides
     entity_key_dim: int | None = None  # the writer's model: a row's columns that queries score (the rest its value)
     writer_dropout: float | None = None  # the writer's model's pre-training dropout (None: every model's, 0.1)
     # what the writer writes an added (and a rewritten) person's row from: "passages", the windows around their
@@ -550,7 +552,8 @@ def rewrite(model_dir: Path, data_file: Path, new_dump: str, estimator: str, add
             ) -> dict[str, float]:  # fmt: skip
     """EM on the trained people's questions of `data_file` as answered (`plain`) and with their rows replaced by
     rows written from their passages in the full world's dump (`rewritten`), by `estimator` (the writer, from
-    `added_texts`; or the scaled mean query)."""
+    `added_texts`, as the model reads an entity's texts: their mean, or a row each kept apart; or the scaled mean
+    query)."""
     model = EDMemForConditionalGeneration.from_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     plain = em_of(answer_questions(model, tokenizer, data_file), data_file)
@@ -560,7 +563,7 @@ def rewrite(model_dir: Path, data_file: Path, new_dump: str, estimator: str, add
     ids = [model.entity_vocab.id_of(person) for person in people]
     table = model.get_encoder().entity_embeddings.weight
     if estimator == WRITER:
-        write_rows_into_table(model, ids, writer_inputs(model, people, texts, tokenizer))
+        write_rows_as_read(model, ids, writer_inputs(model, people, texts, tokenizer))
     else:
         means = memory_queries(model, texts, tokenizer)
         with torch.no_grad():
@@ -865,6 +868,7 @@ def writer_folder(settings: GrowthSettings) -> str:
     name += "-by-mentions" if settings.writer_passages_by_mentions else ""
     if settings.writer_passages_per_row != 1 or not settings.writer_pools_texts:  # a model of its own either way
         name += f"-{'pooled' if settings.writer_pools_texts else 'rows'}-{settings.writer_passages_per_row}"
+    name += "-answer-rows" if settings.writer_answer_rows else ""
     name += "-names-like-written-only" if settings.fresh_names_like_written_only else ""
     name += f"-share-{settings.written_row_share}" if settings.written_row_share != 0.5 else ""
     name += f"-decoys-{settings.writer_decoy_rows}" if settings.writer_decoy_rows else ""
@@ -921,6 +925,7 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
                                   writer_passages_by_mentions=settings.writer_passages_by_mentions,
                                   writer_passages_per_row=settings.writer_passages_per_row,
                                   writer_pools_texts=settings.writer_pools_texts,
+                                  writer_answer_rows=settings.writer_answer_rows,
                                   fresh_names_like_written_only=settings.fresh_names_like_written_only,
                                   writer_decoy_rows=settings.writer_decoy_rows,
                                   entity_key_dim=settings.entity_key_dim, **balance, **writer_dropout(settings))  # fmt: skip
@@ -996,6 +1001,7 @@ def pretrain_reader(
                             written_only_entities_file=data["practice_people"] and str(data["practice_people"]),
                             writer_passages_by_mentions=settings.writer_passages_by_mentions,
                             writer_passages_per_row=settings.writer_passages_per_row,
+                            writer_answer_rows=settings.writer_answer_rows,
                             fresh_names_like_written_only=settings.fresh_names_like_written_only
                             or settings.reader_names_like_written_only,
                             row_autoencoding_share=settings.reader_row_autoencoding_share,
@@ -1172,6 +1178,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--writer-rows-apart", dest="writer_pools_texts", action="store_false", default=None,
                         help="the writer's training: the passages of --writer-passages-per-row each a row of their "
                              "own, the query choosing among them (`edmem pretrain --writer_pools_texts false`)")  # fmt: skip
+    parser.add_argument("--writer-answer-rows", action="store_true", default=None,
+                        help="with --writer-rows-apart: the linking loss's gold among an entity's rows, those written "
+                             "from a passage that names what the passage read hides (`edmem pretrain "
+                             "--writer_answer_rows`)")  # fmt: skip
     parser.add_argument("--entity-key-dim", type=int,
                         help="the writer's model: the columns of a row that queries score, its key; the rest are its "
                              "value, read by the memory (default: all, the paper's row)")  # fmt: skip
@@ -1206,7 +1216,7 @@ def main(argv: list[str] | None = None) -> int:
                 "practice_share",
                 "practice_questions_people", "written_table", "row_autoencoding_share",
                 "row_autoencoding_written_only", "writer_passages_by_mentions", "writer_passages_per_row",
-                "writer_pools_texts", "entity_key_dim", "writer_dropout",
+                "writer_pools_texts", "writer_answer_rows", "entity_key_dim", "writer_dropout",
                 "added_texts", "fresh_names_like_written_only", "writer_decoy_rows", "reader_steps", "reader_names_like_written_only",
                 "reader_row_autoencoding_share"):  # fmt: skip
         if getattr(args, key) is not None:
@@ -1254,6 +1264,7 @@ def main(argv: list[str] | None = None) -> int:
         f"writer_passages_by_mentions={int(settings.writer_passages_by_mentions)}",
         f"writer_passages_per_row={settings.writer_passages_per_row}",
         f"writer_pools_texts={int(settings.writer_pools_texts)}",
+        f"writer_answer_rows={int(settings.writer_answer_rows)}",
         f"entity_key_dim={settings.entity_key_dim}",
         f"writer_dropout={settings.writer_dropout}",
         f"added_texts={settings.added_texts}",

@@ -152,6 +152,45 @@ def test_an_entity_of_several_written_rows_reads_each_and_is_scored_by_all():
         assert torch.allclose(result.read, expected, atol=1e-6)
 
 
+def test_gold_rows_narrow_a_gold_entity_s_score_to_the_rows_that_answer():
+    """`gold_rows` (the rows whose passage names what a query's passage hides): a query whose gold entity has rows
+    among them is scored by those alone, one whose gold has none there by all of its rows; the log-partition and the
+    read do not change; gradients reach the chosen rows."""
+    torch.manual_seed(5)
+    queries = torch.randn(5, 8, dtype=torch.float64)
+    table = torch.randn(12, 8, dtype=torch.float64)
+    ids = torch.tensor([3, 3, 3, 7, 7])
+    rows = torch.randn(5, 8, dtype=torch.float64, requires_grad=True)
+    gold = torch.tensor([3, 3, 7, 7, 2])
+    gold_rows = torch.tensor(
+        [
+            [0, 1, 0, 0, 0],  # query 0: entity 3's second row
+            [0, 1, 1, 1, 0],  # query 1: entity 3's second and third (entity 7's row is not its gold)
+            [1, 1, 1, 0, 0],  # query 2: none of entity 7's rows: all of them
+            [0, 0, 0, 0, 1],  # query 3: entity 7's second
+            [1, 1, 1, 1, 1],
+        ],
+        dtype=torch.bool,
+    )  # query 4: a table entity
+    written = WrittenRows(ids, rows)
+    plain = entity_attention(queries, table, labels=gold, chunk_size=4, written_rows=written)
+    narrowed = entity_attention(queries, table, labels=gold, chunk_size=4, written_rows=written, gold_rows=gold_rows)
+    scores = queries @ rows.t()
+    expected_gold = torch.stack([scores[0, 1], scores[1, 1:3].logsumexp(0), scores[2, 3:].logsumexp(0), scores[3, 4],
+                                 queries[4] @ table[2]])  # fmt: skip
+    assert torch.allclose(narrowed.nll.double(), narrowed.log_partition.double() - expected_gold, atol=1e-6)
+    assert torch.allclose(narrowed.read, plain.read) and torch.allclose(narrowed.log_partition, plain.log_partition)
+    assert (
+        torch.allclose(narrowed.nll[[2, 4]], plain.nll[[2, 4]])
+        and (narrowed.nll[[0, 1, 3]] > plain.nll[[0, 1, 3]]).all()
+    )
+    narrowed.nll.sum().backward()
+    assert (rows.grad.abs().sum(-1) > 0).all()
+    every = torch.ones_like(gold_rows)  # every row answers: the entity's rows all count, as without gold_rows
+    assert torch.allclose(entity_attention(queries, table, labels=gold, written_rows=written, gold_rows=every).nll,
+                          plain.nll)  # fmt: skip
+
+
 # --- the model -------------------------------------------------------------------------------------------------
 
 
@@ -227,6 +266,29 @@ def test_written_rows_train_the_writer_and_replace_the_table_rows():
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.entity_writer.parameters())
     table_grad = model.model.entity_embeddings.weight.grad
     assert table_grad[WRITTEN_IDS].abs().max() == 0 and table_grad.abs().max() > 0
+
+
+def test_rows_that_answer_are_the_gold_of_their_examples_mentions_in_the_model():
+    """`written_rows_answering` (batch, K): with a row a text, each example's mentions of an entity with several rows
+    take those it marks as their gold; marking every row changes nothing, marking one raises the linking loss; a
+    pooled model has one row an entity and ignores it; a wrong shape is refused."""
+    fields = {**writer_fields(), "written_entity_ids": torch.tensor([7, 7])}
+    batch = tiny_batch()
+    apart = tiny_model(seed=4, entity_row_writer=True, writer_pools_texts=False).eval()
+    every = torch.ones(batch["input_ids"].shape[0], 2, dtype=torch.bool)
+    one = every.clone()
+    one[:, 1] = False
+    with torch.no_grad():
+        plain = apart(**batch, **fields)
+        assert torch.equal(apart(**batch, **fields, written_rows_answering=every).loss, plain.loss)
+        narrowed = apart(**batch, **fields, written_rows_answering=one)
+        assert narrowed.entity_loss > plain.entity_loss and torch.equal(narrowed.logits, plain.logits)
+        pooled = tiny_model(seed=4, entity_row_writer=True).eval()
+        assert torch.equal(pooled(**batch, **fields, written_rows_answering=one).loss, pooled(**batch, **fields).loss)
+    with pytest.raises(ValueError, match="needs a column for each of the 2 written_entity_ids"):
+        apart(**batch, **fields, written_rows_answering=every[:, :1])
+    with pytest.raises(ValueError, match="without written_entity_ids"):
+        apart(**batch, written_rows_answering=every)
 
 
 def test_bad_written_entity_fields_raise():

@@ -387,6 +387,74 @@ def test_a_pooled_row_is_the_mean_of_rows_from_passages_the_batch_does_not_read(
         replace(plain.config, written_entity_rows=-1)
 
 
+def _names_all_masked(input_ids: list[int], labels: list[int], mask: int) -> set[int]:
+    """The entities of the mentions of one input whose tokens between the markers are all `mask` (5, 6: markers)."""
+    hidden, shown, i = set(), set(), 0
+    while i < len(input_ids):
+        if input_ids[i] == 5 and labels[i] >= 0:
+            end = input_ids.index(6, i)
+            (hidden if all(t == mask for t in input_ids[i + 1 : end]) else shown).add(labels[i])
+            i = end
+        i += 1
+    return hidden - shown
+
+
+@pytest.mark.parametrize("mention_mask_prob", [0.0, 0.5, 1.0])
+def test_rows_that_answer_name_an_entity_their_example_hides(corpus, mention_mask_prob):
+    """`answer_rows`: row k answers example b when the passage it is written from names an entity whose every
+    mention in b is masked (other than the row's own entity); none when nothing is masked, every row naming another
+    of b's entities when every name is."""
+    collator = writer_collator(corpus, written_row_share=1.0, max_written_rows=64, seed=4, passages_per_row=3,
+                               answer_rows=True)  # fmt: skip
+    collator = replace(collator, base=EDMemMaskingCollator(collator.tokenizer, random_mask_prob=0.2,
+                                                          mention_mask_prob=mention_mask_prob, seed=1))  # fmt: skip
+    rng, answering = random.Random(2), 0
+    for _ in range(10):
+        examples = [{**collator.passages[i], "example_index": i} for i in rng.sample(range(len(collator.passages)), 8)]
+        batch = collator(examples)
+        owners = batch["written_entity_ids"].tolist()
+        chosen, _ = collator.choose(examples)
+        more = collator.pooled_passages(chosen, examples)
+        sources = [p for entity, first in chosen.items() for p in (first, *more.get(entity, ()))]
+        named = [set(collator.passages[p]["entity_labels"]) - {-100} for p in sources]
+        for b, example in enumerate(examples):
+            ids, labels = batch["input_ids"][b].tolist(), batch["entity_labels"][b].tolist()
+            hidden = _names_all_masked(ids, labels, collator.tokenizer.mask_token_id)
+            if mention_mask_prob == 1.0:
+                assert hidden == set(example["entity_labels"]) - {-100}
+            expected = [bool((hidden - {owner}) & names) for owner, names in zip(owners, named)]
+            assert batch["written_rows_answering"][b].tolist() == expected
+            answering += sum(expected)
+    assert (answering > 0) == (mention_mask_prob > 0)
+    with pytest.raises(ValueError, match="answer_rows reads the entities of the corpus's passages"):
+        WriterCollator.from_corpus(collator.base, corpus, EDMemForConditionalGeneration(collator.config),
+                                   collator.tokenizer, answer_rows=True)  # fmt: skip
+
+
+def test_pretraining_with_rows_that_answer(corpus, tmp_path):
+    """`edmem pretrain --writer_answer_rows` gives the batches their answering rows and trains; it needs rows kept
+    apart, several an entity."""
+    from edmem_hf.pretraining import _dataloaders, build_model, load_corpus
+
+    common = dict(max_steps=2, entity_row_writer=True, written_only_share=0.3, writer_passages_per_row=3,
+                  writer_answer_rows=True)  # fmt: skip
+    passages, vocab, tokenizer = load_corpus(corpus)
+    for refused in ({}, {"writer_pools_texts": False, "writer_passages_per_row": 1}):
+        args = _args(corpus, tmp_path / "refused", **{**common, **refused})
+        with pytest.raises(ValueError, match="--writer_answer_rows chooses among an entity's rows"):
+            _dataloaders(args, passages, tokenizer, 1, build_model(args, tokenizer, vocab))
+    args = _args(corpus, tmp_path / "x", writer_pools_texts=False, **common)
+    _, loader, _ = _dataloaders(args, passages, tokenizer, 1, build_model(args, tokenizer, vocab))
+    batches = [batch for _, batch in zip(range(4), loader)]
+    assert all(
+        b["written_rows_answering"].shape == (len(b["input_ids"]), len(b["written_entity_ids"])) for b in batches
+    )
+    assert any(b["written_rows_answering"].any() for b in batches)
+    assert pretrain(_args(corpus, tmp_path / "run", writer_pools_texts=False, **common))["completed"]
+    with pytest.raises(ValueError, match="--writer_answer_rows is an option of training the writer"):
+        pretrain(_args(corpus, tmp_path / "none", writer_answer_rows=True))
+
+
 def test_a_model_trained_with_a_row_a_passage_leaves_training_with_its_written_rows_kept_apart(corpus, tmp_path):
     """`--writer_pools_texts false`: the written-only entities' rows, written when training ends, are kept apart
     beside the table, a row a passage (the table row their mean), as the model read them in training."""

@@ -53,3 +53,33 @@ def test_the_tiny_world_refuses_what_its_names_and_words_cannot_hold():
         world_module.tiny_world(tokenizer, cities=120, tagged=True)
     with pytest.raises(SystemExit):
         world_module.main(["--steps", "0", "--out", "unused"])
+
+
+def test_a_second_fact_gives_each_passage_one_of_two_facts_and_leaves_the_one_fact_world_as_it_was(tmp_path):
+    """`employers`: each person works for one of them, stated in three forms of its own, a passage each beside the
+    three city forms, both mentions labelled; the people, their cities and the city forms are the one-fact world's."""
+    from datasets import load_from_disk
+
+    from edmem_hf import EntityVocab
+
+    tokenizer = make_word_tokenizer(bart_template=True)
+    one, two = world_module.tiny_world(tokenizer), world_module.tiny_world(tokenizer, employers=4)
+    assert all(one[key] == two[key] for key in ("unseen", "trained", "practice", "cities", "home", "forms"))
+    assert not one["employers"] and len(two["employers"]) == 4 and not set(two["employers"]) & set(two["cities"])
+    assert set(two["works"].values()) <= set(two["employers"]) and len(set(two["works"].values())) > 1
+    corpus = world_module.write_corpus(tokenizer, two, tmp_path / "corpus")
+    passages = load_from_disk(str(corpus / "passages"))["train"]
+    names = EntityVocab.load(str(corpus)).names
+    people = two["trained"] + two["practice"]
+    assert len(passages) == 6 * len(people)
+    person = people[0]
+    for k, row in enumerate(passages.select(range(6))):
+        labelled = [names[label] for label in row["entity_labels"] if label >= 0]
+        fact = two["home"][person] if k < 3 else two["works"][person]
+        assert sorted(labelled) == sorted([person, fact]), (k, labelled)
+    arguments = world_module.pretraining_arguments(corpus, tmp_path / "model", seed=0, rows_apart=5, answer_rows=True)
+    assert (arguments.writer_pools_texts, arguments.writer_passages_per_row, arguments.writer_answer_rows) == (
+        False, 5, True
+    )  # fmt: skip
+    with pytest.raises(SystemExit):
+        world_module.main(["--answer-rows", "--out", "unused"])

@@ -30,11 +30,20 @@ class WrittenRows(NamedTuple):
     `read_at` (optional, `(batch, seq)` over the encoder's input): an entity id at each `<E_s>` whose memory read is
     that entity's written row itself, whatever the query finds (-100 elsewhere): the row handed to the reader, as
     TOME's mention auto-encoder hands memory entries to its reader, where a masked name leaves nothing to search by.
+
+    `answering` (optional, `(batch, K)` bool): the rows written from a passage that names what example `b` hides
+    (`writer_batches.WriterCollator`'s `answer_rows`). A mention of example `b` whose entity has rows among them is
+    scored by those alone as its gold: the linking loss then teaches the query which of an entity's rows to read.
     """
 
     ids: torch.Tensor
     rows: torch.Tensor
     read_at: torch.Tensor | None = None
+    answering: torch.Tensor | None = None
+
+    def gold_rows(self, positions: torch.Tensor) -> torch.Tensor | None:
+        """`(M, K)`: `answering` at the examples of the mentions at `positions` `(M, 2)` (batch, position), or None."""
+        return None if self.answering is None else self.answering.to(positions.device)[positions[:, 0]]
 
 
 def with_handed_rows(
@@ -91,6 +100,7 @@ def entity_attention(
     return_top_k: int | None = None,
     index=None,
     written_rows: WrittenRows | None = None,
+    gold_rows: torch.Tensor | None = None,
 ) -> EntityAttentionResult:
     """Softmax attention of queries over the entity table (equations 1-2 of the paper, before `W_out`).
 
@@ -107,6 +117,8 @@ def entity_attention(
         index: an `EntityIndex` (entity_index.py) to find the top-k with when gradients are disabled.
         written_rows: rows read in place of their ids' table rows (`_attention_with_written_rows`); None or none at
             all: the table alone, by the code below.
+        gold_rows: optional `(M, K)` bool over `written_rows`: where a query's gold entity has rows among them, its
+            gold score is theirs alone (the log-sum-exp of those rows' scores); elsewhere all of its rows'.
 
     Returns:
         `EntityAttentionResult(read (M, d), log_partition (M,), nll (M_labelled,), top_ids, top_scores (M, k))`.
@@ -114,7 +126,17 @@ def entity_attention(
     """
     if written_rows is not None and written_rows.ids.numel():
         return _attention_with_written_rows(
-            queries, table, written_rows, labels, entity_mask, top_k, chunk_size, compute_read, return_top_k, index
+            queries,
+            table,
+            written_rows,
+            labels,
+            entity_mask,
+            top_k,
+            chunk_size,
+            compute_read,
+            return_top_k,
+            index,
+            gold_rows,
         )
     num_entities = table.shape[0]
     top_ids = top_scores = None
@@ -170,6 +192,7 @@ def _attention_with_written_rows(
     compute_read: bool,
     return_top_k: int | None,
     index,
+    gold_rows: torch.Tensor | None = None,
 ) -> EntityAttentionResult:
     """`entity_attention` over the table with `written.rows` in place of the rows `written.ids`, as
     `dense_entity_attention(..., written_rows=written)` computes it: the table's pass (chunked, those rows masked out
@@ -216,7 +239,8 @@ def _attention_with_written_rows(
             table_share = (table_lse - finite).exp()[:, None]
             read = (table_share * table_read.float() + written_probs @ rows.float()).to(queries.dtype)
         if labels is not None:
-            gold_scores = torch.where(gold_slot >= 0, _written_gold_scores(written_scores, ids, gold), table_gold)
+            written_gold = _written_gold_scores(written_scores, ids, gold, gold_rows)
+            gold_scores = torch.where(gold_slot >= 0, written_gold, table_gold)
             labelled = gold >= 0
             nll = log_partition[labelled] - gold_scores[labelled]
     if compute_read and not full_read:
@@ -234,10 +258,17 @@ def _attention_with_written_rows(
     return EntityAttentionResult(read, log_partition, nll, top_ids, top_scores)
 
 
-def _written_gold_scores(written_scores: torch.Tensor, ids: torch.Tensor, gold: torch.Tensor) -> torch.Tensor:
+def _written_gold_scores(
+    written_scores: torch.Tensor, ids: torch.Tensor, gold: torch.Tensor, gold_rows: torch.Tensor | None = None
+) -> torch.Tensor:
     """`(M,)`: each query's score of its `gold` entity's written rows, from `written_scores` `(M, K)` of the rows
-    `ids` `(K,)`: the log-sum-exp over them when an entity has several (-inf where the gold has none)."""
-    return written_scores.masked_fill(ids[None, :] != gold[:, None], float("-inf")).logsumexp(-1)
+    `ids` `(K,)`: the log-sum-exp over them when an entity has several (-inf where the gold has none); only over
+    those of `gold_rows` `(M, K)` where the gold has any there."""
+    own = ids[None, :] == gold[:, None]
+    if gold_rows is not None:
+        chosen = own & gold_rows.to(own.device)
+        own = torch.where(chosen.any(-1, keepdim=True), chosen, own)
+    return written_scores.masked_fill(~own, float("-inf")).logsumexp(-1)
 
 
 def _slots(entity_ids: torch.Tensor, written_ids: torch.Tensor) -> torch.Tensor:

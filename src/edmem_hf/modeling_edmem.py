@@ -108,9 +108,13 @@ def with_kept_rows(
     ids, rows = ids[shown], rows[shown]
     if written_rows is None:
         return WrittenRows(ids, rows)
+    answering = written_rows.answering
+    if answering is not None:  # a kept row answers nothing: the batch did not choose its passage
+        answering = torch.cat([answering, answering.new_zeros(answering.shape[0], ids.shape[0])], dim=1)
     return written_rows._replace(
         ids=torch.cat([written_rows.ids, ids.to(written_rows.ids.device)]),
         rows=torch.cat([written_rows.rows, rows.to(written_rows.rows)]),
+        answering=answering,
     )
 
 
@@ -178,6 +182,7 @@ class EntityMemory(nn.Module):
             return_top_k=return_top_k,
             index=None if self.training else self.entity_index,
             written_rows=written_rows,
+            gold_rows=written_rows.gold_rows(positions) if written_rows is not None else None,
         )
         read = result.read
         if written_rows is not None and written_rows.read_at is not None:
@@ -241,6 +246,7 @@ class EntityLinkingHead(nn.Module):
             return_top_k=return_top_k,
             index=None if self.training else self.entity_index,
             written_rows=written_rows,
+            gold_rows=written_rows.gold_rows(positions) if written_rows is not None else None,
         )
         return EntityMemoryAccess(
             positions=positions,
@@ -1042,14 +1048,21 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
         return self.entity_writer(hidden, writer_input_ids, writer_attention_mask)
 
     def _written_rows(
-        self, written_entity_ids, writer_input_ids, writer_attention_mask, written_read_entity_ids, input_ids
+        self,
+        written_entity_ids,
+        writer_input_ids,
+        writer_attention_mask,
+        written_read_entity_ids,
+        input_ids,
+        written_rows_answering=None,
     ) -> WrittenRows | None:
         """The written rows a batch asks for: `written_entity_ids[i]` reads the row written from
         `writer_input_ids[i]` (an id given several times: the mean of its rows, or with `config.writer_pools_texts`
-        off, each row on its own), handed to the mentions of `written_read_entity_ids` (`writer_batches.WriterCollator`
+        off, each row on its own), handed to the mentions of `written_read_entity_ids`, the gold of the mentions of
+        example `b` among an entity's rows those of `written_rows_answering[b]` (`writer_batches.WriterCollator`
         makes these fields)."""
         if written_entity_ids is None:
-            if writer_input_ids is not None or written_read_entity_ids is not None:
+            if any(field is not None for field in (writer_input_ids, written_read_entity_ids, written_rows_answering)):
                 raise ValueError("writer fields were given without written_entity_ids, the entities they write")
             return None
         if writer_input_ids is None or writer_input_ids.shape[0] != written_entity_ids.shape[0]:
@@ -1066,13 +1079,19 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
                 raise ValueError(
                     "written_read_entity_ids names an entity that has no written row (written_entity_ids)"
                 )
+        if written_rows_answering is not None and written_rows_answering.shape[1:] != ids.shape:
+            raise ValueError(
+                f"written_rows_answering has shape {tuple(written_rows_answering.shape)}: it needs a column for each "
+                f"of the {ids.numel()} written_entity_ids"
+            )
         rows = self.write_entity_rows(writer_input_ids, writer_attention_mask)
         distinct, owner = ids.unique(return_inverse=True)
         if distinct.numel() == ids.numel() or not self.config.writer_pools_texts:  # a row a text
-            return WrittenRows(ids, rows, written_read_entity_ids)
+            answering = None if written_rows_answering is None else written_rows_answering.bool()
+            return WrittenRows(ids, rows, written_read_entity_ids, answering)
         counts = torch.bincount(owner, minlength=distinct.numel()).to(rows.dtype)  # rows pooled: their mean
         pooled = rows.new_zeros(distinct.numel(), rows.shape[1]).index_add(0, owner, rows) / counts[:, None]
-        return WrittenRows(distinct, pooled, written_read_entity_ids)
+        return WrittenRows(distinct, pooled, written_read_entity_ids)  # a row an entity: nothing to choose among
 
     @can_return_tuple
     def forward(
@@ -1095,6 +1114,7 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
         writer_input_ids: torch.LongTensor | None = None,
         writer_attention_mask: torch.Tensor | None = None,
         written_read_entity_ids: torch.LongTensor | None = None,
+        written_rows_answering: torch.Tensor | None = None,
         **kwargs,
     ) -> EDMemSeq2SeqLMOutput:
         r"""
@@ -1115,10 +1135,17 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
             `config.writer_pools_texts` off.
         written_read_entity_ids: `(batch, src_len)`, a written entity's id at each `<E_s>` of `input_ids` whose encoder
             memory read is that entity's written row itself (`WrittenRows.read_at`), -100 elsewhere.
+        written_rows_answering: `(batch, K)` bool, the written rows whose passage names what example `b` hides: the
+            gold among an entity's several rows of the mentions of example `b` (`WrittenRows.answering`).
         """
         config = self.config
         written_rows = self._written_rows(
-            written_entity_ids, writer_input_ids, writer_attention_mask, written_read_entity_ids, input_ids
+            written_entity_ids,
+            writer_input_ids,
+            writer_attention_mask,
+            written_read_entity_ids,
+            input_ids,
+            written_rows_answering,
         )
         if labels is not None:
             use_cache = False

@@ -155,6 +155,14 @@ class PretrainingArguments:
             "written from as many, their mean (docs/model.md)."
         },
     )
+    writer_answer_rows: bool = field(
+        default=False,
+        metadata={
+            "help": "With --writer_pools_texts false: the linking loss of a mention takes as its gold, among its "
+            "entity's rows, those written from a passage that names an entity its passage hides, so that the query "
+            "learns which row to read (docs/model.md, 'A row a passage')."
+        },
+    )
     frozen_writer: bool = field(
         default=False,
         metadata={
@@ -933,6 +941,7 @@ _WRITER_TRAINING_OPTIONS = (
     "row_autoencoding_written_only",
     "writer_passages_by_mentions",
     "writer_passages_per_row",
+    "writer_answer_rows",
     "fresh_names_like_written_only",
     "writer_decoy_rows",
     "frozen_writer",
@@ -1031,6 +1040,9 @@ def _writer_collator(args: PretrainingArguments, base: Any, passages: Any, token
 
     if model.entity_vocab is None:
         raise ValueError("training the entity row writer needs the model's entity_vocab: it writes names")
+    if args.writer_answer_rows and (model.config.writer_pools_texts or args.writer_passages_per_row < 2):
+        raise ValueError("--writer_answer_rows chooses among an entity's rows: give --writer_pools_texts false and "
+                         "--writer_passages_per_row 2 or more")  # fmt: skip
     practice = []
     if args.written_only_entities_file:
         practice = _entity_ids_in_file(
@@ -1045,6 +1057,7 @@ def _writer_collator(args: PretrainingArguments, base: Any, passages: Any, token
         row_autoencoding_written_only=args.row_autoencoding_written_only,
         passages_by_mentions=args.writer_passages_by_mentions, passages_per_row=args.writer_passages_per_row,
         fresh_names_like_written_only=args.fresh_names_like_written_only, decoy_rows=args.writer_decoy_rows,
+        answer_rows=args.writer_answer_rows,
     )  # fmt: skip
 
 

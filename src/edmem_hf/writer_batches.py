@@ -92,7 +92,12 @@ class WriterCollator:
     `row_autoencoding_written_only`) is read as the entity's written row alone (`_autoencode`). With
     `passages_per_row` P > 1, each written entity reads the mean of the rows written from up to P passages the batch
     does not read (`pooled_passages`): a row pooled from several passages, as an added entity's row is from its
-    texts, and the only one to hold the facts of an entity whose every passage states one. The choices are drawn
+    texts, and the only one to hold the facts of an entity whose every passage states one. With `answer_rows`,
+    `written_rows_answering` `(batch, K)` too: True where row `k` was written from a passage that names an entity
+    example `b` hides (in its target, its name all `<mask>` in the input or absent from it), other than the row's
+    own: among an entity's several rows (`config.writer_pools_texts` off) the linking loss of example `b` then takes
+    those as its gold, so that the query learns which row holds what the passage hides (a label the text gives,
+    where each row the query reads starts as an equal share of a mean). The choices are drawn
     from `seed` and the examples' tokens, so that a resumed run draws them again as the uninterrupted one did.
 
     Args:
@@ -123,6 +128,7 @@ class WriterCollator:
     row_autoencoding_written_only: bool = False
     passages_by_mentions: bool = False
     passages_per_row: int = 1
+    answer_rows: bool = False
     _name_ids: dict[int, list[int]] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -171,6 +177,9 @@ class WriterCollator:
 
         from .entity_vocab import EntityVocab
 
+        if settings.get("answer_rows"):
+            raise ValueError("answer_rows reads the entities of the corpus's passages by the corpus's ids, which are "
+                             "the model's in pre-training only")  # fmt: skip
         if model.entity_vocab is None:
             raise ValueError("writing rows needs the model's entity_vocab: the writer reads names")
         vocab = model.entity_vocab
@@ -298,10 +307,11 @@ class WriterCollator:
         if not chosen:
             return batch
         more = self.pooled_passages(chosen, examples)
-        owners, inputs = [], []  # an entity written from several passages reads the mean of their rows
+        owners, sources, inputs = [], [], []  # an entity written from several passages reads the mean of their rows
         for entity, passage in chosen.items():
             for drawn in (passage, *more.get(entity, ())):
                 owners.append(entity)
+                sources.append(drawn)
                 inputs.append(self.writer_input(entity, drawn, fresh.get(entity)))
         width = max(map(len, inputs))
         pad = self.config.pad_token_id
@@ -311,7 +321,22 @@ class WriterCollator:
         batch["written_read_entity_ids"] = self._masked_names(batch, batch["written_entity_ids"])
         if self.row_autoencoding_share > 0:
             self._autoencode(batch, examples)
+        if self.answer_rows:
+            batch["written_rows_answering"] = self._answering(batch, owners, sources)
         return batch
+
+    def _answering(self, batch: dict[str, torch.Tensor], owners: list[int], sources: list[int]) -> torch.Tensor:
+        """`(batch, K)` bool: whether the passage `sources[k]` that entity `owners[k]`'s row is written from names an
+        entity that example `b` hides, other than `owners[k]`."""
+        input_ids, labels = batch["input_ids"], batch["entity_labels"]
+        targets = batch.get("decoder_entity_labels", labels)
+        shown = (input_ids == self.config.entity_start_token_id) & ~self._name_hidden(input_ids) & (labels >= 0)
+        hidden = [set(targets[b][targets[b] >= 0].tolist()) - set(labels[b][shown[b]].tolist())
+                  for b in range(input_ids.shape[0])]  # fmt: skip
+        named = [{int(label) for label in self.passages[int(source)]["entity_labels"] if label >= 0}
+                 for source in sources]  # fmt: skip
+        return torch.tensor([[bool((hides - {owner}) & names) for owner, names in zip(owners, named)]
+                             for hides in hidden], dtype=torch.bool).reshape(len(hidden), len(owners))  # fmt: skip
 
     def _autoencode(self, batch: dict[str, torch.Tensor], examples: Sequence[dict]) -> None:
         """Row auto-encoding (EMAT's key-value auto-encoding, for entity rows): for `row_autoencoding_share` of the
@@ -348,6 +373,13 @@ class WriterCollator:
         """`entity_labels` kept at each `<E_s>` of a written entity whose name (the tokens up to `<E_e>`) is all
         `<mask>` in `input_ids`, -100 elsewhere."""
         input_ids, labels = batch["input_ids"], batch["entity_labels"]
+        handed = (input_ids == self.config.entity_start_token_id) & self._name_hidden(input_ids)
+        handed &= torch.isin(labels, written)
+        return torch.where(handed, labels, torch.full_like(labels, IGNORE_INDEX))
+
+    def _name_hidden(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """`(batch, seq)` bool, at each token: whether the tokens of the mention it is in (counted from its `<E_s>`
+        up to `<E_e>`) are all `<mask>`."""
         start, end = self.config.entity_start_token_id, self.config.entity_end_token_id
         inside = (input_ids == start).long().cumsum(1) - (input_ids == end).long().cumsum(1) > 0
         inside &= input_ids != start
@@ -356,9 +388,7 @@ class WriterCollator:
         mention = (input_ids == start).long().cumsum(1) - 1
         seen = torch.zeros(input_ids.shape[0], int(mention.max()) + 2, dtype=torch.long)
         seen.scatter_add_(1, mention.clamp_min(0) + 1, unmasked_inside)
-        name_hidden = seen.gather(1, mention.clamp_min(0) + 1) == 0
-        handed = (input_ids == start) & name_hidden & torch.isin(labels, written)
-        return torch.where(handed, labels, torch.full_like(labels, IGNORE_INDEX))
+        return seen.gather(1, mention.clamp_min(0) + 1) == 0
 
     def rows_to_write(
         self, every_entity: bool = False, max_passages: int | None = None
