@@ -547,6 +547,12 @@ def cli_main(argv: list[str] | None = None) -> int:
     except (BadRecordError, ModelFolderError) as error:
         print(f"edmem finetune: {error}", file=sys.stderr)
         return 1
+    from accelerate import PartialState
+
+    state = PartialState()
+    if state.use_distributed:  # under torchrun: the process group's threads end before the interpreter does
+        state.wait_for_everyone()
+        state.destroy_process_group()
     return 0
 
 
