@@ -268,6 +268,13 @@ def test_written_rows_train_the_writer_and_replace_the_table_rows():
     assert table_grad[WRITTEN_IDS].abs().max() == 0 and table_grad.abs().max() > 0
 
 
+def handed_at_7(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """`written_read_entity_ids` handing entity 7's written rows to its mention in `tiny_batch`'s first input."""
+    handed = torch.full_like(batch["input_ids"], -100)
+    handed[0, 2] = 7
+    return handed
+
+
 def test_rows_that_answer_are_the_gold_of_their_examples_mentions_in_the_model():
     """`written_rows_answering` (batch, K): with a row a text, each example's mentions of an entity with several rows
     take those it marks as their gold; marking every row changes nothing, marking one raises the linking loss; a
@@ -285,6 +292,24 @@ def test_rows_that_answer_are_the_gold_of_their_examples_mentions_in_the_model()
         assert narrowed.entity_loss > plain.entity_loss and torch.equal(narrowed.logits, plain.logits)
         pooled = tiny_model(seed=4, entity_row_writer=True).eval()
         assert torch.equal(pooled(**batch, **fields, written_rows_answering=one).loss, pooled(**batch, **fields).loss)
+    # read_answering_rows: those mentions read the marked rows alone (entity 7's first row), not the memory's mix
+    with torch.no_grad():
+        read = apart(**batch, **fields, written_rows_answering=one, read_answering_rows=True)
+    assert torch.allclose(read.entity_loss, narrowed.entity_loss, atol=1e-3)  # the gold is unchanged
+    memory, mentions = apart.model.encoder.memory, batch["input_ids"] == ES
+    hidden = torch.randn(*batch["input_ids"].shape, apart.config.d_model)
+    rows = torch.randn(2, apart.config.entity_embed_dim)
+    table = apart.model.entity_embeddings.weight.detach()
+    with torch.no_grad():
+        given, _ = memory(hidden, mentions, table, batch["entity_labels"],
+                          written_rows=WrittenRows(torch.tensor([7, 7]), rows, None, one, True))  # fmt: skip
+        first, _ = memory(hidden, mentions, table, batch["entity_labels"],
+                          written_rows=WrittenRows(torch.tensor([7]), rows[:1], handed_at_7(batch)))  # fmt: skip
+        mixed, _ = memory(hidden, mentions, table, batch["entity_labels"],
+                          written_rows=WrittenRows(torch.tensor([7, 7]), rows, None, one))  # fmt: skip
+    assert torch.allclose(given[0, 2], first[0, 2]) and not torch.allclose(given[0, 2], mixed[0, 2])
+    with pytest.raises(ValueError, match="read_answering_rows reads the rows of written_rows_answering"):
+        apart(**batch, **fields, read_answering_rows=True)
     with pytest.raises(ValueError, match="needs a column for each of the 2 written_entity_ids"):
         apart(**batch, **fields, written_rows_answering=every[:, :1])
     with pytest.raises(ValueError, match="without written_entity_ids"):

@@ -450,7 +450,17 @@ def test_pretraining_with_rows_that_answer(corpus, tmp_path):
         b["written_rows_answering"].shape == (len(b["input_ids"]), len(b["written_entity_ids"])) for b in batches
     )
     assert any(b["written_rows_answering"].any() for b in batches)
+    assert not any("read_answering_rows" in b for b in batches)
     assert pretrain(_args(corpus, tmp_path / "run", writer_pools_texts=False, **common))["completed"]
+    # --writer_reads_answer_rows: the batches say so, and the run trains; without --writer_answer_rows it is refused
+    args = _args(corpus, tmp_path / "read", writer_pools_texts=False, writer_reads_answer_rows=True, **common)
+    _, loader, _ = _dataloaders(args, passages, tokenizer, 1, build_model(args, tokenizer, vocab))
+    assert all(b["read_answering_rows"] is True for _, b in zip(range(2), loader))
+    assert pretrain(args)["completed"]
+    alone = {**common, "writer_answer_rows": False}
+    args = _args(corpus, tmp_path / "alone", writer_pools_texts=False, writer_reads_answer_rows=True, **alone)
+    with pytest.raises(ValueError, match="--writer_reads_answer_rows reads the rows of --writer_answer_rows"):
+        _dataloaders(args, passages, tokenizer, 1, build_model(args, tokenizer, vocab))
     with pytest.raises(ValueError, match="--writer_answer_rows is an option of training the writer"):
         pretrain(_args(corpus, tmp_path / "none", writer_answer_rows=True))
 

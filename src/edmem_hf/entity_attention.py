@@ -34,12 +34,15 @@ class WrittenRows(NamedTuple):
     `answering` (optional, `(batch, K)` bool): the rows written from a passage that names what example `b` hides
     (`writer_batches.WriterCollator`'s `answer_rows`). A mention of example `b` whose entity has rows among them is
     scored by those alone as its gold: the linking loss then teaches the query which of an entity's rows to read.
+    With `read_answering`, such a mention also reads those rows alone (the choice given, as `read_at` gives the
+    entity), so that the reader learns what a row of the hidden fact says before the query learns to find it.
     """
 
     ids: torch.Tensor
     rows: torch.Tensor
     read_at: torch.Tensor | None = None
     answering: torch.Tensor | None = None
+    read_answering: bool = False
 
     def gold_rows(self, positions: torch.Tensor) -> torch.Tensor | None:
         """`(M, K)`: `answering` at the examples of the mentions at `positions` `(M, 2)` (batch, position), or None."""
@@ -47,11 +50,18 @@ class WrittenRows(NamedTuple):
 
 
 def with_handed_rows(
-    read: torch.Tensor, queries: torch.Tensor, entities: torch.Tensor, written: WrittenRows
+    read: torch.Tensor,
+    queries: torch.Tensor,
+    entities: torch.Tensor,
+    written: WrittenRows,
+    among: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """`read` `(M, d)` with the mentions whose `entities` `(M,)` have written rows reading those rows instead: the
-    attention of their `queries` `(M, d)` over that entity's rows alone (an entity of one row: the row itself)."""
+    """`read` `(M, d)` with the mentions whose `entities` `(M,)` have written rows (of those `among` `(M, K)`, when
+    given) reading those rows instead: the attention of their `queries` `(M, d)` over them alone (one row: the row
+    itself)."""
     own = written.ids[None, :] == entities.to(written.ids.device)[:, None]  # (M, K)
+    if among is not None:
+        own &= among.to(own.device)
     scores = (queries.to(written.rows.dtype) @ written.rows.t()).float().masked_fill(~own, float("-inf"))
     handed = (torch.softmax(scores, dim=-1).nan_to_num(0.0) @ written.rows.float()).to(read.dtype)
     return torch.where(own.any(-1)[:, None], handed, read)

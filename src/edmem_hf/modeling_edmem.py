@@ -171,6 +171,7 @@ class EntityMemory(nn.Module):
         queries = key_queries(
             self.projection_dropout(self.query_proj(hidden_states[mention_mask])), entity_table.shape[-1]
         )
+        gold_rows = written_rows.gold_rows(positions) if written_rows is not None else None
         result = entity_attention(
             queries,
             entity_table,
@@ -182,11 +183,13 @@ class EntityMemory(nn.Module):
             return_top_k=return_top_k,
             index=None if self.training else self.entity_index,
             written_rows=written_rows,
-            gold_rows=written_rows.gold_rows(positions) if written_rows is not None else None,
+            gold_rows=gold_rows,
         )
         read = result.read
         if written_rows is not None and written_rows.read_at is not None:
             read = with_handed_rows(read, queries, written_rows.read_at[mention_mask], written_rows)
+        if gold_rows is not None and written_rows.read_answering and need_nll:  # the choice given: the rows alone
+            read = with_handed_rows(read, queries, entity_labels[mention_mask], written_rows, gold_rows)
         update = torch.zeros_like(hidden_states)
         read = self.projection_dropout(self.output_proj(read.to(hidden_states.dtype)))
         update[mention_mask] = read.to(update.dtype)  # autocast
@@ -1055,12 +1058,15 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
         written_read_entity_ids,
         input_ids,
         written_rows_answering=None,
+        read_answering_rows=False,
     ) -> WrittenRows | None:
         """The written rows a batch asks for: `written_entity_ids[i]` reads the row written from
         `writer_input_ids[i]` (an id given several times: the mean of its rows, or with `config.writer_pools_texts`
         off, each row on its own), handed to the mentions of `written_read_entity_ids`, the gold of the mentions of
-        example `b` among an entity's rows those of `written_rows_answering[b]` (`writer_batches.WriterCollator`
-        makes these fields)."""
+        example `b` among an entity's rows those of `written_rows_answering[b]`, read alone with
+        `read_answering_rows` (`writer_batches.WriterCollator` makes these fields)."""
+        if read_answering_rows and written_rows_answering is None:
+            raise ValueError("read_answering_rows reads the rows of written_rows_answering: give them")
         if written_entity_ids is None:
             if any(field is not None for field in (writer_input_ids, written_read_entity_ids, written_rows_answering)):
                 raise ValueError("writer fields were given without written_entity_ids, the entities they write")
@@ -1088,7 +1094,7 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
         distinct, owner = ids.unique(return_inverse=True)
         if distinct.numel() == ids.numel() or not self.config.writer_pools_texts:  # a row a text
             answering = None if written_rows_answering is None else written_rows_answering.bool()
-            return WrittenRows(ids, rows, written_read_entity_ids, answering)
+            return WrittenRows(ids, rows, written_read_entity_ids, answering, bool(read_answering_rows))
         counts = torch.bincount(owner, minlength=distinct.numel()).to(rows.dtype)  # rows pooled: their mean
         pooled = rows.new_zeros(distinct.numel(), rows.shape[1]).index_add(0, owner, rows) / counts[:, None]
         return WrittenRows(distinct, pooled, written_read_entity_ids)  # a row an entity: nothing to choose among
@@ -1115,6 +1121,7 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
         writer_attention_mask: torch.Tensor | None = None,
         written_read_entity_ids: torch.LongTensor | None = None,
         written_rows_answering: torch.Tensor | None = None,
+        read_answering_rows: bool = False,
         **kwargs,
     ) -> EDMemSeq2SeqLMOutput:
         r"""
@@ -1137,6 +1144,7 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
             memory read is that entity's written row itself (`WrittenRows.read_at`), -100 elsewhere.
         written_rows_answering: `(batch, K)` bool, the written rows whose passage names what example `b` hides: the
             gold among an entity's several rows of the mentions of example `b` (`WrittenRows.answering`).
+        read_answering_rows: those mentions also read those rows alone, in place of the memory's read (training).
         """
         config = self.config
         written_rows = self._written_rows(
@@ -1146,6 +1154,7 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
             written_read_entity_ids,
             input_ids,
             written_rows_answering,
+            read_answering_rows,
         )
         if labels is not None:
             use_cache = False

@@ -163,6 +163,13 @@ class PretrainingArguments:
             "learns which row to read (docs/model.md, 'A row a passage')."
         },
     )
+    writer_reads_answer_rows: bool = field(
+        default=False,
+        metadata={
+            "help": "With --writer_answer_rows: in training, a mention whose entity has rows that answer reads those "
+            "alone, the choice given to the reader (docs/model.md, 'Rows that answer')."
+        },
+    )
     frozen_writer: bool = field(
         default=False,
         metadata={
@@ -942,6 +949,7 @@ _WRITER_TRAINING_OPTIONS = (
     "writer_passages_by_mentions",
     "writer_passages_per_row",
     "writer_answer_rows",
+    "writer_reads_answer_rows",
     "fresh_names_like_written_only",
     "writer_decoy_rows",
     "frozen_writer",
@@ -1040,6 +1048,8 @@ def _writer_collator(args: PretrainingArguments, base: Any, passages: Any, token
 
     if model.entity_vocab is None:
         raise ValueError("training the entity row writer needs the model's entity_vocab: it writes names")
+    if args.writer_reads_answer_rows and not args.writer_answer_rows:
+        raise ValueError("--writer_reads_answer_rows reads the rows of --writer_answer_rows: give both")
     if args.writer_answer_rows and (model.config.writer_pools_texts or args.writer_passages_per_row < 2):
         raise ValueError("--writer_answer_rows chooses among an entity's rows: give --writer_pools_texts false and "
                          "--writer_passages_per_row 2 or more")  # fmt: skip
@@ -1057,7 +1067,7 @@ def _writer_collator(args: PretrainingArguments, base: Any, passages: Any, token
         row_autoencoding_written_only=args.row_autoencoding_written_only,
         passages_by_mentions=args.writer_passages_by_mentions, passages_per_row=args.writer_passages_per_row,
         fresh_names_like_written_only=args.fresh_names_like_written_only, decoy_rows=args.writer_decoy_rows,
-        answer_rows=args.writer_answer_rows,
+        answer_rows=args.writer_answer_rows, read_answer_rows=args.writer_reads_answer_rows,
     )  # fmt: skip
 
 

@@ -97,7 +97,9 @@ class WriterCollator:
     example `b` hides (in its target, its name all `<mask>` in the input or absent from it), other than the row's
     own: among an entity's several rows (`config.writer_pools_texts` off) the linking loss of example `b` then takes
     those as its gold, so that the query learns which row holds what the passage hides (a label the text gives,
-    where each row the query reads starts as an equal share of a mean). The choices are drawn
+    where each row the query reads starts as an equal share of a mean); with `read_answer_rows`, such mentions read
+    those rows alone too (`read_answering_rows`), the choice given to the reader as a masked name's entity is. The
+    choices are drawn
     from `seed` and the examples' tokens, so that a resumed run draws them again as the uninterrupted one did.
 
     Args:
@@ -129,6 +131,7 @@ class WriterCollator:
     passages_by_mentions: bool = False
     passages_per_row: int = 1
     answer_rows: bool = False
+    read_answer_rows: bool = False
     _name_ids: dict[int, list[int]] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -145,6 +148,8 @@ class WriterCollator:
         if self.fresh_names_like_written_only and not self.fresh_names:
             raise ValueError("fresh_names_like_written_only chooses the words of fresh names, which are off: give "
                              "fresh_names=True")  # fmt: skip
+        if self.read_answer_rows and not self.answer_rows:
+            raise ValueError("read_answer_rows reads the rows that answer, which are off: give answer_rows=True")
         if self.passages_per_row < 1:
             raise ValueError(f"passages_per_row must be >= 1, got {self.passages_per_row}")
         if self.max_written_rows < 1:
@@ -323,6 +328,8 @@ class WriterCollator:
             self._autoencode(batch, examples)
         if self.answer_rows:
             batch["written_rows_answering"] = self._answering(batch, owners, sources)
+            if self.read_answer_rows:
+                batch["read_answering_rows"] = True
         return batch
 
     def _answering(self, batch: dict[str, torch.Tensor], owners: list[int], sources: list[int]) -> torch.Tensor:
