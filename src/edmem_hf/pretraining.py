@@ -160,7 +160,7 @@ class PretrainingArguments:
         metadata={
             "help": "With --writer_pools_texts false: the linking loss of a mention takes as its gold, among its "
             "entity's rows, those written from a passage that names an entity its passage hides, so that the query "
-            "learns which row to read (docs/model.md, 'A row a passage')."
+            "learns which row to read (docs/model.md, 'Rows that answer')."
         },
     )
     writer_reads_answer_rows: bool = field(

@@ -99,8 +99,8 @@ class WriterCollator:
     those as its gold, so that the query learns which row holds what the passage hides (a label the text gives,
     where each row the query reads starts as an equal share of a mean); with `read_answer_rows`, such mentions read
     those rows alone too (`read_answering_rows`), the choice given to the reader as a masked name's entity is. The
-    choices are drawn
-    from `seed` and the examples' tokens, so that a resumed run draws them again as the uninterrupted one did.
+    choices are drawn from `seed` and the examples' tokens, so that a resumed run draws them again as the
+    uninterrupted one did.
 
     Args:
         base: the collator whose batch this extends.
@@ -208,7 +208,10 @@ class WriterCollator:
     def writer_input(self, entity: int, passage: int, name_ids: list[int] | None = None) -> list[int]:
         """`<s> <E_s> name <E_e> passage </s>` for `entity` from passage `passage` (`entity_writer.writer_input_ids`);
         with `name_ids`, under that name, in front and at its mentions in the passage."""
-        row = self.passages[int(passage)]
+        return self._writer_input_of(entity, self.passages[int(passage)], name_ids)
+
+    def _writer_input_of(self, entity: int, row: dict, name_ids: list[int] | None) -> list[int]:
+        """`writer_input` from the passage's record `row` (read once by a batch that needs its labels too)."""
         ids = list(row["input_ids"])
         if name_ids is not None:
             ids = renamed(ids, list(row["entity_labels"]), {entity: name_ids}, self.config)[0]
@@ -312,12 +315,13 @@ class WriterCollator:
         if not chosen:
             return batch
         more = self.pooled_passages(chosen, examples)
-        owners, sources, inputs = [], [], []  # an entity written from several passages reads the mean of their rows
+        owners, named, inputs = [], [], []  # an entity written from several passages reads the mean of their rows
         for entity, passage in chosen.items():
             for drawn in (passage, *more.get(entity, ())):
+                row = self.passages[int(drawn)]
                 owners.append(entity)
-                sources.append(drawn)
-                inputs.append(self.writer_input(entity, drawn, fresh.get(entity)))
+                named.append({int(label) for label in row["entity_labels"] if label >= 0})
+                inputs.append(self._writer_input_of(entity, row, fresh.get(entity)))
         width = max(map(len, inputs))
         pad = self.config.pad_token_id
         batch["written_entity_ids"] = torch.tensor(owners, dtype=torch.long)
@@ -327,21 +331,19 @@ class WriterCollator:
         if self.row_autoencoding_share > 0:
             self._autoencode(batch, examples)
         if self.answer_rows:
-            batch["written_rows_answering"] = self._answering(batch, owners, sources)
+            batch["written_rows_answering"] = self._answering(batch, owners, named)
             if self.read_answer_rows:
                 batch["read_answering_rows"] = True
         return batch
 
-    def _answering(self, batch: dict[str, torch.Tensor], owners: list[int], sources: list[int]) -> torch.Tensor:
-        """`(batch, K)` bool: whether the passage `sources[k]` that entity `owners[k]`'s row is written from names an
-        entity that example `b` hides, other than `owners[k]`."""
+    def _answering(self, batch: dict[str, torch.Tensor], owners: list[int], named: list[set[int]]) -> torch.Tensor:
+        """`(batch, K)` bool: whether the passage that entity `owners[k]`'s row is written from (naming the entities
+        `named[k]`) names an entity that example `b` hides, other than `owners[k]`."""
         input_ids, labels = batch["input_ids"], batch["entity_labels"]
         targets = batch.get("decoder_entity_labels", labels)
         shown = (input_ids == self.config.entity_start_token_id) & ~self._name_hidden(input_ids) & (labels >= 0)
         hidden = [set(targets[b][targets[b] >= 0].tolist()) - set(labels[b][shown[b]].tolist())
                   for b in range(input_ids.shape[0])]  # fmt: skip
-        named = [{int(label) for label in self.passages[int(source)]["entity_labels"] if label >= 0}
-                 for source in sources]  # fmt: skip
         return torch.tensor([[bool((hides - {owner}) & names) for owner, names in zip(owners, named)]
                              for hides in hidden], dtype=torch.bool).reshape(len(hidden), len(owners))  # fmt: skip
 
