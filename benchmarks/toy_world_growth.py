@@ -180,6 +180,7 @@ class GrowthSettings:
     writer_pools_texts: bool = True  # ... False: a row each of those passages, the query choosing among them
     writer_answer_rows: bool = False  # ... the linking gold among them: the rows naming what the passage hides
     writer_reads_answer_rows: bool = False  # ... and in training what such a mention reads
+    writer_mean_row_probability: bool = False  # the writer's model: an entity of several rows scored by their mean
     entity_key_dim: int | None = None  # the writer's model: a row's columns that queries score (the rest its value)
     writer_dropout: float | None = None  # the writer's model's pre-training dropout (None: every model's, 0.1)
     # what the writer writes an added (and a rewritten) person's row from: "passages", the windows around their
@@ -871,6 +872,7 @@ def writer_folder(settings: GrowthSettings) -> str:
         name += f"-{'pooled' if settings.writer_pools_texts else 'rows'}-{settings.writer_passages_per_row}"
     name += "-answer-rows" if settings.writer_answer_rows else ""
     name += "-read" if settings.writer_reads_answer_rows else ""
+    name += "-mean-rows" if settings.writer_mean_row_probability else ""
     name += "-names-like-written-only" if settings.fresh_names_like_written_only else ""
     name += f"-share-{settings.written_row_share}" if settings.written_row_share != 0.5 else ""
     name += f"-decoys-{settings.writer_decoy_rows}" if settings.writer_decoy_rows else ""
@@ -929,6 +931,7 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
                                   writer_pools_texts=settings.writer_pools_texts,
                                   writer_answer_rows=settings.writer_answer_rows,
                                   writer_reads_answer_rows=settings.writer_reads_answer_rows,
+                                  writer_mean_row_probability=settings.writer_mean_row_probability or None,
                                   fresh_names_like_written_only=settings.fresh_names_like_written_only,
                                   writer_decoy_rows=settings.writer_decoy_rows,
                                   entity_key_dim=settings.entity_key_dim, **balance, **writer_dropout(settings))  # fmt: skip
@@ -1189,6 +1192,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--writer-reads-answer-rows", action="store_true", default=None,
                         help="with --writer-answer-rows: in training, a mention reads its entity's rows that answer "
                              "alone (`edmem pretrain --writer_reads_answer_rows`)")  # fmt: skip
+    parser.add_argument("--writer-mean-row-probability", action="store_true", default=None,
+                        help="the writer's model: an entity of several rows given the mean of their probabilities, "
+                             "not their sum (`edmem pretrain --writer_mean_row_probability`)")  # fmt: skip
     parser.add_argument("--entity-key-dim", type=int,
                         help="the writer's model: the columns of a row that queries score, its key; the rest are its "
                              "value, read by the memory (default: all, the paper's row)")  # fmt: skip
@@ -1223,7 +1229,8 @@ def main(argv: list[str] | None = None) -> int:
                 "practice_share",
                 "practice_questions_people", "written_table", "row_autoencoding_share",
                 "row_autoencoding_written_only", "writer_passages_by_mentions", "writer_passages_per_row",
-                "writer_pools_texts", "writer_answer_rows", "writer_reads_answer_rows", "entity_key_dim", "writer_dropout",
+                "writer_pools_texts", "writer_answer_rows", "writer_reads_answer_rows", "writer_mean_row_probability",
+                "entity_key_dim", "writer_dropout",
                 "added_texts", "fresh_names_like_written_only", "writer_decoy_rows", "reader_steps", "reader_names_like_written_only",
                 "reader_row_autoencoding_share"):  # fmt: skip
         if getattr(args, key) is not None:
@@ -1273,6 +1280,7 @@ def main(argv: list[str] | None = None) -> int:
         f"writer_pools_texts={int(settings.writer_pools_texts)}",
         f"writer_answer_rows={int(settings.writer_answer_rows)}",
         f"writer_reads_answer_rows={int(settings.writer_reads_answer_rows)}",
+        f"writer_mean_row_probability={int(settings.writer_mean_row_probability)}",
         f"entity_key_dim={settings.entity_key_dim}",
         f"writer_dropout={settings.writer_dropout}",
         f"added_texts={settings.added_texts}",

@@ -194,6 +194,75 @@ def test_gold_rows_narrow_a_gold_entity_s_score_to_the_rows_that_answer():
 # --- the model -------------------------------------------------------------------------------------------------
 
 
+def test_mean_row_probability_gives_an_entity_the_mean_of_its_rows_probabilities():
+    """`WrittenRows(mean_probability=True)`: each row's score less log(rows of its entity). Fast equals dense (read,
+    log-partition, NLL with a gold among the answering rows, gradients; top-k ids, scores and read), both equal
+    the hand formula, and an entity whose row is given three times reads and scores as if given once, where
+    without the option the copies triple its probability."""
+    torch.manual_seed(6)
+    queries = torch.randn(6, 8, dtype=torch.float64, requires_grad=True)
+    table = torch.randn(25, 8, dtype=torch.float64, requires_grad=True)
+    ids = torch.tensor([4, 4, 4, 9, 20, 20])
+    rows = torch.randn(len(ids), 8, dtype=torch.float64, requires_grad=True)
+    gold = torch.tensor([4, 9, 20, 5, 4, -100])
+    gold_rows = torch.zeros(6, 6, dtype=torch.bool)
+    gold_rows[0, 1] = True  # query 0: entity 4's second row alone
+    written = WrittenRows(ids, rows, mean_probability=True)
+    assert torch.allclose(written.row_score_offsets(), -torch.tensor([3.0, 3, 3, 1, 2, 2]).log())
+    upstream = torch.randn(6, 8, dtype=torch.float64)
+
+    def run(fast: bool):
+        queries.grad = table.grad = rows.grad = None
+        if fast:
+            read, lse, nll, _, _ = entity_attention(
+                queries, table, labels=gold, chunk_size=7, written_rows=written, gold_rows=gold_rows
+            )
+        else:
+            read, lse = dense_entity_attention(queries, table, written_rows=written)
+            offsets = -torch.tensor([3.0, 3, 3, 1, 2, 2], dtype=torch.float64).log()
+            table_scores = (queries @ table.t()).masked_fill(torch.isin(torch.arange(25), ids), float("-inf"))
+            row_scores = queries @ rows.t() + offsets
+            assert torch.allclose(lse.double(), torch.cat([table_scores, row_scores], 1).logsumexp(-1))
+            own = ids[None] == gold[:, None]
+            own[0] = gold_rows[0]
+            gold_scores = torch.where(
+                own.any(-1), row_scores.masked_fill(~own, float("-inf")).logsumexp(-1),
+                table_scores.gather(1, gold.clamp_min(0)[:, None])[:, 0],
+            )  # fmt: skip
+            nll = (lse.double() - gold_scores)[gold >= 0]
+        ((read * upstream).sum() + nll.sum()).backward()
+        return read.detach(), lse.detach().double(), nll.detach().double(), queries.grad, table.grad, rows.grad
+
+    fast, dense = run(True), run(False)
+    for name, a, b in zip(("read", "lse", "nll", "d queries", "d table", "d rows"), fast, dense):
+        assert torch.allclose(a, b, atol=1e-6), name
+    with torch.no_grad():
+        result = entity_attention(queries, table, top_k=5, return_top_k=5, chunk_size=7, written_rows=written)
+        columns = torch.cat([table, rows])
+        offsets = torch.cat([torch.zeros(25, dtype=torch.float64), written.row_score_offsets().double()])
+        hidden = torch.cat([torch.isin(torch.arange(25), ids), torch.zeros(6, dtype=torch.bool)])
+        best, where = (queries @ columns.t() + offsets).masked_fill(hidden, float("-inf")).topk(5, dim=1)
+        assert torch.equal(result.top_ids, torch.cat([torch.arange(25), ids])[where])
+        assert torch.allclose(result.top_scores.double(), best, atol=1e-6)
+        expected = torch.einsum("mk,mkd->md", torch.softmax(best, dim=-1), columns[where])
+        assert torch.allclose(result.read, expected, atol=1e-6)
+
+        # an entity's row given three times: with the option, as if once; without it, not
+        once = torch.tensor([4, 9]), rows[[0, 3]]
+        thrice = torch.tensor([4, 4, 4, 9]), rows[[0, 0, 0, 3]]
+        labels = torch.tensor([4, 9, 5, 4, 9, 20])
+
+        def attend(given, mean):
+            out = entity_attention(
+                queries, table, labels=labels, written_rows=WrittenRows(*given, mean_probability=mean)
+            )
+            return out.read, out.nll
+
+        for a, b in zip(attend(once, True), attend(thrice, True)):
+            assert torch.allclose(a, b, atol=1e-9)
+        assert not torch.allclose(attend(once, False)[1], attend(thrice, False)[1], atol=1e-3)
+
+
 def test_with_the_option_off_the_model_is_unchanged():
     """Off (the default): no writer and no new weight; on, a model reads exactly what the same weights read off,
     until written rows are passed, and an empty set of written rows changes nothing either."""
@@ -485,6 +554,49 @@ def test_rows_kept_apart_are_read_as_a_batch_s_written_rows_and_saved_with_the_m
     )
     with pytest.raises(ValueError, match="rows_apart keeps the writer's row of each text"):
         add_entities(model, [words[90]], [[words[91]]], tokenizer, estimator="mean_query", rows_apart=True)
+
+
+def test_with_mean_row_probability_an_entity_s_copies_of_a_row_count_once():
+    """`writer_mean_row_probability`: a batch's written rows and the rows kept beside the table score an entity by
+    the mean of its rows' probabilities, so that an entity written three times from the same text reads, links and
+    scores as if written once (without it the copies change the outputs); it needs the writer."""
+    tokenizer = make_word_tokenizer(bart_template=True)
+    words = make_words(200)
+    start, end = tokenizer.convert_tokens_to_ids(["<E_s>", "<E_e>"])
+    shape = dict(vocab_size=len(tokenizer), entity_vocab_size=5, entity_start_token_id=start, entity_end_token_id=end,
+                 entity_row_writer=True, writer_pools_texts=False)  # fmt: skip
+    names, text = [f"{words[10]} {words[11]}", words[12]], " ".join(words[20:26])
+    question = tokenizer(
+        [f"{words[50]} <E_s> {names[0]} <E_e> {words[51]} <E_s> {names[1]} <E_e>"], return_tensors="pt"
+    )
+    target = tokenizer([f"<E_s> {names[0]} <E_e> {words[52]}"], return_tensors="pt").input_ids
+    labels = torch.tensor([[-100] * question.input_ids.shape[1]])
+    labels[question.input_ids == start] = torch.tensor([5, 6])
+    fields = dict(**question, labels=target, entity_labels=labels, output_attended_entities=True)
+
+    def outputs(mean: bool, copies: int):
+        """The grown model's outputs with entity 5 kept as `copies` rows of one text, and a batch writing entity 1
+        from `copies` copies of another."""
+        model = tiny_model(seed=3, **shape, writer_mean_row_probability=mean).eval()
+        model.entity_vocab = EntityVocab(words[:5])
+        inputs = writer_inputs(model, [words[1]], [[" ".join(words[40:44])] * copies], tokenizer)[0]
+        batch = {"written_entity_ids": torch.tensor([1] * copies), "writer_input_ids": torch.tensor(inputs),
+                 "writer_attention_mask": torch.ones(copies, len(inputs[0]), dtype=torch.long)}  # fmt: skip
+        with torch.no_grad():
+            written_alone = model(**question, labels=target, **batch)  # no kept rows yet
+        add_entities(model, names, [[text] * copies, [words[30]]], tokenizer)
+        assert model.config.written_entity_rows == copies + 1
+        with torch.no_grad():
+            kept, written = model(**fields), model(**fields, **batch)
+        return [written_alone.logits, kept.logits, kept.loss, written.logits, written.loss]
+
+    for once, thrice in zip(outputs(True, 1), outputs(True, 3)):
+        torch.testing.assert_close(once, thrice, atol=1e-5, rtol=1e-5)
+    plain_once, plain_thrice = outputs(False, 1), outputs(False, 3)
+    for differs in (0, 2, 4):
+        assert not torch.allclose(plain_once[differs], plain_thrice[differs], atol=1e-4)
+    with pytest.raises(StrictDataclassClassValidationError, match="writer_mean_row_probability .* needs entity_row_w"):
+        tiny_config(writer_mean_row_probability=True)
 
 
 def test_edmem_add_entities_writes_with_the_models_writer(tmp_path, capsys):

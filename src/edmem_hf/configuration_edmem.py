@@ -70,6 +70,11 @@ class EDMemConfig(PreTrainedConfig):
             `True`, one row, the mean of the texts' rows; `False`, a row a text, the memory attending to each and
             the entity scored by the log-sum-exp of its rows, so that the query learns to choose among an entity's
             rows (docs/model.md, "A row a passage").
+        writer_mean_row_probability (`bool`): where an entity has several written rows (a batch's rows kept apart,
+            or rows kept beside the table), give it the mean of its rows' probabilities instead of their sum (each
+            row's score less the log of its entity's number of rows), in training and in every memory access and
+            linking, so that an entity of many rows does not outbid an entity of one (docs/model.md, "An entity's
+            many rows"). Needs the writer.
         written_entity_rows (`int`): rows written from text kept with the model beside the table
             (`entity_embeddings.written_rows`, `(written_entity_rows, entity_embed_dim)`, and
             `entity_embeddings.written_row_entity_ids`, whose entity each is): every memory access and the
@@ -121,6 +126,7 @@ class EDMemConfig(PreTrainedConfig):
     lower_decoder_attends_to: str = "upper"
     entity_row_writer: bool = False
     writer_pools_texts: bool = True
+    writer_mean_row_probability: bool = False
     written_entity_rows: int = 0
     use_cache: bool = True
     pad_token_id: int | None = 1
@@ -180,6 +186,11 @@ class EDMemConfig(PreTrainedConfig):
         if not self.writer_pools_texts and not self.entity_row_writer:
             raise ValueError(
                 "writer_pools_texts=False says how written rows are read: it needs entity_row_writer=True"
+            )
+        if self.writer_mean_row_probability and not self.entity_row_writer:
+            raise ValueError(
+                "writer_mean_row_probability says how an entity's written rows are scored: it needs "
+                "entity_row_writer=True"
             )
         for name in ("memory_dropout", "upper_input_dropout"):
             if not 0 <= getattr(self, name) < 1:

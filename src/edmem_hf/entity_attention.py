@@ -36,6 +36,10 @@ class WrittenRows(NamedTuple):
     scored by those alone as its gold: the linking loss then teaches the query which of an entity's rows to read.
     With `read_answering`, such a mention also reads those rows alone (the choice given, as `read_at` gives the
     entity), so that the reader learns what a row of the hidden fact says before the query learns to find it.
+
+    `mean_probability`: an entity of n rows is given the mean of its rows' probabilities rather than their sum (each
+    row's score less log n, `row_score_offsets`), so that an entity's number of rows buys it nothing against an
+    entity of one row (`EDMemConfig.writer_mean_row_probability`).
     """
 
     ids: torch.Tensor
@@ -43,6 +47,14 @@ class WrittenRows(NamedTuple):
     read_at: torch.Tensor | None = None
     answering: torch.Tensor | None = None
     read_answering: bool = False
+    mean_probability: bool = False
+
+    def row_score_offsets(self) -> torch.Tensor | None:
+        """`(K,)`: what each row's score is offset by, `-log(rows of its entity)` with `mean_probability`, or None."""
+        if not self.mean_probability:
+            return None
+        _, owner, counts = self.ids.unique(return_inverse=True, return_counts=True)
+        return -counts[owner].float().log()
 
     def gold_rows(self, positions: torch.Tensor) -> torch.Tensor | None:
         """`(M, K)`: `answering` at the examples of the mentions at `positions` `(M, 2)` (batch, position), or None."""
@@ -76,14 +88,19 @@ def dense_entity_attention(
     """The textbook formula with a full score matrix: the reference that `entity_attention` must equal.
 
     Returns the read `softmax(q E^T) E` `(M, d)` and the log-partition `logsumexp(q E^T)` `(M,)`, where `E` is the
-    table without the rows of `written_rows.ids`, followed by the written rows (shown whatever `entity_mask` says).
+    table without the rows of `written_rows.ids`, followed by the written rows (shown whatever `entity_mask` says),
+    each written row's score offset by `written_rows.row_score_offsets()` where it has any.
     """
     shown = torch.ones(table.shape[0], dtype=torch.bool, device=table.device) if entity_mask is None else entity_mask
+    offsets = torch.zeros(table.shape[0], device=table.device)
     if written_rows is not None:
         shown = shown.index_fill(0, written_rows.ids, False)
         table = torch.cat([table, written_rows.rows.to(table.dtype)])
         shown = torch.cat([shown, shown.new_ones(written_rows.ids.shape[0])])
-    scores = (queries @ table.t()).float().masked_fill(~shown, float("-inf"))
+        row_offsets = written_rows.row_score_offsets()
+        row_offsets = torch.zeros(written_rows.ids.shape[0]) if row_offsets is None else row_offsets
+        offsets = torch.cat([offsets, row_offsets.to(offsets.device)])
+    scores = ((queries @ table.t()).float() + offsets).masked_fill(~shown, float("-inf"))
     read = torch.softmax(scores, dim=-1) @ table.float()
     return read.to(queries.dtype), torch.logsumexp(scores, dim=-1)
 
@@ -214,6 +231,9 @@ def _attention_with_written_rows(
     replaced[ids] = True
     table_mask = ~replaced if entity_mask is None else entity_mask & ~replaced
     written_scores = (queries.to(rows.dtype) @ rows.t()).float()  # (M, K), every written row shown
+    offsets = written.row_score_offsets()
+    if offsets is not None:
+        written_scores = written_scores + offsets.to(written_scores.device)
 
     top_ids = top_scores = None
     k_needed = max(top_k or 0, return_top_k or 0)
@@ -257,6 +277,8 @@ def _attention_with_written_rows(
         candidate_ids, slots = top_ids[:, :top_k], top_slots[:, :top_k]
         candidates = torch.where((slots >= 0)[..., None], rows[slots.clamp_min(0)], table[candidate_ids])
         scores = torch.einsum("md,mkd->mk", queries.to(table.dtype), candidates).float()
+        if offsets is not None:
+            scores = scores + torch.where(slots >= 0, offsets.to(scores.device)[slots.clamp_min(0)], 0.0)
         visible = torch.where(slots >= 0, True, table_mask[candidate_ids])
         scores = scores.masked_fill(~visible, float("-inf"))
         weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)

@@ -93,11 +93,11 @@ def new_entity_table(config: EDMemConfig) -> nn.Embedding:
 
 
 def with_kept_rows(
-    written_rows: WrittenRows | None, table: nn.Embedding, entity_mask: torch.Tensor | None
+    written_rows: WrittenRows | None, table: nn.Embedding, entity_mask: torch.Tensor | None, config: EDMemConfig
 ) -> WrittenRows | None:
     """A batch's `written_rows` (or none) with the written rows the `table` keeps beside it: each read as a row of its
     entity in place of the entity's table row; those of hidden entities, and of entities the batch writes rows of
-    (which stand in for all of their rows), left out."""
+    (which stand in for all of their rows), left out; scored as `config.writer_mean_row_probability` says."""
     ids = getattr(table, "written_row_entity_ids", None)
     if ids is None or ids.numel() == 0:
         return written_rows
@@ -107,7 +107,7 @@ def with_kept_rows(
         shown &= ~torch.isin(ids, written_rows.ids.to(ids.device))
     ids, rows = ids[shown], rows[shown]
     if written_rows is None:
-        return WrittenRows(ids, rows)
+        return WrittenRows(ids, rows, mean_probability=config.writer_mean_row_probability)
     answering = written_rows.answering
     if answering is not None:  # a kept row answers nothing: the batch did not choose its passage
         answering = torch.cat([answering, answering.new_zeros(answering.shape[0], ids.shape[0])], dim=1)
@@ -115,6 +115,7 @@ def with_kept_rows(
         ids=torch.cat([written_rows.ids, ids.to(written_rows.ids.device)]),
         rows=torch.cat([written_rows.rows, rows.to(written_rows.rows)]),
         answering=answering,
+        mean_probability=config.writer_mean_row_probability,
     )
 
 
@@ -516,7 +517,7 @@ class _EntityMemoryStack(EDMemPreTrainedModel):
             entity_labels=entity_labels,
             entity_mask=entity_mask,
             return_top_k=self.config.memory_top_k if output_attended_entities else None,
-            written_rows=with_kept_rows(written_rows, self.entity_embeddings, entity_mask),
+            written_rows=with_kept_rows(written_rows, self.entity_embeddings, entity_mask, self.config),
         )
 
 
@@ -1094,7 +1095,8 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
         distinct, owner = ids.unique(return_inverse=True)
         if distinct.numel() == ids.numel() or not self.config.writer_pools_texts:  # a row a text
             answering = None if written_rows_answering is None else written_rows_answering.bool()
-            return WrittenRows(ids, rows, written_read_entity_ids, answering, bool(read_answering_rows))
+            return WrittenRows(ids, rows, written_read_entity_ids, answering, bool(read_answering_rows),
+                               self.config.writer_mean_row_probability)  # fmt: skip
         counts = torch.bincount(owner, minlength=distinct.numel()).to(rows.dtype)  # rows pooled: their mean
         pooled = rows.new_zeros(distinct.numel(), rows.shape[1]).index_add(0, owner, rows) / counts[:, None]
         return WrittenRows(distinct, pooled, written_read_entity_ids)  # a row an entity: nothing to choose among
@@ -1244,7 +1246,7 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
             entity_labels=decoder_entity_labels,
             entity_mask=entity_mask,
             return_top_k=top_k,
-            written_rows=with_kept_rows(written_rows, self.model.entity_embeddings, entity_mask),
+            written_rows=with_kept_rows(written_rows, self.model.entity_embeddings, entity_mask, self.config),
         )
 
 
@@ -1361,7 +1363,7 @@ class EDMemForEntityLinking(EDMemHubMixin, EDMemPreTrainedModel):
                 entity_labels=entity_labels,
                 entity_mask=entity_mask,
                 return_top_k=self.config.memory_top_k if output_attended_entities else None,
-                written_rows=with_kept_rows(None, self.model.entity_embeddings, entity_mask),
+                written_rows=with_kept_rows(None, self.model.entity_embeddings, entity_mask, self.config),
             )
         loss = lm_loss = entity_loss = None
         if labels is not None or entity_labels is not None:

@@ -103,6 +103,13 @@ class PretrainingArguments:
             "chooses among them (false; docs/model.md, 'A row a passage')."
         },
     )
+    writer_mean_row_probability: bool | None = field(
+        default=None,
+        metadata={
+            "help": "With the writer: an entity of several written rows gets the mean of its rows' probabilities, "
+            "not their sum, in training and reading (docs/model.md, section 'An entity's many rows')."
+        },
+    )
     # --- training with the writer of entity rows (a model with entity_row_writer) ---
     written_row_share: float = field(
         default=0.5, metadata={"help": "Share of a batch's entities read through a row written from another passage."}
@@ -527,6 +534,7 @@ _ARCH_FIELDS = (
     "variant",
     "entity_row_writer",
     "writer_pools_texts",
+    "writer_mean_row_probability",
 )
 
 
