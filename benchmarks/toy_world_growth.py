@@ -31,7 +31,10 @@ only, on K pages of one sentence (`knowledge_world.one_fact_people`; a world of 
 (`edmem pretrain --written_table`), in folders of its own (`writer-written-table`). With `--reader-steps N`, a second
 stage of N steps follows, the writer and its table frozen (`edmem pretrain --frozen_writer`, TOME's second stage), in
 folders of its own (`...-frozen-writer-N`); `--reader-names-like-written-only` and `--reader-row-autoencoding-share`
-are levers of that stage alone. `--added-texts own-sentences` writes an added person's row (and a rewritten one) as
+are levers of that stage alone. `--writer-mean-row-probability` trains the writer's model to give an entity of
+several rows the mean of their probabilities (`edmem pretrain --writer_mean_row_probability`, `...-mean-rows`);
+`--mean-row-probability-at-test` reads a model trained without it with it (a copy, `...-mean-rows-at-test`).
+`--added-texts own-sentences` writes an added person's row (and a rewritten one) as
 the mean of rows written from each sentence of their own page, not from the passages around their mentions.
 
 Scored by `edmem evaluate`'s code, free and static decoding: *added*, the six questions about each added person;
@@ -181,6 +184,7 @@ class GrowthSettings:
     writer_answer_rows: bool = False  # ... the linking gold among them: the rows naming what the passage hides
     writer_reads_answer_rows: bool = False  # ... and in training what such a mention reads
     writer_mean_row_probability: bool = False  # the writer's model: an entity of several rows scored by their mean
+    mean_row_probability_at_test: bool = False  # ... only once trained (a copy of the trained model with the option)
     entity_key_dim: int | None = None  # the writer's model: a row's columns that queries score (the rest its value)
     writer_dropout: float | None = None  # the writer's model's pre-training dropout (None: every model's, 0.1)
     # what the writer writes an added (and a rewritten) person's row from: "passages", the windows around their
@@ -883,7 +887,18 @@ def writer_folder(settings: GrowthSettings) -> str:
         name += "-names-like-written-only" if settings.reader_names_like_written_only else ""
         share = settings.reader_row_autoencoding_share
         name += f"-row-autoencoding-{share}" if share else ""
+    name += "-mean-rows-at-test" if settings.mean_row_probability_at_test else ""
     return name
+
+
+def with_mean_row_probability(trained: Path, out: Path) -> Path:
+    """`out`: a copy of the model in `trained` that gives an entity of several rows the mean of their probabilities
+    (`writer_mean_row_probability`), for a model trained without the option: what the option does at reading alone."""
+    if not (out / "model.safetensors").exists():
+        model = EDMemForConditionalGeneration.from_pretrained(trained, writer_mean_row_probability=True)
+        model.save_pretrained(out)
+        AutoTokenizer.from_pretrained(trained).save_pretrained(out)
+    return out
 
 
 def texts_suffix(settings: GrowthSettings) -> str:
@@ -918,7 +933,7 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
                                                      held, settings, seed, data["train_people"])  # fmt: skip
     if settings.writer:
         folder = writer_folder(settings)
-        first_stage = writer_folder(replace(settings, reader_steps=0))
+        first_stage = writer_folder(replace(settings, reader_steps=0, mean_row_probability_at_test=False))
         writer = pretrain_variant("edmem", data["corpus"], out / f"pretrain-{first_stage}", settings.qa, seed, None, recipe,
                                   questions, entity_row_writer=True, written_row_share=settings.written_row_share,
                                   written_only_share=settings.written_only_share,
@@ -936,7 +951,10 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
                                   writer_decoy_rows=settings.writer_decoy_rows,
                                   entity_key_dim=settings.entity_key_dim, **balance, **writer_dropout(settings))  # fmt: skip
         if settings.reader_steps:
-            writer = pretrain_reader(writer, data, out / f"pretrain-{folder}", settings, seed, recipe, questions)
+            trained = writer_folder(replace(settings, mean_row_probability_at_test=False))
+            writer = pretrain_reader(writer, data, out / f"pretrain-{trained}", settings, seed, recipe, questions)
+        if settings.mean_row_probability_at_test:
+            writer = with_mean_row_probability(writer, out / f"pretrain-{folder}")
         options = ("--writer_corpus", str(data["corpus"])) if settings.writer_in_finetuning else ()
         options += ("--frozen_writer",) if options and settings.reader_steps else ()  # the second stage's writer kept
         models[f"{WRITER}_before"] = finetune_model(writer, files["train"], out / f"finetune-{folder}", settings.qa, seed,
@@ -1195,6 +1213,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--writer-mean-row-probability", action="store_true", default=None,
                         help="the writer's model: an entity of several rows given the mean of their probabilities, "
                              "not their sum (`edmem pretrain --writer_mean_row_probability`)")  # fmt: skip
+    parser.add_argument("--mean-row-probability-at-test", action="store_true", default=None,
+                        help="the writer's model trained without --writer-mean-row-probability, read with it: a copy "
+                             "of the trained model with the option set")  # fmt: skip
     parser.add_argument("--entity-key-dim", type=int,
                         help="the writer's model: the columns of a row that queries score, its key; the rest are its "
                              "value, read by the memory (default: all, the paper's row)")  # fmt: skip
@@ -1221,6 +1242,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="toy_world_qa's pre-training and fine-tuning levers, for every model (default: paper); "
                              "another recipe's models go to seed-N/recipe-NAME")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.mean_row_probability_at_test and args.writer_mean_row_probability:
+        parser.error("--mean-row-probability-at-test reads a model trained without --writer-mean-row-probability")
     quiet_logging()
     settings = QUICK if args.quick else GrowthSettings()
     settings = replace(settings, qa=with_overrides(settings.qa, args))
@@ -1230,6 +1253,7 @@ def main(argv: list[str] | None = None) -> int:
                 "practice_questions_people", "written_table", "row_autoencoding_share",
                 "row_autoencoding_written_only", "writer_passages_by_mentions", "writer_passages_per_row",
                 "writer_pools_texts", "writer_answer_rows", "writer_reads_answer_rows", "writer_mean_row_probability",
+                "mean_row_probability_at_test",
                 "entity_key_dim", "writer_dropout",
                 "added_texts", "fresh_names_like_written_only", "writer_decoy_rows", "reader_steps", "reader_names_like_written_only",
                 "reader_row_autoencoding_share"):  # fmt: skip
@@ -1281,6 +1305,7 @@ def main(argv: list[str] | None = None) -> int:
         f"writer_answer_rows={int(settings.writer_answer_rows)}",
         f"writer_reads_answer_rows={int(settings.writer_reads_answer_rows)}",
         f"writer_mean_row_probability={int(settings.writer_mean_row_probability)}",
+        f"mean_row_probability_at_test={int(settings.mean_row_probability_at_test)}",
         f"entity_key_dim={settings.entity_key_dim}",
         f"writer_dropout={settings.writer_dropout}",
         f"added_texts={settings.added_texts}",

@@ -128,6 +128,22 @@ def test_each_recipe_keeps_its_models_apart(bench, tmp_path):
     assert bench.writer_folder(replace(rows_that_answer, writer_mean_row_probability=True)) == (
         "writer-rows-12-answer-rows-mean-rows"
     )
+    at_test = replace(rows_that_answer, mean_row_probability_at_test=True, reader_steps=5)
+    assert bench.writer_folder(at_test) == "writer-rows-12-answer-rows-frozen-writer-5-mean-rows-at-test"
+
+
+def test_a_model_is_read_with_mean_row_probabilities_by_a_copy_of_it(bench, tmp_path):
+    """`--mean-row-probability-at-test`: a copy of the trained model, its weights and tokenizer, with the option set."""
+    model, tokenizer, _, _ = tiny_model_with_entities(5)
+    trained = type(model)(replace(model.config, entity_row_writer=True, writer_pools_texts=False))
+    trained.entity_vocab = model.entity_vocab
+    trained.save_pretrained(tmp_path / "trained")
+    tokenizer.save_pretrained(tmp_path / "trained")
+    copy = bench.with_mean_row_probability(tmp_path / "trained", tmp_path / "copy")
+    loaded = EDMemForConditionalGeneration.from_pretrained(copy)
+    assert loaded.config.writer_mean_row_probability and not trained.config.writer_mean_row_probability
+    assert all(torch.equal(value, trained.state_dict()[key]) for key, value in loaded.state_dict().items())
+    assert AutoTokenizer.from_pretrained(copy).get_vocab() == tokenizer.get_vocab()
 
 
 def test_the_row_probe_reads_a_fact_that_rows_carry_and_not_one_they_do_not(bench, tmp_path):
