@@ -320,7 +320,8 @@ class WriterCollator:
             for drawn in (passage, *more.get(entity, ())):
                 row = self.passages[int(drawn)]
                 owners.append(entity)
-                named.append({int(label) for label in row["entity_labels"] if label >= 0})
+                if self.answer_rows:  # the entities its passage names, for `_answering`
+                    named.append({int(label) for label in row["entity_labels"] if label >= 0})
                 inputs.append(self._writer_input_of(entity, row, fresh.get(entity)))
         width = max(map(len, inputs))
         pad = self.config.pad_token_id
