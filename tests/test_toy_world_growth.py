@@ -146,6 +146,16 @@ def test_a_model_is_read_with_mean_row_probabilities_by_a_copy_of_it(bench, tmp_
     assert AutoTokenizer.from_pretrained(copy).get_vocab() == tokenizer.get_vocab()
 
 
+def test_reading_with_mean_row_probabilities_a_model_trained_with_them_is_refused(
+    bench, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setattr(bench, "run_seed", lambda *args: pytest.fail("the run started"))
+    with pytest.raises(SystemExit):
+        bench.main(["--out", str(tmp_path), "--writer-mean-row-probability", "--mean-row-probability-at-test"])
+    assert "--mean-row-probability-at-test reads a model trained without" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # refused before any work
+
+
 def test_the_row_probe_reads_a_fact_that_rows_carry_and_not_one_they_do_not(bench, tmp_path):
     """`row_content`: rows that spell each person's occupation give the probe every added person's; their field,
     which no row carries, stays near the majority value."""
