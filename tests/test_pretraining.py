@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -235,6 +236,24 @@ def test_cli(corpus, tmp_path, capsys):
     assert cli_main(argv + ["--mixed_precision", "fp8"]) == 2
     assert "mixed_precision" in capsys.readouterr().out
     assert cli_main(["--output_dir", str(tmp_path / "x")]) == 2  # no corpus
+
+
+def test_a_run_saves_its_arguments_and_runs_again_from_them(corpus, tmp_path, capsys):
+    out = tmp_path / "saved"
+    assert cli_main(_argv(out, corpus, "--max_steps", "2", "--learning_rate", "5e-4")) == 0
+    saved = json.loads((out / "pretraining_args.json").read_text())
+    assert saved["learning_rate"] == 5e-4 and saved["max_steps"] == 2 and saved["d_model"] == TINY["d_model"]
+    assert saved == asdict(PretrainingArguments(**saved))  # every field, as the dataclass holds it
+    # Run again from the file with more steps: it resumes the same run (its checkpoint at step 2).
+    saved["max_steps"], saved["save_steps"] = 3, 1
+    again = tmp_path / "again.json"
+    again.write_text(json.dumps(saved))
+    assert cli_main([str(again)]) == 0
+    starts = [record for record in _log(out) if record["type"] == "start"]
+    assert [record["step"] for record in starts] == [0, 2] and starts[1]["max_steps"] == 3
+    assert json.loads((out / "pretraining_args.json").read_text())["max_steps"] == 3  # the last start's
+    assert cli_main([str(tmp_path / "missing.json")]) == 2
+    assert "no such arguments file" in capsys.readouterr().out
 
 
 def _run_cli(out, corpus, *extra, processes=1):

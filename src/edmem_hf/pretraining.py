@@ -12,6 +12,7 @@ import math
 import os
 import re
 import shutil
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -28,6 +29,7 @@ logger = logging.getLogger(__name__)
 CHECKPOINT_DIR = "checkpoints"  # Accelerate's automatic naming: OUTPUT_DIR/checkpoints/checkpoint_<i>
 TRAINER_STATE_NAME = "trainer_state.json"
 LOG_NAME = "log.jsonl"
+ARGUMENTS_NAME = "pretraining_args.json"  # the arguments of the run's last start: `edmem pretrain <that file>`
 _CHECKPOINT_NAME = re.compile(r"^checkpoint_(\d+)$")
 _OLD_CHECKPOINT_NAME = re.compile(r"^step-(\d+)$")  # earlier versions of this loop: no Accelerate state to resume
 
@@ -1204,6 +1206,10 @@ class _PretrainingRun:
         accelerator.print(f"Resumed from {checkpoint} at step {progress.global_step}")
 
     def _start_logging(self, resume_from: str | None) -> None:
+        if self.accelerator.is_main_process:
+            with open(os.path.join(self.args.output_dir, ARGUMENTS_NAME), "w", encoding="utf-8") as f:
+                json.dump(asdict(self.args), f, indent=1)
+                f.write("\n")
         if self.trackers:
             self.accelerator.init_trackers(
                 "edmem-pretraining",
@@ -1439,7 +1445,8 @@ def pretrain(
 
 
 def cli_main(argv: Sequence[str] | None = None) -> int:
-    """`edmem pretrain [options]`: parse PretrainingArguments and run `pretrain`."""
+    """`edmem pretrain [options]` (or `edmem pretrain RUN/pretraining_args.json`, the arguments a run saved): parse
+    PretrainingArguments and run `pretrain`."""
     from accelerate.state import PartialState
 
     from .arguments import CommandArgumentParser
@@ -1449,10 +1456,18 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
         negations={"adam_fused": "Use the foreach AdamW update instead of the fused kernel."},
         prog="edmem pretrain",
         description="Pre-train EDMem on a corpus of `edmem build-corpus` with Accelerate (one CPU, N GPUs, several "
-        "nodes; `accelerate launch -m edmem_hf.cli pretrain ...`), resuming from the last checkpoint after a crash.",
+        "nodes; `accelerate launch -m edmem_hf.cli pretrain ...`), resuming from the last checkpoint after a crash. "
+        f"A run saves its arguments as OUTPUT_DIR/{ARGUMENTS_NAME}; `edmem pretrain OUTPUT_DIR/{ARGUMENTS_NAME}` "
+        "runs it again.",
     )
+    argv = list(argv) if argv is not None else sys.argv[1:]
     try:
-        (args,) = parser.parse_args_into_dataclasses(args=list(argv) if argv is not None else None)
+        if len(argv) == 1 and argv[0].endswith(".json"):  # a run's pretraining_args.json: the same run again
+            if not os.path.isfile(argv[0]):
+                raise ValueError(f"{argv[0]}: no such arguments file (a run saves OUTPUT_DIR/{ARGUMENTS_NAME})")
+            (args,) = parser.parse_json_file(argv[0])
+        else:
+            (args,) = parser.parse_args_into_dataclasses(args=argv)
         pretrain(args)
     except ValueError as err:
         print(f"edmem pretrain: error: {err}", flush=True)
