@@ -97,17 +97,19 @@ def with_kept_rows(
 ) -> WrittenRows | None:
     """A batch's `written_rows` (or none) with the written rows the `table` keeps beside it: each read as a row of its
     entity in place of the entity's table row; those of hidden entities, and of entities the batch writes rows of
-    (which stand in for all of their rows), left out; scored as `config.writer_mean_row_probability` says."""
+    (which stand in for all of their rows), left out; all scored as `config.writer_mean_row_probability` says (set here
+    alone: every memory read and linking passes through)."""
+    mean_probability = config.writer_mean_row_probability
     ids = getattr(table, "written_row_entity_ids", None)
     if ids is None or ids.numel() == 0:
-        return written_rows
+        return written_rows if written_rows is None else written_rows._replace(mean_probability=mean_probability)
     rows = table.written_rows.to(table.weight.dtype)
     shown = torch.ones_like(ids, dtype=torch.bool) if entity_mask is None else entity_mask.to(ids.device)[ids]
     if written_rows is not None:
         shown &= ~torch.isin(ids, written_rows.ids.to(ids.device))
     ids, rows = ids[shown], rows[shown]
     if written_rows is None:
-        return WrittenRows(ids, rows, mean_probability=config.writer_mean_row_probability)
+        return WrittenRows(ids, rows, mean_probability=mean_probability)
     answering = written_rows.answering
     if answering is not None:  # a kept row answers nothing: the batch did not choose its passage
         answering = torch.cat([answering, answering.new_zeros(answering.shape[0], ids.shape[0])], dim=1)
@@ -115,7 +117,7 @@ def with_kept_rows(
         ids=torch.cat([written_rows.ids, ids.to(written_rows.ids.device)]),
         rows=torch.cat([written_rows.rows, rows.to(written_rows.rows)]),
         answering=answering,
-        mean_probability=config.writer_mean_row_probability,
+        mean_probability=mean_probability,
     )
 
 
@@ -1095,8 +1097,7 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
         distinct, owner = ids.unique(return_inverse=True)
         if distinct.numel() == ids.numel() or not self.config.writer_pools_texts:  # a row a text
             answering = None if written_rows_answering is None else written_rows_answering.bool()
-            return WrittenRows(ids, rows, written_read_entity_ids, answering, bool(read_answering_rows),
-                               self.config.writer_mean_row_probability)  # fmt: skip
+            return WrittenRows(ids, rows, written_read_entity_ids, answering, bool(read_answering_rows))
         counts = torch.bincount(owner, minlength=distinct.numel()).to(rows.dtype)  # rows pooled: their mean
         pooled = rows.new_zeros(distinct.numel(), rows.shape[1]).index_add(0, owner, rows) / counts[:, None]
         return WrittenRows(distinct, pooled, written_read_entity_ids)  # a row an entity: nothing to choose among
