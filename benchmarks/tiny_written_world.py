@@ -18,7 +18,8 @@ same people added from a sentence that gives each another city: answers that fol
 person's; *trained*, the trained people found and answered on their own rows. Levers: `--practice N` practice people
 (0: none), `--entity-key-dim K` (0: the whole row a key), `--restated` (each passage two sentences, the city stated
 twice: a masked city is then mostly readable from the passage itself, as in a page of several biographies),
-`--random-mask-prob P` and `--dropout P` (the knowledge world's pre-training corrupts with both: 0.3 and 0.1).
+`--random-mask-prob P` and `--dropout P` (the knowledge world's pre-training corrupts with both: 0.3 and 0.1),
+`--batch-size B` (32; the knowledge world's: 8).
 
 `--employers N` gives each person a second fact, an employer among N, stated in three sentence forms of its own: a
 passage then states one of a person's two facts, and a row written from another passage holds the hidden fact or the
@@ -27,7 +28,11 @@ other one. The writer reads a row a passage, kept apart (`edmem pretrain --write
 what the passage hides, as in the knowledge world's sentence pages; `--answer-rows` makes the rows that name it the
 linking loss's gold among the person's rows (`--writer_answer_rows`). The unseen people are then added a row for
 each of two sentences (the first city form and the first employer form), kept apart, and asked both facts: the city
-(`unseen_answered`) and the employer (`unseen_employer_answered`), in their second forms.
+(`unseen_answered`) and the employer (`unseen_employer_answered`), in their second forms. `--more-facts F` gives
+each person F more such facts (each among N values, three forms of its own; results `fact3`, `fact4`, ...): the
+knowledge world's people have six facts, and a person's rows are then six facts between them; every other passage
+of the person is a row (`--writer_passages_per_row` 3 (2 + F) - 1), and the unseen people are added a row for the
+first form of each fact.
 
     python benchmarks/tiny_written_world.py --seeds 0 1 2 3 4 --out runs/tiny-written-world
 
@@ -56,6 +61,7 @@ from tiny_models import make_word_tokenizer, make_words  # noqa: E402
 
 SIZES = dict(firsts=12, lasts=12, cities=4, unseen=4, trained=12, practice=100, tag_words=11)
 STEPS = 6000
+BATCH_SIZE = 32  # the knowledge world's pre-training: 8
 ENTITY_KEY_DIM = 16  # of entity_embed_dim 32
 
 
@@ -70,13 +76,16 @@ def tiny_world(
     cities: int = SIZES["cities"],
     tagged: bool = False,
     employers: int = 0,
+    more_facts: int = 0,
 ) -> dict:
     """`trained`, `practice` (that many) and `unseen` people, `cities` (that many), each person's `home` city and the
     three sentence `forms`; every name, city and form word one token of `tokenizer`. With `tagged`, each person has
     a `tag` that every sentence about them ends with (`{t}`), a pair of words of their own (each word shared with
     other people's tags, the pair no one else's): their passages then say who they are, as a biography's other facts
     (common values, a combination of its own) do, and an added person's tag is made of trained words. With
-    `employers`, each person also `works` for one of that many `employers`, stated in three `employer_forms` (`{e}`)."""
+    `employers`, each person has `facts` beyond the city, the first an employer among that many: each a dict of its
+    `values`, the one each person has (`of`) and three `forms` of its own (`{e}` the value); `more_facts` more, each
+    among as many values (1 + `more_facts` in all)."""
     room = SIZES["firsts"] * SIZES["lasts"] - SIZES["unseen"] - SIZES["trained"]
     if not 0 <= practice <= room:
         raise ValueError(f"practice={practice}: the names give room for 0 to {room} practice people")
@@ -105,27 +114,28 @@ def tiny_world(
         forms = [form[: -len(" .")] + " {t} ." for form in forms]
     world = dict(unseen=people[:unseen], trained=people[unseen:trained], practice=people[trained : trained + practice],
                  cities=cities, home=home, forms=forms, tag=dict(zip(named, tags)) if tagged else {},
-                 employers=[], works={}, employer_forms=[])  # fmt: skip
+                 facts=[])  # fmt: skip
+    if more_facts and not employers:
+        raise ValueError(f"more_facts={more_facts}: the facts beyond the employer need employers, their values' count")
     if employers:  # words after the tags', drawn apart: the one-fact world stays as it was
         more = rest[len(cities) + 6 + 2 * SIZES["tag_words"] :]
-        if not 2 <= employers <= len(more) - 4:
-            raise ValueError(f"employers={employers}: 2 to {len(more) - 4}")
-        world["employers"], e = more[:employers], more[employers : employers + 4]
-        works = random.Random(seed + 2)
-        world["works"] = {person: works.choice(world["employers"]) for person in people}
-        world["employer_forms"] = [
-            f"{{p}} {e[0]} {{e}} .",
-            f"{e[1]} {{e}} {e[2]} {{p}} .",
-            f"{{p}} {e[3]} {{e}} {e[0]} .",
-        ]
+        room = len(more) // (1 + more_facts) - 4
+        if not 2 <= employers <= room:
+            raise ValueError(f"employers={employers}: 2 to {room} with more_facts={more_facts}")
+        for k in range(1 + more_facts):  # each fact its values and four words of its forms
+            words_of_fact = more[k * (employers + 4) : (k + 1) * (employers + 4)]
+            values, e = words_of_fact[:employers], words_of_fact[employers:]
+            draw = random.Random(seed + 2 + k)
+            forms = [f"{{p}} {e[0]} {{e}} .", f"{e[1]} {{e}} {e[2]} {{p}} .", f"{{p}} {e[3]} {{e}} {e[0]} ."]
+            world["facts"].append(dict(values=values, of={p: draw.choice(values) for p in people}, forms=forms))
     return world
 
 
-def sentence(world: dict, text: str, person: str, city: str) -> str:
-    """`text` (forms) about `person`, its mentions marked, with `city` as theirs (and their tag and employer, if they
-    have them)."""
-    employer = world["works"].get(person)
-    return text.format(p=marked(person), c=marked(city), e=marked(employer) if employer else "",
+def sentence(world: dict, text: str, person: str, city: str, fact: dict | None = None) -> str:
+    """`text` (forms) about `person`, its mentions marked, with `city` as theirs (and their tag, if they have one, and
+    their value of `fact`, one of `world["facts"]`, at `{e}`)."""
+    value = fact["of"][person] if fact else None
+    return text.format(p=marked(person), c=marked(city), e=marked(value) if value else "",
                        t=world["tag"].get(person, ""))  # fmt: skip
 
 
@@ -134,15 +144,18 @@ def write_corpus(tokenizer, world: dict, out: Path, restated: bool = False) -> P
     with both mentions labelled (with `restated`, each passage two forms, the city stated twice; with employers,
     their three forms too, a passage each), and `practice.txt`, the practice people's names
     (`--written_only_entities_file`)."""
-    names = world["cities"] + world["trained"] + world["practice"] + world["employers"]
+    names = world["cities"] + world["trained"] + world["practice"] + [v for f in world["facts"] for v in f["values"]]
     start = tokenizer.convert_tokens_to_ids("<E_s>")
     rows = {"input_ids": [], "entity_labels": []}
     for person in world["trained"] + world["practice"]:
         city = world["home"][person]
-        mentioned = {"{p}": person, "{c}": city, "{e}": world["works"].get(person)}
-        for i, form in enumerate(world["forms"] + world["employer_forms"]):
+        stated = [(form, None) for form in world["forms"]] + [
+            (f, fact) for fact in world["facts"] for f in fact["forms"]
+        ]
+        for i, (form, fact) in enumerate(stated):
+            mentioned = {"{p}": person, "{c}": city, "{e}": fact["of"][person] if fact else None}
             text = form + (" " + world["forms"][(i + 1) % 3] if restated else "")
-            ids = tokenizer(sentence(world, text, person, city)).input_ids
+            ids = tokenizer(sentence(world, text, person, city, fact)).input_ids
             order = iter([mentioned[kind] for kind in _mentions(text)])
             rows["input_ids"].append(ids)
             rows["entity_labels"].append([names.index(next(order)) if t == start else -100 for t in ids])
@@ -170,6 +183,7 @@ def pretraining_arguments(
     dropout: float = 0.0,
     rows_apart: int = 0,
     answer_rows: bool = False,
+    batch_size: int = BATCH_SIZE,
 ) -> PretrainingArguments:
     """The tiny model (two layers a stack, d_model 64, `positions` tokens a passage or writer input) with a writer,
     trained `steps` steps on `corpus`; no token masked at random and no dropout unless asked (the knowledge world's
@@ -184,7 +198,7 @@ def pretraining_arguments(
         d_model=64, encoder_lower_layers=1, encoder_upper_layers=1, decoder_lower_layers=1, decoder_upper_layers=1,
         encoder_ffn_dim=128, decoder_ffn_dim=128, encoder_attention_heads=4, decoder_attention_heads=4,
         entity_embed_dim=32, entity_key_dim=entity_key_dim, max_position_embeddings=positions, dropout=dropout,
-        random_mask_prob=random_mask_prob, per_device_train_batch_size=32, learning_rate=3e-3, max_steps=steps,
+        random_mask_prob=random_mask_prob, per_device_train_batch_size=batch_size, learning_rate=3e-3, max_steps=steps,
         eval_steps=0, save_steps=steps, logging_steps=500, report_to="none", disable_tqdm=True, seed=seed,
     )  # fmt: skip
 
@@ -198,16 +212,24 @@ def hide_practice_people(model, world: dict) -> None:
 
 @torch.no_grad()
 def found_and_answered(
-    model, tokenizer, people: list[str], ids: list[int], city_of: dict, text: str, world: dict, asked: str = "{c}"
+    model,
+    tokenizer,
+    people: list[str],
+    ids: list[int],
+    city_of: dict,
+    text: str,
+    world: dict,
+    asked: str = "{c}",
+    fact: dict | None = None,
 ) -> tuple[int, int]:
     """How many of `people` the memory finds at their name (top entity `ids[i]` at the first `{p}` of `text`), and
-    whose city `city_of[person]` (or with `asked="{e}"`, employer) the model fills in, teacher-forced, in `text` with
-    every `asked` mention's tokens masked one by one (as pre-training masks a mention)."""
+    whose city `city_of[person]` (or with `asked="{e}"`, their value of `fact`) the model fills in, teacher-forced, in
+    `text` with every `asked` mention's tokens masked one by one (as pre-training masks a mention)."""
     start, end = model.config.entity_start_token_id, model.config.entity_end_token_id
     kinds = _mentions(text)
     found = answered = 0
     for person, entity in zip(people, ids):
-        full = tokenizer(sentence(world, text, person, city_of[person]), return_tensors="pt").input_ids
+        full = tokenizer(sentence(world, text, person, city_of[person], fact), return_tensors="pt").input_ids
         starts, ends = (full[0] == start).nonzero()[:, 0], (full[0] == end).nonzero()[:, 0]
         cities = [(int(starts[i]) + 1, int(ends[i])) for i, kind in enumerate(kinds) if kind == asked]
         question = full.clone()
@@ -222,35 +244,42 @@ def found_and_answered(
 
 def measure(model_dir: Path, tokenizer, world: dict, restated: bool = False) -> dict:
     """The figures of one trained model (the module's docstring): counts out of `len(people)`. The unseen people are
-    added from the first form (with `restated`, the first two; with employers, and the first employer form, a row
-    each, kept apart as the model reads them) and asked in the second (the second and third)."""
+    added from the first form (with `restated`, the first two; with facts beyond the city, and the first form of each,
+    a row each, kept apart as the model reads them) and asked in the second (the second and third), each fact's
+    answers under its key (`fact_key`)."""
     forms, home, unseen = world["forms"], world["home"], world["unseen"]
     written_from, question = (f"{forms[0]} {forms[1]}", f"{forms[1]} {forms[2]}") if restated else (forms[0], forms[1])
     told = {p: world["cities"][(world["cities"].index(home[p]) + 1) % len(world["cities"])] for p in unseen}
-    employer = world["employer_forms"][:2]  # written from the first, asked in the second
+    facts = world["facts"]  # each written from its first form, asked in its second
     result = {}
     for name, city_of in (("unseen", home), ("told", told)):
         model = EDMemForConditionalGeneration.from_pretrained(model_dir).eval()
         hide_practice_people(model, world)
-        texts = [[sentence(world, text, person, city_of[person]) for text in (written_from, *employer[:1])]
+        texts = [[sentence(world, written_from, person, city_of[person])]
+                 + [sentence(world, fact["forms"][0], person, city_of[person], fact) for fact in facts]
                  for person in unseen]  # fmt: skip
         ids = add_entities(model, unseen, texts, tokenizer)  # the model's writer, its default
         result[f"{name}_found"], result[f"{name}_answered"] = found_and_answered(
             model, tokenizer, unseen, ids, city_of, question, world
         )
-        if employer and name == "unseen":
-            result["unseen_employer_answered"] = found_and_answered(
-                model, tokenizer, unseen, ids, home, employer[1], world, asked="{e}"
+        for k, fact in enumerate(facts if name == "unseen" else []):
+            result[f"unseen_{fact_key(k)}_answered"] = found_and_answered(
+                model, tokenizer, unseen, ids, home, fact["forms"][1], world, asked="{e}", fact=fact
             )[1]
     ids = [model.entity_vocab.id_of(person) for person in world["trained"]]
     result["trained_found"], result["trained_answered"] = found_and_answered(
         model, tokenizer, world["trained"], ids, home, question, world
     )
-    if employer:
-        result["trained_employer_answered"] = found_and_answered(
-            model, tokenizer, world["trained"], ids, home, employer[1], world, asked="{e}"
+    for k, fact in enumerate(facts):
+        result[f"trained_{fact_key(k)}_answered"] = found_and_answered(
+            model, tokenizer, world["trained"], ids, home, fact["forms"][1], world, asked="{e}", fact=fact
         )[1]
     return result
+
+
+def fact_key(k: int) -> str:
+    """The name of `world["facts"][k]` in the results: `employer`, then `fact3`, `fact4`, ... (the city the first)."""
+    return "employer" if k == 0 else f"fact{k + 2}"
 
 
 def passes(result: dict, world: dict) -> bool:
@@ -276,12 +305,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dropout", type=float, default=0.0, help="Dropout (the knowledge world's: 0.1).")
     parser.add_argument("--employers", type=int, default=0,
                         help="A second fact, an employer among this many, a passage stating one fact; rows apart.")  # fmt: skip
+    parser.add_argument("--more-facts", type=int, default=0,
+                        help="With --employers: this many more facts, each among as many values, stated as the "
+                        "employer is.")  # fmt: skip
     parser.add_argument("--answer-rows", action="store_true",
                         help="With --employers: the rows that name what a passage hides are the linking gold.")  # fmt: skip
+    parser.add_argument("--batch-size", type=int, default=BATCH_SIZE,
+                        help="Pre-training batch size (the knowledge world's: 8).")  # fmt: skip
     parser.add_argument("--out", type=Path, required=True, help="Runs and results_<setting>.json go here.")
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error(f"--steps {args.steps}: at least one step")
+    if args.batch_size < 1:
+        parser.error(f"--batch-size {args.batch_size}: at least one passage a batch")
+    if args.more_facts and not args.employers:
+        parser.error("--more-facts are facts beyond the employer: give --employers, their values' count")
     if args.answer_rows and not args.employers:
         parser.error("--answer-rows chooses among a person's rows, which --employers gives")
     if args.employers and args.restated:
@@ -289,16 +327,18 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     tokenizer = make_word_tokenizer(bart_template=True)
     world = tiny_world(tokenizer, practice=args.practice, cities=args.cities, tagged=args.tagged,
-                       employers=args.employers)  # fmt: skip
+                       employers=args.employers, more_facts=args.more_facts)  # fmt: skip
     variant = (
         ("-restated" if args.restated else "")
         + ("-tagged" if args.tagged else "")
         + (f"-cities{args.cities}" if args.cities != SIZES["cities"] else "")
         + (f"-employers{args.employers}" if args.employers else "")
+        + (f"-more-facts{args.more_facts}" if args.more_facts else "")
     )
     corruption = (f"-random-mask{args.random_mask_prob}" if args.random_mask_prob else "") + (
         f"-dropout{args.dropout}" if args.dropout else ""
     )
+    corruption += f"-batch{args.batch_size}" if args.batch_size != BATCH_SIZE else ""
     setting = f"practice{args.practice}-key{args.entity_key_dim}{variant}{corruption}"
     setting += "-answer-rows" if args.answer_rows else ""
     corpus = args.out / f"corpus-practice{args.practice}{variant}"
@@ -309,9 +349,11 @@ def main(argv: list[str] | None = None) -> int:
         model_dir = args.out / f"{setting}-{args.steps}-steps-seed{seed}"
         if not (model_dir / "model.safetensors").exists():
             positions = 64 if args.restated else 32  # a passage of two sentences, and a writer input of one
+            rows_apart = 3 * (1 + len(world["facts"])) - 1 if world["facts"] else 0  # every other passage
             arguments = pretraining_arguments(corpus, model_dir, seed, args.steps, args.entity_key_dim or None,
                                               positions, args.random_mask_prob, args.dropout,
-                                              5 if args.employers else 0, args.answer_rows)  # fmt: skip
+                                              rows_apart, args.answer_rows,
+                                              args.batch_size)  # fmt: skip
             pretrain(arguments)
         per_seed[seed] = measure(model_dir, tokenizer, world, args.restated)
         per_seed[seed]["passes"] = passes(per_seed[seed], world)
@@ -322,8 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     summary["seeds_passing"] = sum(r["passes"] for r in per_seed.values())
     results = dict(setting=setting, sizes=SIZES | {"practice": args.practice, "cities": args.cities},
                    steps=args.steps, entity_key_dim=args.entity_key_dim, restated=args.restated, tagged=args.tagged,
-                   employers=args.employers, answer_rows=args.answer_rows,
-                   random_mask_prob=args.random_mask_prob, dropout=args.dropout,
+                   employers=args.employers, more_facts=args.more_facts, answer_rows=args.answer_rows,
+                   random_mask_prob=args.random_mask_prob, dropout=args.dropout, batch_size=args.batch_size,
                    seeds=args.seeds, per_seed=per_seed, percent_over_seeds=summary)  # fmt: skip
     (args.out / f"results_{setting}_{args.steps}_steps.json").write_text(json.dumps(results, indent=1) + "\n")
     print(f"RESULT setting={setting} seeds={','.join(map(str, args.seeds))} steps={args.steps} "

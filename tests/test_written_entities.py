@@ -65,8 +65,9 @@ def test_a_second_fact_gives_each_passage_one_of_two_facts_and_leaves_the_one_fa
     tokenizer = make_word_tokenizer(bart_template=True)
     one, two = world_module.tiny_world(tokenizer), world_module.tiny_world(tokenizer, employers=4)
     assert all(one[key] == two[key] for key in ("unseen", "trained", "practice", "cities", "home", "forms"))
-    assert not one["employers"] and len(two["employers"]) == 4 and not set(two["employers"]) & set(two["cities"])
-    assert set(two["works"].values()) <= set(two["employers"]) and len(set(two["works"].values())) > 1
+    (employer,) = two["facts"]
+    assert not one["facts"] and len(employer["values"]) == 4 and not set(employer["values"]) & set(two["cities"])
+    assert set(employer["of"].values()) <= set(employer["values"]) and len(set(employer["of"].values())) > 1
     corpus = world_module.write_corpus(tokenizer, two, tmp_path / "corpus")
     passages = load_from_disk(str(corpus / "passages"))["train"]
     names = EntityVocab.load(str(corpus)).names
@@ -75,7 +76,7 @@ def test_a_second_fact_gives_each_passage_one_of_two_facts_and_leaves_the_one_fa
     person = people[0]
     for k, row in enumerate(passages.select(range(6))):
         labelled = [names[label] for label in row["entity_labels"] if label >= 0]
-        fact = two["home"][person] if k < 3 else two["works"][person]
+        fact = two["home"][person] if k < 3 else employer["of"][person]
         assert sorted(labelled) == sorted([person, fact]), (k, labelled)
     arguments = world_module.pretraining_arguments(corpus, tmp_path / "model", seed=0, rows_apart=5, answer_rows=True)
     assert (arguments.writer_pools_texts, arguments.writer_passages_per_row, arguments.writer_answer_rows) == (
@@ -83,3 +84,42 @@ def test_a_second_fact_gives_each_passage_one_of_two_facts_and_leaves_the_one_fa
     )  # fmt: skip
     with pytest.raises(SystemExit):
         world_module.main(["--answer-rows", "--out", "unused"])
+
+
+def test_more_facts_keep_the_two_fact_world_and_state_each_fact_apart(tmp_path):
+    """`more_facts`: further facts beside the employer, each with values and forms of its own, a passage each; the
+    two-fact world (people, cities, the employer and its forms) stays as it was."""
+    from datasets import load_from_disk
+
+    from edmem_hf import EntityVocab
+
+    tokenizer = make_word_tokenizer(bart_template=True)
+    two, six = (
+        world_module.tiny_world(tokenizer, employers=4),
+        world_module.tiny_world(tokenizer, employers=4, more_facts=4),
+    )
+    assert all(two[key] == six[key] for key in ("unseen", "trained", "practice", "cities", "home", "forms"))
+    assert six["facts"][0] == two["facts"][0] and len(six["facts"]) == 5
+    values = [value for fact in six["facts"] for value in fact["values"]]
+    form_words = {word for fact in six["facts"] for form in fact["forms"] for word in form.split()} - {
+        "{p}",
+        "{e}",
+        ".",
+    }
+    assert len(set(values)) == 20 and not (set(values) & set(six["cities"])) and not (set(values) & form_words)
+    assert all(len(set(fact["of"].values())) > 1 for fact in six["facts"])
+    corpus = world_module.write_corpus(tokenizer, six, tmp_path / "corpus")
+    passages = load_from_disk(str(corpus / "passages"))["train"]
+    names = EntityVocab.load(str(corpus)).names
+    person = (six["trained"] + six["practice"])[0]
+    assert len(passages) == 18 * len(six["trained"] + six["practice"])
+    for k, row in enumerate(passages.select(range(18))):
+        labelled = [names[label] for label in row["entity_labels"] if label >= 0]
+        fact = six["home"][person] if k < 3 else six["facts"][(k - 3) // 3]["of"][person]
+        assert sorted(labelled) == sorted([person, fact]), (k, labelled)
+    with pytest.raises(ValueError, match="more_facts=2: the facts beyond the employer need employers"):
+        world_module.tiny_world(tokenizer, more_facts=2)
+    with pytest.raises(ValueError, match="employers=30: 2 to"):
+        world_module.tiny_world(tokenizer, employers=30, more_facts=4)
+    with pytest.raises(SystemExit):
+        world_module.main(["--more-facts", "2", "--out", "unused"])
