@@ -34,6 +34,11 @@ knowledge world's people have six facts, and a person's rows are then six facts 
 of the person is a row (`--writer_passages_per_row` 3 (2 + F) - 1), and the unseen people are added a row for the
 first form of each fact.
 
+`--questions` asks as the knowledge world does: a question form for the city and each fact ("w1 {p} w2 ?", the
+answer the value, an entity), every trained and practice person asked each, a quarter of the pre-training examples
+in the fine-tuning format (`--mixed_questions_file`); after training the people are asked them too, teacher-forced
+(`*_asked_found`, `*_asked_answered`, and each fact's `*_asked_answered`).
+
     python benchmarks/tiny_written_world.py --seeds 0 1 2 3 4 --out runs/tiny-written-world
 
 A rerun with the same `--out` reuses the runs that are done. Ends with one line `RESULT key=value ...`: means over
@@ -47,6 +52,7 @@ import argparse
 import json
 import random
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -57,6 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from edmem_hf import EDMemForConditionalGeneration, EntityVocab  # noqa: E402
 from edmem_hf.entity_growth import add_entities  # noqa: E402
 from edmem_hf.pretraining import PretrainingArguments, pretrain  # noqa: E402
+from edmem_hf.tasks import EDMemSeq2SeqCollator, encode_qa_record, read_qa  # noqa: E402
 from tiny_models import make_word_tokenizer, make_words  # noqa: E402
 
 SIZES = dict(firsts=12, lasts=12, cities=4, unseen=4, trained=12, practice=100, tag_words=11)
@@ -77,6 +84,7 @@ def tiny_world(
     tagged: bool = False,
     employers: int = 0,
     more_facts: int = 0,
+    questions: bool = False,
 ) -> dict:
     """`trained`, `practice` (that many) and `unseen` people, `cities` (that many), each person's `home` city and the
     three sentence `forms`; every name, city and form word one token of `tokenizer`. With `tagged`, each person has
@@ -85,7 +93,9 @@ def tiny_world(
     (common values, a combination of its own) do, and an added person's tag is made of trained words. With
     `employers`, each person has `facts` beyond the city, the first an employer among that many: each a dict of its
     `values`, the one each person has (`of`) and three `forms` of its own (`{e}` the value); `more_facts` more, each
-    among as many values (1 + `more_facts` in all)."""
+    among as many values (1 + `more_facts` in all). With `questions`, a `question_forms` for the city and each fact
+    (`{p}` the person; two words of its own each, the last words of the list, so that the world is otherwise the
+    same)."""
     room = SIZES["firsts"] * SIZES["lasts"] - SIZES["unseen"] - SIZES["trained"]
     if not 0 <= practice <= room:
         raise ValueError(f"practice={practice}: the names give room for 0 to {room} practice people")
@@ -114,11 +124,15 @@ def tiny_world(
         forms = [form[: -len(" .")] + " {t} ." for form in forms]
     world = dict(unseen=people[:unseen], trained=people[unseen:trained], practice=people[trained : trained + practice],
                  cities=cities, home=home, forms=forms, tag=dict(zip(named, tags)) if tagged else {},
-                 facts=[])  # fmt: skip
+                 facts=[], question_forms=[])  # fmt: skip
+    asking = rest[len(rest) - 2 * (1 + (1 + more_facts if employers else 0)) :] if questions else []
+    if len(rest) - len(asking) < len(cities) + 6 + 2 * SIZES["tag_words"]:
+        raise ValueError(f"cities={len(cities)}: no words are left for the questions")
+    world["question_forms"] = [f"{a} {{p}} {b} ?" for a, b in zip(asking[::2], asking[1::2])]
     if more_facts and not employers:
         raise ValueError(f"more_facts={more_facts}: the facts beyond the employer need employers, their values' count")
     if employers:  # words after the tags', drawn apart: the one-fact world stays as it was
-        more = rest[len(cities) + 6 + 2 * SIZES["tag_words"] :]
+        more = rest[len(cities) + 6 + 2 * SIZES["tag_words"] : len(rest) - len(asking)]
         room = len(more) // (1 + more_facts) - 4
         if not 2 <= employers <= room:
             raise ValueError(f"employers={employers}: 2 to {room} with more_facts={more_facts}")
@@ -143,7 +157,8 @@ def write_corpus(tokenizer, world: dict, out: Path, restated: bool = False) -> P
     """An `edmem build-corpus` folder: each trained and practice person in the three forms, each form a passage
     with both mentions labelled (with `restated`, each passage two forms, the city stated twice; with employers,
     their three forms too, a passage each), and `practice.txt`, the practice people's names
-    (`--written_only_entities_file`)."""
+    (`--written_only_entities_file`); with question forms, `questions.jsonl`, every fact of theirs asked
+    (`--mixed_questions_file`)."""
     names = world["cities"] + world["trained"] + world["practice"] + [v for f in world["facts"] for v in f["values"]]
     start = tokenizer.convert_tokens_to_ids("<E_s>")
     rows = {"input_ids": [], "entity_labels": []}
@@ -164,7 +179,29 @@ def write_corpus(tokenizer, world: dict, out: Path, restated: bool = False) -> P
     EntityVocab(names).save(str(out))
     tokenizer.save_pretrained(str(out / "tokenizer"))
     (out / "practice.txt").write_text("".join(f"{person}\n" for person in world["practice"]))
+    if world["question_forms"]:
+        people = world["trained"] + world["practice"]
+        records = [record for k in range(len(world["question_forms"]))
+                   for record in question_records(world, people, k, answer_of(world, k))]  # fmt: skip
+        (out / "questions.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
     return out
+
+
+def answer_of(world: dict, k: int) -> dict:
+    """Each person's answer to question form `k`: their city (0), else their value of fact `k - 1`."""
+    return world["home"] if k == 0 else world["facts"][k - 1]["of"]
+
+
+def question_records(world: dict, people: list[str], k: int, answers: dict) -> list[dict]:
+    """Question form `k` asked of `people`, the answer of each `answers[person]` (an entity), in the released QA
+    format (`edmem_*.jsonl`, as `edmem_hf.task_files.read_qa` reads it): the person linked in the question."""
+    records = []
+    for person in people:
+        question = world["question_forms"][k].format(p=person)
+        records.append(dict(id=f"{k}-{person}", question=question, answer=[answers[person]],
+                            link_offset=[question.index(person)], link_length=[len(person)], link_target=[person],
+                            entity_name=[person], answer_entity=[[answers[person], answers[person]]]))  # fmt: skip
+    return records
 
 
 def _mentions(text: str) -> list[str]:
@@ -184,15 +221,19 @@ def pretraining_arguments(
     rows_apart: int = 0,
     answer_rows: bool = False,
     batch_size: int = BATCH_SIZE,
+    questions: bool = False,
 ) -> PretrainingArguments:
     """The tiny model (two layers a stack, d_model 64, `positions` tokens a passage or writer input) with a writer,
     trained `steps` steps on `corpus`; no token masked at random and no dropout unless asked (the knowledge world's
     pre-training has both: 0.3 and 0.1). With `rows_apart` P, a written entity is read through the rows of up to P
-    passages, each a row of its own (with `answer_rows`, those that name what the passage hides its gold)."""
+    passages, each a row of its own (with `answer_rows`, those that name what the passage hides its gold). With
+    `questions`, the corpus's questions are a quarter of the examples (`--mixed_questions_file`)."""
     practice = corpus / "practice.txt"
     apart = dict(writer_pools_texts=False, writer_passages_per_row=rows_apart, writer_answer_rows=answer_rows)
+    asked = dict(mixed_questions_file=str(corpus / "questions.jsonl")) if questions else {}
     return PretrainingArguments(
         **(apart if rows_apart else {}),
+        **asked,
         output_dir=str(output_dir), corpus_dir=str(corpus), entity_row_writer=True, written_row_share=0.5,
         written_only_share=0.0, written_only_entities_file=str(practice) if practice.read_text() else None,
         d_model=64, encoder_lower_layers=1, encoder_upper_layers=1, decoder_lower_layers=1, decoder_upper_layers=1,
@@ -266,6 +307,8 @@ def measure(model_dir: Path, tokenizer, world: dict, restated: bool = False) -> 
             result[f"unseen_{fact_key(k)}_answered"] = found_and_answered(
                 model, tokenizer, unseen, ids, home, fact["forms"][1], world, asked="{e}", fact=fact
             )[1]
+        if world["question_forms"]:
+            result |= asked(model, tokenizer, unseen, ids, city_of, world, name, facts=name == "unseen")
     ids = [model.entity_vocab.id_of(person) for person in world["trained"]]
     result["trained_found"], result["trained_answered"] = found_and_answered(
         model, tokenizer, world["trained"], ids, home, question, world
@@ -274,7 +317,49 @@ def measure(model_dir: Path, tokenizer, world: dict, restated: bool = False) -> 
         result[f"trained_{fact_key(k)}_answered"] = found_and_answered(
             model, tokenizer, world["trained"], ids, home, fact["forms"][1], world, asked="{e}", fact=fact
         )[1]
+    if world["question_forms"]:
+        result |= asked(model, tokenizer, world["trained"], ids, home, world, "trained")
     return result
+
+
+def asked(
+    model, tokenizer, people: list[str], ids: list[int], city_of: dict, world: dict, group: str, facts: bool = True
+) -> dict[str, int]:
+    """The questions of the corpus's forms asked of `people`, as the pre-training batches ask them: how many the
+    memory finds at the name in the city's question (`{group}_asked_found`, top entity `ids[i]`) and answers with
+    `city_of[person]`, teacher-forced (`{group}_asked_answered`), and with `facts`, each fact's question answered
+    (`{group}_{fact_key}_asked_answered`)."""
+    answers = [city_of] + ([fact["of"] for fact in world["facts"]] if facts else [])
+    result = {}
+    for k, answer in enumerate(answers):
+        found, answered = asked_and_answered(model, tokenizer, people, ids, answer, k, world)
+        if k == 0:
+            result[f"{group}_asked_found"], result[f"{group}_asked_answered"] = found, answered
+        else:
+            result[f"{group}_{fact_key(k - 1)}_asked_answered"] = answered
+    return result
+
+
+@torch.no_grad()
+def asked_and_answered(
+    model, tokenizer, people: list[str], ids: list[int], answers: dict, k: int, world: dict
+) -> tuple[int, int]:
+    """Question form `k` asked of `people` (`question_records`, encoded by `encode_qa_record` as the mixed questions
+    of pre-training are): how many the memory finds at the name (top entity `ids[i]`) and how many it answers with
+    `answers[person]`, every answer token the model's first choice, teacher-forced."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "asked.jsonl"
+        path.write_text("".join(json.dumps(record) + "\n" for record in question_records(world, people, k, answers)))
+        rows = read_qa(path, model.entity_vocab)
+    collate = EDMemSeq2SeqCollator(tokenizer.pad_token_id)
+    found = answered = 0
+    for row, entity in zip(rows, ids):
+        batch = collate([encode_qa_record(row, tokenizer)])
+        out = model(**batch, output_attended_entities=True)
+        found += int(out.encoder_attended_entities.top_entity_ids[0, 0]) == entity
+        labels = batch["labels"]
+        answered += bool(((out.logits.argmax(-1) == labels) | (labels == -100)).all())
+    return found, answered
 
 
 def fact_key(k: int) -> str:
@@ -308,6 +393,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--more-facts", type=int, default=0,
                         help="With --employers: this many more facts, each among as many values, stated as the "
                         "employer is.")  # fmt: skip
+    parser.add_argument("--questions", action="store_true",
+                        help="A question for the city and each fact, a quarter of the pre-training examples, and the "
+                        "people asked them after training.")  # fmt: skip
     parser.add_argument("--answer-rows", action="store_true",
                         help="With --employers: the rows that name what a passage hides are the linking gold.")  # fmt: skip
     parser.add_argument("--batch-size", type=int, default=BATCH_SIZE,
@@ -327,13 +415,14 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     tokenizer = make_word_tokenizer(bart_template=True)
     world = tiny_world(tokenizer, practice=args.practice, cities=args.cities, tagged=args.tagged,
-                       employers=args.employers, more_facts=args.more_facts)  # fmt: skip
+                       employers=args.employers, more_facts=args.more_facts, questions=args.questions)  # fmt: skip
     variant = (
         ("-restated" if args.restated else "")
         + ("-tagged" if args.tagged else "")
         + (f"-cities{args.cities}" if args.cities != SIZES["cities"] else "")
         + (f"-employers{args.employers}" if args.employers else "")
         + (f"-more-facts{args.more_facts}" if args.more_facts else "")
+        + ("-questions" if args.questions else "")
     )
     corruption = (f"-random-mask{args.random_mask_prob}" if args.random_mask_prob else "") + (
         f"-dropout{args.dropout}" if args.dropout else ""
@@ -353,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
             arguments = pretraining_arguments(corpus, model_dir, seed, args.steps, args.entity_key_dim or None,
                                               positions, args.random_mask_prob, args.dropout,
                                               rows_apart, args.answer_rows,
-                                              args.batch_size)  # fmt: skip
+                                              args.batch_size, args.questions)  # fmt: skip
             pretrain(arguments)
         per_seed[seed] = measure(model_dir, tokenizer, world, args.restated)
         per_seed[seed]["passes"] = passes(per_seed[seed], world)
@@ -364,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     summary["seeds_passing"] = sum(r["passes"] for r in per_seed.values())
     results = dict(setting=setting, sizes=SIZES | {"practice": args.practice, "cities": args.cities},
                    steps=args.steps, entity_key_dim=args.entity_key_dim, restated=args.restated, tagged=args.tagged,
-                   employers=args.employers, more_facts=args.more_facts, answer_rows=args.answer_rows,
+                   employers=args.employers, more_facts=args.more_facts, questions=args.questions, answer_rows=args.answer_rows,
                    random_mask_prob=args.random_mask_prob, dropout=args.dropout, batch_size=args.batch_size,
                    seeds=args.seeds, per_seed=per_seed, percent_over_seeds=summary)  # fmt: skip
     (args.out / f"results_{setting}_{args.steps}_steps.json").write_text(json.dumps(results, indent=1) + "\n")

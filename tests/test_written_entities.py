@@ -123,3 +123,33 @@ def test_more_facts_keep_the_two_fact_world_and_state_each_fact_apart(tmp_path):
         world_module.tiny_world(tokenizer, employers=30, more_facts=4)
     with pytest.raises(SystemExit):
         world_module.main(["--more-facts", "2", "--out", "unused"])
+
+
+def test_questions_ask_each_fact_of_each_person_and_leave_the_world_as_it_was(tmp_path):
+    """`questions`: a question form for the city and each fact, of words no other part of the world uses, every
+    trained and practice person asked each in `questions.jsonl`, which `read_qa` links as pre-training reads it."""
+    from edmem_hf import EntityVocab
+    from edmem_hf.tasks import read_qa
+
+    tokenizer = make_word_tokenizer(bart_template=True)
+    plain = world_module.tiny_world(tokenizer, employers=4, more_facts=1)
+    asking = world_module.tiny_world(tokenizer, employers=4, more_facts=1, questions=True)
+    assert all(plain[key] == asking[key] for key in plain if key != "question_forms") and not plain["question_forms"]
+    assert len(asking["question_forms"]) == 3
+    used = {w for form in asking["forms"] for w in form.split()} | set(asking["cities"])
+    used |= {w for fact in asking["facts"] for form in fact["forms"] for w in form.split()} | set(
+        v for fact in asking["facts"] for v in fact["values"]
+    )
+    asked_words = {w for form in asking["question_forms"] for w in form.split()} - {"{p}", "?"}
+    assert len(asked_words) == 6 and not asked_words & used
+    corpus = world_module.write_corpus(tokenizer, asking, tmp_path / "corpus")
+    rows = read_qa(corpus / "questions.jsonl", EntityVocab.load(str(corpus)))
+    people = asking["trained"] + asking["practice"]
+    assert len(rows) == 3 * len(people)
+    vocab = EntityVocab.load(str(corpus))
+    person, employer = people[1], asking["facts"][0]
+    row = rows[len(people) + 1]  # the employer's question, the second person
+    assert person in row["question"] and row["mention_entities"] == [vocab.id_of(person)]
+    assert row["answers"] == [employer["of"][person]] and row["answer_entity"] == vocab.id_of(employer["of"][person])
+    arguments = world_module.pretraining_arguments(corpus, tmp_path / "model", seed=0, questions=True)
+    assert arguments.mixed_questions_file == str(corpus / "questions.jsonl")
