@@ -126,7 +126,7 @@ def tiny_world(
                  cities=cities, home=home, forms=forms, tag=dict(zip(named, tags)) if tagged else {},
                  facts=[], question_forms=[])  # fmt: skip
     asking = rest[len(rest) - 2 * (1 + (1 + more_facts if employers else 0)) :] if questions else []
-    if len(rest) - len(asking) < len(cities) + 6 + 2 * SIZES["tag_words"]:
+    if questions and len(rest) - len(asking) < len(cities) + 6 + 2 * SIZES["tag_words"]:
         raise ValueError(f"cities={len(cities)}: no words are left for the questions")
     world["question_forms"] = [f"{a} {{p}} {b} ?" for a, b in zip(asking[::2], asking[1::2])]
     if more_facts and not employers:

@@ -51,6 +51,9 @@ def test_the_tiny_world_refuses_what_its_names_and_words_cannot_hold():
         world_module.tiny_world(tokenizer, cities=1)
     with pytest.raises(ValueError, match="people need tags"):
         world_module.tiny_world(tokenizer, cities=120, tagged=True)
+    assert len(world_module.tiny_world(tokenizer, cities=128)["cities"]) == 128  # the most, without questions
+    with pytest.raises(ValueError, match="cities=128: no words are left for the questions"):
+        world_module.tiny_world(tokenizer, cities=128, questions=True)
     with pytest.raises(SystemExit):
         world_module.main(["--steps", "0", "--out", "unused"])
 
