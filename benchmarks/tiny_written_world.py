@@ -230,10 +230,10 @@ def pretraining_arguments(
     `questions`, the corpus's questions are a quarter of the examples (`--mixed_questions_file`)."""
     practice = corpus / "practice.txt"
     apart = dict(writer_pools_texts=False, writer_passages_per_row=rows_apart, writer_answer_rows=answer_rows)
-    asked = dict(mixed_questions_file=str(corpus / "questions.jsonl")) if questions else {}
+    mixed = dict(mixed_questions_file=str(corpus / "questions.jsonl")) if questions else {}
     return PretrainingArguments(
         **(apart if rows_apart else {}),
-        **asked,
+        **mixed,
         output_dir=str(output_dir), corpus_dir=str(corpus), entity_row_writer=True, written_row_share=0.5,
         written_only_share=0.0, written_only_entities_file=str(practice) if practice.read_text() else None,
         d_model=64, encoder_lower_layers=1, encoder_upper_layers=1, decoder_lower_layers=1, decoder_upper_layers=1,
@@ -308,7 +308,7 @@ def measure(model_dir: Path, tokenizer, world: dict, restated: bool = False) -> 
                 model, tokenizer, unseen, ids, home, fact["forms"][1], world, asked="{e}", fact=fact
             )[1]
         if world["question_forms"]:
-            result |= asked(model, tokenizer, unseen, ids, city_of, world, name, facts=name == "unseen")
+            result |= questions_answered(model, tokenizer, unseen, ids, city_of, world, name, facts=name == "unseen")
     ids = [model.entity_vocab.id_of(person) for person in world["trained"]]
     result["trained_found"], result["trained_answered"] = found_and_answered(
         model, tokenizer, world["trained"], ids, home, question, world
@@ -318,11 +318,11 @@ def measure(model_dir: Path, tokenizer, world: dict, restated: bool = False) -> 
             model, tokenizer, world["trained"], ids, home, fact["forms"][1], world, asked="{e}", fact=fact
         )[1]
     if world["question_forms"]:
-        result |= asked(model, tokenizer, world["trained"], ids, home, world, "trained")
+        result |= questions_answered(model, tokenizer, world["trained"], ids, home, world, "trained")
     return result
 
 
-def asked(
+def questions_answered(
     model, tokenizer, people: list[str], ids: list[int], city_of: dict, world: dict, group: str, facts: bool = True
 ) -> dict[str, int]:
     """The questions of the corpus's forms asked of `people`, as the pre-training batches ask them: how many the

@@ -154,5 +154,39 @@ def test_questions_ask_each_fact_of_each_person_and_leave_the_world_as_it_was(tm
     row = rows[len(people) + 1]  # the employer's question, the second person
     assert person in row["question"] and row["mention_entities"] == [vocab.id_of(person)]
     assert row["answers"] == [employer["of"][person]] and row["answer_entity"] == vocab.id_of(employer["of"][person])
-    arguments = world_module.pretraining_arguments(corpus, tmp_path / "model", seed=0, questions=True)
+    arguments = world_module.pretraining_arguments(corpus, tmp_path / "model", seed=0, questions=True, batch_size=8)
     assert arguments.mixed_questions_file == str(corpus / "questions.jsonl")
+    assert arguments.per_device_train_batch_size == 8
+
+
+def test_a_question_counts_as_found_at_the_name_s_top_entity_and_answered_at_every_answer_token():
+    """`asked_and_answered` on a stand-in model that gives the answer's tokens (or each shifted by one) and a chosen
+    top entity at the name: the counts follow each alone."""
+    from types import SimpleNamespace
+
+    from edmem_hf import EntityVocab
+
+    tokenizer = make_word_tokenizer(bart_template=True)
+    world = world_module.tiny_world(tokenizer, questions=True)
+    people = world["trained"][:3]
+    vocab = EntityVocab(world["cities"] + people)
+    ids = [vocab.id_of(person) for person in people]
+
+    class StandIn:
+        entity_vocab = vocab
+
+        def __init__(self, shift: int, top: int | None):
+            self.shift, self.top, self.asked = shift, top, []
+
+        def __call__(self, input_ids, labels, output_attended_entities, **batch):
+            self.asked.append(tokenizer.decode(input_ids[0]))
+            tokens = (labels.clamp(min=0) + self.shift) % len(tokenizer)
+            top = self.top if self.top is not None else int(batch["entity_labels"][batch["entity_labels"] >= 0][0])
+            return SimpleNamespace(logits=torch.nn.functional.one_hot(tokens, len(tokenizer)).float(),
+                                   encoder_attended_entities=SimpleNamespace(top_entity_ids=torch.tensor([[top]])))  # fmt: skip
+
+    model = StandIn(shift=0, top=None)
+    assert world_module.asked_and_answered(model, tokenizer, people, ids, world["home"], 0, world) == (3, 3)
+    assert all(f"<E_s> {person} <E_e>" in question for person, question in zip(people, model.asked))
+    assert world_module.asked_and_answered(StandIn(1, None), tokenizer, people, ids, world["home"], 0, world) == (3, 0)
+    assert world_module.asked_and_answered(StandIn(0, -1), tokenizer, people, ids, world["home"], 0, world) == (0, 3)
