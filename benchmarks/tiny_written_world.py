@@ -125,7 +125,8 @@ def tiny_world(
     world = dict(unseen=people[:unseen], trained=people[unseen:trained], practice=people[trained : trained + practice],
                  cities=cities, home=home, forms=forms, tag=dict(zip(named, tags)) if tagged else {},
                  facts=[], question_forms=[])  # fmt: skip
-    asking = rest[len(rest) - 2 * (1 + (1 + more_facts if employers else 0)) :] if questions else []
+    asked_facts = 1 + (1 + more_facts if employers else 0)  # the city, the employer and the more facts
+    asking = rest[len(rest) - 2 * asked_facts :] if questions else []
     if questions and len(rest) - len(asking) < len(cities) + 6 + 2 * SIZES["tag_words"]:
         raise ValueError(f"cities={len(cities)}: no words are left for the questions")
     world["question_forms"] = [f"{a} {{p}} {b} ?" for a, b in zip(asking[::2], asking[1::2])]
@@ -329,7 +330,7 @@ def questions_answered(
     memory finds at the name in the city's question (`{group}_asked_found`, top entity `ids[i]`) and answers with
     `city_of[person]`, teacher-forced (`{group}_asked_answered`), and with `facts`, each fact's question answered
     (`{group}_{fact_key}_asked_answered`)."""
-    answers = [city_of] + ([fact["of"] for fact in world["facts"]] if facts else [])
+    answers = [city_of] + ([answer_of(world, k) for k in range(1, len(world["question_forms"]))] if facts else [])
     result = {}
     for k, answer in enumerate(answers):
         found, answered = asked_and_answered(model, tokenizer, people, ids, answer, k, world)

@@ -146,10 +146,10 @@ def test_questions_ask_each_fact_of_each_person_and_leave_the_world_as_it_was(tm
     asked_words = {w for form in asking["question_forms"] for w in form.split()} - {"{p}", "?"}
     assert len(asked_words) == 6 and not asked_words & used
     corpus = world_module.write_corpus(tokenizer, asking, tmp_path / "corpus")
-    rows = read_qa(corpus / "questions.jsonl", EntityVocab.load(str(corpus)))
+    vocab = EntityVocab.load(str(corpus))
+    rows = read_qa(corpus / "questions.jsonl", vocab)
     people = asking["trained"] + asking["practice"]
     assert len(rows) == 3 * len(people)
-    vocab = EntityVocab.load(str(corpus))
     person, employer = people[1], asking["facts"][0]
     row = rows[len(people) + 1]  # the employer's question, the second person
     assert person in row["question"] and row["mention_entities"] == [vocab.id_of(person)]
