@@ -254,6 +254,10 @@ def test_a_run_saves_its_arguments_and_runs_again_from_them(corpus, tmp_path, ca
     assert json.loads((out / "pretraining_args.json").read_text())["max_steps"] == 3  # the last start's
     assert cli_main([str(tmp_path / "missing.json")]) == 2
     assert "no such arguments file" in capsys.readouterr().out
+    unknown = tmp_path / "unknown.json"
+    unknown.write_text(json.dumps({**saved, "learning_rat": 1e-3}))
+    assert cli_main([str(unknown)]) == 2
+    assert "learning_rat" in capsys.readouterr().out  # the key no option has, named
 
 
 def _run_cli(out, corpus, *extra, processes=1):
