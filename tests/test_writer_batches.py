@@ -500,6 +500,38 @@ def test_passages_by_mentions_are_drawn_in_proportion_to_the_entity_s_mentions()
     assert _passage_not_read(index.of(0), {3, 5, 8}, rng, index.mentions_of(0)) is None
 
 
+class _Unlisted(np.ndarray):
+    """An array of passages that refuses to be copied into a list."""
+
+    def tolist(self):
+        raise AssertionError("a long list of passages was copied")
+
+
+@pytest.mark.parametrize("length", [40, 50_000])
+def test_pooled_passages_are_distinct_unread_and_uniform_and_a_long_list_is_not_copied(length):
+    """`_passages_not_read`: up to `count` distinct passages, none read, ascending, each equally likely; a popular
+    entity's long list (beyond `LISTED_PASSAGES`) is drawn from in place, never copied."""
+    from edmem_hf.writer_batches import LISTED_PASSAGES, _passages_not_read
+
+    passages = np.arange(0, 2 * length, 2, dtype=np.int64)
+    if length > LISTED_PASSAGES:
+        passages = passages.view(_Unlisted)
+    read = {0, 2, 4, 7, 2 * length - 2}
+    rng, counts = np.random.default_rng(0), np.zeros(length)
+    for _ in range(2000):
+        drawn = _passages_not_read(passages, read, 5, rng)
+        assert len(drawn) == 5 and drawn == sorted(set(drawn)) and not set(drawn) & read
+        assert all(p % 2 == 0 and 0 <= p < 2 * length for p in drawn)
+        counts[np.array(drawn) // 2] += 1
+    kept = np.ones(length, dtype=bool)
+    kept[[0, 1, 2, length - 1]] = False
+    assert counts[~kept].sum() == 0
+    halves = counts[kept][: kept.sum() // 2].sum(), counts[kept][kept.sum() // 2 :].sum()
+    assert halves[0] / sum(halves) == pytest.approx(0.5, abs=0.03)
+    short = np.array([3, 5, 8])
+    assert _passages_not_read(short, {5}, 4, rng) == [3, 8] and _passages_not_read(short, {3, 5, 8}, 2, rng) == []
+
+
 def test_the_written_table_by_mentions_takes_the_passages_that_mention_most(corpus):
     plain = writer_collator(corpus)
     by_mentions = writer_collator(corpus, passages_by_mentions=True)

@@ -257,9 +257,8 @@ class WriterCollator:
         rng = self._epoch_rng(examples, 0x9001)
         more = {}
         for entity, first in chosen.items():
-            others = [p for p in self.entity_passages.of(entity).tolist() if p not in read and p != first]
-            count = min(self.passages_per_row - 1, len(others))
-            more[entity] = [others[i] for i in sorted(rng.choice(len(others), size=count, replace=False))]
+            more[entity] = _passages_not_read(self.entity_passages.of(entity), read | {first},
+                                              self.passages_per_row - 1, rng)  # fmt: skip
         return more
 
     def _add_decoys(self, chosen: dict[int, int], fresh: dict[int, str], labelled: set[int], read: set[int],
@@ -472,6 +471,27 @@ def _renamed_example(example: dict, fresh: dict[int, list[int]], config: Any) ->
 def _passages_read(examples: Sequence[dict]) -> set[int]:
     """The passages a batch reads (its examples' `example_index`; a question is none): never written from."""
     return {int(example["example_index"]) for example in examples if "example_index" in example}
+
+
+LISTED_PASSAGES = 4096
+"""An entity mentioned in more passages than this has its passages drawn from the whole list, not from a copy of it
+that leaves out those read: a popular entity of a real corpus (a country, a million passages) is not listed each
+batch."""
+
+
+def _passages_not_read(passages: np.ndarray, read: set[int], count: int, rng: np.random.Generator) -> list[int]:
+    """Up to `count` distinct passages of `passages` (ascending, as `EntityPassages.of` gives them) not in `read`,
+    uniformly, ascending."""
+    if len(passages) > max(LISTED_PASSAGES, 4 * (len(read) + count)):
+        drawn: set[int] = set()
+        while len(drawn) < count:  # most passages are not read: a few draws beyond `count`
+            passage = int(passages[rng.integers(len(passages))])
+            if passage not in read:
+                drawn.add(passage)
+        return sorted(drawn)
+    others = [p for p in passages.tolist() if p not in read]
+    picked = sorted(rng.choice(len(others), size=min(count, len(others)), replace=False))
+    return [others[i] for i in picked]
 
 
 def _passage_not_read(
