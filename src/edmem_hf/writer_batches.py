@@ -27,6 +27,11 @@ import torch
 from .configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN, IGNORE_INDEX
 from .entity_writer import writer_input_ids
 
+LISTED_PASSAGES = 4096
+"""An entity mentioned in more passages than this has its passages drawn from the whole list, not from a copy of it
+that leaves out those read: a popular entity of a real corpus (a country, a million passages) is not listed each
+batch."""
+
 
 class EntityPassages:
     """Which passages of a split mention each entity (by its `entity_labels`) and how often, as CSR arrays over
@@ -471,12 +476,6 @@ def _renamed_example(example: dict, fresh: dict[int, list[int]], config: Any) ->
 def _passages_read(examples: Sequence[dict]) -> set[int]:
     """The passages a batch reads (its examples' `example_index`; a question is none): never written from."""
     return {int(example["example_index"]) for example in examples if "example_index" in example}
-
-
-LISTED_PASSAGES = 4096
-"""An entity mentioned in more passages than this has its passages drawn from the whole list, not from a copy of it
-that leaves out those read: a popular entity of a real corpus (a country, a million passages) is not listed each
-batch."""
 
 
 def _passages_not_read(passages: np.ndarray, read: set[int], count: int, rng: np.random.Generator) -> list[int]:
