@@ -183,6 +183,7 @@ class GrowthSettings:
     writer_pools_texts: bool = True  # ... False: a row each of those passages, the query choosing among them
     writer_answer_rows: bool = False  # ... the linking gold among them: the rows naming what the passage hides
     writer_reads_answer_rows: bool = False  # ... and in training what such a mention reads
+    writer_answer_rows_by_text: bool = False  # ... and, for a question, the rows whose passage holds its answer
     writer_mean_row_probability: bool = False  # the writer's model: an entity of several rows scored by their mean
     mean_row_probability_at_test: bool = False  # ... only once trained (a copy of the trained model with the option)
     entity_key_dim: int | None = None  # the writer's model: a row's columns that queries score (the rest its value)
@@ -875,6 +876,7 @@ def writer_folder(settings: GrowthSettings) -> str:
     if settings.writer_passages_per_row != 1 or not settings.writer_pools_texts:  # a model of its own either way
         name += f"-{'pooled' if settings.writer_pools_texts else 'rows'}-{settings.writer_passages_per_row}"
     name += "-answer-rows" if settings.writer_answer_rows else ""
+    name += "-by-text" if settings.writer_answer_rows_by_text else ""
     name += "-read" if settings.writer_reads_answer_rows else ""
     name += "-mean-rows" if settings.writer_mean_row_probability else ""
     name += "-names-like-written-only" if settings.fresh_names_like_written_only else ""
@@ -946,6 +948,7 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
                                   writer_pools_texts=settings.writer_pools_texts,
                                   writer_answer_rows=settings.writer_answer_rows,
                                   writer_reads_answer_rows=settings.writer_reads_answer_rows,
+                                  writer_answer_rows_by_text=settings.writer_answer_rows_by_text,
                                   writer_mean_row_probability=settings.writer_mean_row_probability or None,
                                   fresh_names_like_written_only=settings.fresh_names_like_written_only,
                                   writer_decoy_rows=settings.writer_decoy_rows,
@@ -1027,6 +1030,7 @@ def pretrain_reader(
                             writer_passages_per_row=settings.writer_passages_per_row,
                             writer_answer_rows=settings.writer_answer_rows,
                             writer_reads_answer_rows=settings.writer_reads_answer_rows,
+                            writer_answer_rows_by_text=settings.writer_answer_rows_by_text,
                             fresh_names_like_written_only=settings.fresh_names_like_written_only
                             or settings.reader_names_like_written_only,
                             row_autoencoding_share=settings.reader_row_autoencoding_share,
@@ -1210,6 +1214,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--writer-reads-answer-rows", action="store_true", default=None,
                         help="with --writer-answer-rows: in training, a mention reads its entity's rows that answer "
                              "alone (`edmem pretrain --writer_reads_answer_rows`)")  # fmt: skip
+    parser.add_argument("--writer-answer-rows-by-text", action="store_true", default=None,
+                        help="with --writer-answer-rows: a question's rows that answer are also those whose passage "
+                             "holds its answer's words, for facts that are no entity (`edmem pretrain "
+                             "--writer_answer_rows_by_text`)")  # fmt: skip
     parser.add_argument("--writer-mean-row-probability", action="store_true", default=None,
                         help="the writer's model: an entity of several rows given the mean of their probabilities, "
                              "not their sum (`edmem pretrain --writer_mean_row_probability`)")  # fmt: skip
@@ -1252,7 +1260,8 @@ def main(argv: list[str] | None = None) -> int:
                 "practice_share",
                 "practice_questions_people", "written_table", "row_autoencoding_share",
                 "row_autoencoding_written_only", "writer_passages_by_mentions", "writer_passages_per_row",
-                "writer_pools_texts", "writer_answer_rows", "writer_reads_answer_rows", "writer_mean_row_probability",
+                "writer_pools_texts", "writer_answer_rows", "writer_reads_answer_rows", "writer_answer_rows_by_text",
+                "writer_mean_row_probability",
                 "mean_row_probability_at_test",
                 "entity_key_dim", "writer_dropout",
                 "added_texts", "fresh_names_like_written_only", "writer_decoy_rows", "reader_steps", "reader_names_like_written_only",
@@ -1304,6 +1313,7 @@ def main(argv: list[str] | None = None) -> int:
         f"writer_pools_texts={int(settings.writer_pools_texts)}",
         f"writer_answer_rows={int(settings.writer_answer_rows)}",
         f"writer_reads_answer_rows={int(settings.writer_reads_answer_rows)}",
+        f"writer_answer_rows_by_text={int(settings.writer_answer_rows_by_text)}",
         f"writer_mean_row_probability={int(settings.writer_mean_row_probability)}",
         f"mean_row_probability_at_test={int(settings.mean_row_probability_at_test)}",
         f"entity_key_dim={settings.entity_key_dim}",

@@ -431,6 +431,51 @@ def test_rows_that_answer_name_an_entity_their_example_hides(corpus, mention_mas
                                    collator.tokenizer, answer_rows=True)  # fmt: skip
 
 
+def test_rows_that_answer_by_text_hold_a_question_s_answer_words(corpus):
+    """`answer_rows_by_text`: a question's row k answers it too when the passage it is written from holds the words of
+    its answer in order (here "old century", no entity, which the entity rule cannot reach); a passage's rows are the
+    entity rule's alone."""
+    from edmem_hf.collator import QuestionsAndPassagesCollator
+    from edmem_hf.task_features import EDMemSeq2SeqCollator
+
+    by_entity = writer_collator(corpus, written_row_share=1.0, max_written_rows=64, seed=4, passages_per_row=6,
+                                answer_rows=True)  # fmt: skip
+    tokenizer = by_entity.tokenizer
+    base = QuestionsAndPassagesCollator(EDMemMaskingCollator(tokenizer, mention_mask_prob=0.5, seed=1),
+                                        EDMemSeq2SeqCollator(tokenizer.pad_token_id))  # fmt: skip
+    by_entity = replace(by_entity, base=base)
+    by_text = replace(by_entity, answer_rows_by_text=True)
+    start, end = by_entity.config.entity_start_token_id, by_entity.config.entity_end_token_id
+
+    def question(entity: int, answer: str) -> dict:
+        name = tokenizer(" " + ENTITY_NAMES[entity], add_special_tokens=False).input_ids
+        ids = [tokenizer.bos_token_id, *tokenizer(" When", add_special_tokens=False).input_ids, start, *name, end,
+               tokenizer.eos_token_id]  # fmt: skip
+        labels = tokenizer(" " + answer, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+        return {"input_ids": ids, "entity_labels": [-100, -100, entity, *[-100] * (len(name) + 2)],
+                "labels": labels, "decoder_entity_labels": [-100] * len(labels)}  # fmt: skip
+
+    rng, matched = random.Random(3), 0
+    for _ in range(8):
+        passages = [{**by_entity.passages[i], "example_index": i} for i in rng.sample(range(64), 4)]
+        examples = passages + [question(rng.randrange(len(ENTITY_NAMES)), "old century"),
+                               question(rng.randrange(len(ENTITY_NAMES)), "century old")]  # fmt: skip
+        plain, batch = by_entity(examples), by_text(examples)
+        assert torch.equal(plain["written_entity_ids"], batch["written_entity_ids"])
+        chosen, _ = by_text.choose(examples)
+        more = by_text.pooled_passages(chosen, examples)
+        sources = [p for entity, first in chosen.items() for p in (first, *more.get(entity, ()))]
+        texts = [tokenizer.decode(by_text.passages[p]["input_ids"]).lower() for p in sources]
+        assert torch.equal(batch["written_rows_answering"][:4], plain["written_rows_answering"][:4])
+        assert not plain["written_rows_answering"][4:].any()  # no entity hidden: the entity rule marks nothing
+        assert batch["written_rows_answering"][4].tolist() == [" old century" in text for text in texts]
+        assert not batch["written_rows_answering"][5].any()  # the words, but not in that order
+        matched += int(batch["written_rows_answering"][4].sum())
+    assert matched > 0
+    with pytest.raises(ValueError, match="answer_rows_by_text widens the rows that answer"):
+        replace(by_entity, answer_rows=False, answer_rows_by_text=True)
+
+
 def test_pretraining_with_rows_that_answer(corpus, tmp_path):
     """`edmem pretrain --writer_answer_rows` gives the batches their answering rows and trains; it needs rows kept
     apart, several an entity."""
@@ -460,6 +505,14 @@ def test_pretraining_with_rows_that_answer(corpus, tmp_path):
     alone = {**common, "writer_answer_rows": False}
     args = _args(corpus, tmp_path / "alone", writer_pools_texts=False, writer_reads_answer_rows=True, **alone)
     with pytest.raises(ValueError, match="--writer_reads_answer_rows reads the rows of --writer_answer_rows"):
+        _dataloaders(args, passages, tokenizer, 1, build_model(args, tokenizer, vocab))
+    # --writer_answer_rows_by_text reaches the collator, and is refused without --writer_answer_rows
+    args = _args(corpus, tmp_path / "text", writer_pools_texts=False, writer_answer_rows_by_text=True, **common)
+    assert _dataloaders(args, passages, tokenizer, 1, build_model(args, tokenizer, vocab))[
+        1
+    ].collate_fn.answer_rows_by_text
+    args = _args(corpus, tmp_path / "text", writer_pools_texts=False, writer_answer_rows_by_text=True, **alone)
+    with pytest.raises(ValueError, match="--writer_answer_rows_by_text widens the rows of --writer_answer_rows"):
         _dataloaders(args, passages, tokenizer, 1, build_model(args, tokenizer, vocab))
     with pytest.raises(ValueError, match="--writer_answer_rows is an option of training the writer"):
         pretrain(_args(corpus, tmp_path / "none", writer_answer_rows=True))

@@ -172,6 +172,14 @@ class PretrainingArguments:
             "learns which row to read (docs/model.md, 'Rows that answer')."
         },
     )
+    writer_answer_rows_by_text: bool = field(
+        default=False,
+        metadata={
+            "help": "With --writer_answer_rows: a question's rows that answer are also those written from a passage "
+            "that holds the words of its answer, so that the label reaches facts whose value is no entity (a year, "
+            "an occupation; docs/model.md, 'Rows that answer')."
+        },
+    )
     writer_reads_answer_rows: bool = field(
         default=False,
         metadata={
@@ -959,6 +967,7 @@ _WRITER_TRAINING_OPTIONS = (
     "writer_passages_by_mentions",
     "writer_passages_per_row",
     "writer_answer_rows",
+    "writer_answer_rows_by_text",
     "writer_reads_answer_rows",
     "fresh_names_like_written_only",
     "writer_decoy_rows",
@@ -1060,6 +1069,8 @@ def _writer_collator(args: PretrainingArguments, base: Any, passages: Any, token
         raise ValueError("training the entity row writer needs the model's entity_vocab: it writes names")
     if args.writer_reads_answer_rows and not args.writer_answer_rows:
         raise ValueError("--writer_reads_answer_rows reads the rows of --writer_answer_rows: give both")
+    if args.writer_answer_rows_by_text and not args.writer_answer_rows:
+        raise ValueError("--writer_answer_rows_by_text widens the rows of --writer_answer_rows: give both")
     if args.writer_answer_rows and (model.config.writer_pools_texts or args.writer_passages_per_row < 2):
         raise ValueError("--writer_answer_rows chooses among an entity's rows: give --writer_pools_texts false and "
                          "--writer_passages_per_row 2 or more")  # fmt: skip
@@ -1078,6 +1089,7 @@ def _writer_collator(args: PretrainingArguments, base: Any, passages: Any, token
         passages_by_mentions=args.writer_passages_by_mentions, passages_per_row=args.writer_passages_per_row,
         fresh_names_like_written_only=args.fresh_names_like_written_only, decoy_rows=args.writer_decoy_rows,
         answer_rows=args.writer_answer_rows, read_answer_rows=args.writer_reads_answer_rows,
+        answer_rows_by_text=args.writer_answer_rows_by_text,
     )  # fmt: skip
 
 

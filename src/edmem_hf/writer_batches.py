@@ -16,6 +16,7 @@ comprehension: Hermann et al., 2015.)
 
 from __future__ import annotations
 
+import re
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -103,7 +104,10 @@ class WriterCollator:
     own: among an entity's several rows (`config.writer_pools_texts` off) the linking loss of example `b` then takes
     those as its gold, so that the query learns which row holds what the passage hides (a label the text gives,
     where each row the query reads starts as an equal share of a mean); with `read_answer_rows`, such mentions read
-    those rows alone too (`read_answering_rows`), the choice given to the reader as a masked name's entity is. The
+    those rows alone too (`read_answering_rows`), the choice given to the reader as a masked name's entity is. With
+    `answer_rows_by_text`, row `k` also answers a question `b` (an example with its own target) when its passage holds
+    the words of the question's answer, in order (`_answering_by_text`): the label then reaches the facts whose value
+    is no entity (a year, an occupation), which no mention hides. The
     choices are drawn from `seed` and the examples' tokens, so that a resumed run draws them again as the
     uninterrupted one did.
 
@@ -137,6 +141,7 @@ class WriterCollator:
     passages_per_row: int = 1
     answer_rows: bool = False
     read_answer_rows: bool = False
+    answer_rows_by_text: bool = False
     _name_ids: dict[int, list[int]] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -155,6 +160,8 @@ class WriterCollator:
                              "fresh_names=True")  # fmt: skip
         if self.read_answer_rows and not self.answer_rows:
             raise ValueError("read_answer_rows reads the rows that answer, which are off: give answer_rows=True")
+        if self.answer_rows_by_text and not self.answer_rows:
+            raise ValueError("answer_rows_by_text widens the rows that answer, which are off: give answer_rows=True")
         if self.passages_per_row < 1:
             raise ValueError(f"passages_per_row must be >= 1, got {self.passages_per_row}")
         if self.max_written_rows < 1:
@@ -319,11 +326,17 @@ class WriterCollator:
         if not chosen:
             return batch
         more = self.pooled_passages(chosen, examples)
-        owners, named, inputs = [], [], []  # an entity written from several passages reads the mean of their rows
+        owners, named, sources, inputs = (
+            [],
+            [],
+            [],
+            [],
+        )  # an entity written from several passages: the mean of its rows
         for entity, passage in chosen.items():
             for drawn in (passage, *more.get(entity, ())):
                 row = self.passages[int(drawn)]
                 owners.append(entity)
+                sources.append(row["input_ids"])
                 if self.answer_rows:  # the entities its passage names, for `_answering`
                     named.append({int(label) for label in row["entity_labels"] if label >= 0})
                 inputs.append(self._writer_input_of(entity, row, fresh.get(entity)))
@@ -337,6 +350,9 @@ class WriterCollator:
             self._autoencode(batch, examples)
         if self.answer_rows:
             batch["written_rows_answering"] = self._answering(batch, owners, named)
+            if self.answer_rows_by_text:
+                passages = sum("labels" not in example for example in examples)  # stacked before the questions
+                batch["written_rows_answering"] |= self._answering_by_text(batch, passages, sources)
             if self.read_answer_rows:
                 batch["read_answering_rows"] = True
         return batch
@@ -351,6 +367,27 @@ class WriterCollator:
                   for b in range(input_ids.shape[0])]  # fmt: skip
         return torch.tensor([[bool((hides - {owner}) & names) for owner, names in zip(owners, named)]
                              for hides in hidden], dtype=torch.bool).reshape(len(hidden), len(owners))  # fmt: skip
+
+    def _answering_by_text(self, batch: dict[str, torch.Tensor], first_question: int, sources: list) -> torch.Tensor:
+        """`(batch, K)` bool: whether example `b` is a question (a row from `first_question` on) whose answer, the
+        words of its target, occurs as a run of words in the passage `sources[k]` (its token ids) that row `k` is
+        written from."""
+        answering = torch.zeros(batch["input_ids"].shape[0], len(sources), dtype=torch.bool)
+        answers = {b: self._words(batch["labels"][b].tolist()) for b in range(first_question, len(answering))}
+        answers = {b: words for b, words in answers.items() if words.strip()}
+        if answers:
+            texts = [self._words(ids) for ids in sources]
+            for b, words in answers.items():
+                answering[b] = torch.tensor([words in text for text in texts])
+        return answering
+
+    def _words(self, ids: list[int]) -> str:
+        """The words of token ids, markers and special tokens dropped, lower-cased and space-delimited at both ends
+        (`" born in lyon "`), so that one run of words is in another where its string is."""
+        dropped = {self.config.entity_start_token_id, self.config.entity_end_token_id, self.config.pad_token_id,
+                   self.config.eos_token_id, self.tokenizer.bos_token_id, self.tokenizer.mask_token_id}  # fmt: skip
+        text = self.tokenizer.decode([i for i in ids if i >= 0 and i not in dropped])
+        return " " + " ".join(re.findall(r"\w+", text.lower())) + " "
 
     def _autoencode(self, batch: dict[str, torch.Tensor], examples: Sequence[dict]) -> None:
         """Row auto-encoding (EMAT's key-value auto-encoding, for entity rows): for `row_autoencoding_share` of the
