@@ -125,6 +125,9 @@ def test_each_recipe_keeps_its_models_apart(bench, tmp_path):
         bench.writer_folder(replace(rows_that_answer, writer_reads_answer_rows=True))
         == "writer-rows-12-answer-rows-read"
     )
+    assert bench.writer_folder(replace(rows_that_answer, writer_answer_rows_by_text=True)) == (
+        "writer-rows-12-answer-rows-by-text"
+    )
     assert bench.writer_folder(replace(rows_that_answer, writer_mean_row_probability=True)) == (
         "writer-rows-12-answer-rows-mean-rows"
     )
@@ -212,7 +215,7 @@ def test_written_facts_says_when_the_names_allow_too_few_new_ones(bench, tmp_pat
         bench.written_facts(tmp_path / "model", people, seed=0)
 
 
-WRITER_FOLDER = "writer-row-autoencoding-0.5-written-only-by-mentions-rows-2-answer-rows-read-mean-rows-names-like-written-only-decoys-2-key-8"
+WRITER_FOLDER = "writer-row-autoencoding-0.5-written-only-by-mentions-rows-2-answer-rows-by-text-read-mean-rows-names-like-written-only-decoys-2-key-8"
 
 
 def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
@@ -222,7 +225,8 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
             "--finetune-learning-rate", "1e-2", "--d-model", "32", "--fit-steps", "3",
             "--questions-in-batches", "--recipe", "masked_spans", "--practice-people", "3", "--row-autoencoding-share", "0.5",
             "--row-autoencoding-written-only", "--writer-passages-by-mentions", "--writer-passages-per-row", "2",
-            "--writer-rows-apart", "--writer-answer-rows", "--writer-reads-answer-rows", "--writer-mean-row-probability", "--entity-key-dim",
+            "--writer-rows-apart", "--writer-answer-rows", "--writer-reads-answer-rows", "--writer-answer-rows-by-text",
+            "--writer-mean-row-probability", "--entity-key-dim",
             "8",
             "--fresh-names-like-written-only", "--writer-decoy-rows", "2", "--reader-steps", "5",
             "--reader-row-autoencoding-share", "0.5", "--practice-biographies", "2", "--practice-share", "0.5",
@@ -343,7 +347,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
         f"RESULT seeds=1 people_added={len(held)} practice_people=3 practice_biographies=2 practice_one_fact_pages=0 "
         "practice_sentence_pages=0 practice_share=0.5 practice_questions_people=2 pretrain_steps=30 written_table=0 "
         "row_autoencoding_share=0.5 row_autoencoding_written_only=1 writer_passages_by_mentions=1 "
-        "writer_passages_per_row=2 writer_pools_texts=0 writer_answer_rows=1 writer_reads_answer_rows=1 writer_mean_row_probability=1 mean_row_probability_at_test=0 entity_key_dim=8 writer_dropout=None added_texts=own-sentences "
+        "writer_passages_per_row=2 writer_pools_texts=0 writer_answer_rows=1 writer_reads_answer_rows=1 writer_answer_rows_by_text=1 writer_mean_row_probability=1 mean_row_probability_at_test=0 entity_key_dim=8 writer_dropout=None added_texts=own-sentences "
         "fresh_names_like_written_only=1 writer_decoy_rows=2 written_row_share=0.5 reader_steps=5 "
         "reader_names_like_written_only=0 reader_row_autoencoding_share=0.5 "
     )
