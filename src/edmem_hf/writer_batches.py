@@ -326,19 +326,15 @@ class WriterCollator:
         if not chosen:
             return batch
         more = self.pooled_passages(chosen, examples)
-        owners, named, sources, inputs = (
-            [],
-            [],
-            [],
-            [],
-        )  # an entity written from several passages: the mean of its rows
+        owners, named, sources, inputs = [], [], [], []  # several passages an entity: the mean of their rows
         for entity, passage in chosen.items():
             for drawn in (passage, *more.get(entity, ())):
                 row = self.passages[int(drawn)]
                 owners.append(entity)
-                sources.append(row["input_ids"])
                 if self.answer_rows:  # the entities its passage names, for `_answering`
                     named.append({int(label) for label in row["entity_labels"] if label >= 0})
+                if self.answer_rows_by_text:  # its tokens, for `_answering_by_text`
+                    sources.append(row["input_ids"])
                 inputs.append(self._writer_input_of(entity, row, fresh.get(entity)))
         width = max(map(len, inputs))
         pad = self.config.pad_token_id
@@ -372,22 +368,23 @@ class WriterCollator:
         """`(batch, K)` bool: whether example `b` is a question (a row from `first_question` on) whose answer, the
         words of its target, occurs as a run of words in the passage `sources[k]` (its token ids) that row `k` is
         written from."""
-        answering = torch.zeros(batch["input_ids"].shape[0], len(sources), dtype=torch.bool)
-        answers = {b: self._words(batch["labels"][b].tolist()) for b in range(first_question, len(answering))}
-        answers = {b: words for b, words in answers.items() if words.strip()}
-        if answers:
-            texts = [self._words(ids) for ids in sources]
-            for b, words in answers.items():
-                answering[b] = torch.tensor([words in text for text in texts])
-        return answering
-
-    def _words(self, ids: list[int]) -> str:
-        """The words of token ids, markers and special tokens dropped, lower-cased and space-delimited at both ends
-        (`" born in lyon "`), so that one run of words is in another where its string is."""
         dropped = {self.config.entity_start_token_id, self.config.entity_end_token_id, self.config.pad_token_id,
                    self.config.eos_token_id, self.tokenizer.bos_token_id, self.tokenizer.mask_token_id}  # fmt: skip
-        text = self.tokenizer.decode([i for i in ids if i >= 0 and i not in dropped])
-        return " " + " ".join(re.findall(r"\w+", text.lower())) + " "
+
+        def words(ids: list[int]) -> str:
+            """The words of token ids, markers and special tokens dropped, lower-cased and space-delimited at both
+            ends (`" born in lyon "`), so that one run of words is in another where its string is."""
+            text = self.tokenizer.decode([i for i in ids if i >= 0 and i not in dropped])
+            return " " + " ".join(re.findall(r"\w+", text.lower())) + " "
+
+        answering = torch.zeros(batch["input_ids"].shape[0], len(sources), dtype=torch.bool)
+        answers = {b: words(batch["labels"][b].tolist()) for b in range(first_question, len(answering))}
+        answers = {b: answer for b, answer in answers.items() if answer.strip()}
+        if answers:
+            texts = [words(ids) for ids in sources]
+            for b, answer in answers.items():
+                answering[b] = torch.tensor([answer in text for text in texts])
+        return answering
 
     def _autoencode(self, batch: dict[str, torch.Tensor], examples: Sequence[dict]) -> None:
         """Row auto-encoding (EMAT's key-value auto-encoding, for entity rows): for `row_autoencoding_share` of the
