@@ -433,8 +433,8 @@ def test_rows_that_answer_name_an_entity_their_example_hides(corpus, mention_mas
 
 def test_rows_that_answer_by_text_hold_a_question_s_answer_words(corpus):
     """`answer_rows_by_text`: a question's row k answers it too when the passage it is written from holds the words of
-    its answer in order (here "old century", no entity, which the entity rule cannot reach); a passage's rows are the
-    entity rule's alone."""
+    its answer, whole and in order (here "old century", no entity, which the entity rule cannot reach); a passage's
+    rows are the entity rule's alone."""
     from edmem_hf.collator import QuestionsAndPassagesCollator
     from edmem_hf.task_features import EDMemSeq2SeqCollator
 
@@ -459,7 +459,8 @@ def test_rows_that_answer_by_text_hold_a_question_s_answer_words(corpus):
     for _ in range(8):
         passages = [{**by_entity.passages[i], "example_index": i} for i in rng.sample(range(64), 4)]
         examples = passages + [question(rng.randrange(len(ENTITY_NAMES)), "old century"),
-                               question(rng.randrange(len(ENTITY_NAMES)), "century old")]  # fmt: skip
+                               question(rng.randrange(len(ENTITY_NAMES)), "century old"),
+                               question(rng.randrange(len(ENTITY_NAMES)), "old centur")]  # fmt: skip
         plain, batch = by_entity(examples), by_text(examples)
         assert torch.equal(plain["written_entity_ids"], batch["written_entity_ids"])
         chosen, _ = by_text.choose(examples)
@@ -470,6 +471,7 @@ def test_rows_that_answer_by_text_hold_a_question_s_answer_words(corpus):
         assert not plain["written_rows_answering"][4:].any()  # no entity hidden: the entity rule marks nothing
         assert batch["written_rows_answering"][4].tolist() == [" old century" in text for text in texts]
         assert not batch["written_rows_answering"][5].any()  # the words, but not in that order
+        assert not batch["written_rows_answering"][6].any()  # a word's start is not the word
         matched += int(batch["written_rows_answering"][4].sum())
     assert matched > 0
     with pytest.raises(ValueError, match="answer_rows_by_text widens the rows that answer"):
