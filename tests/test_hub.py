@@ -110,6 +110,41 @@ print(json.dumps(model.generate(input_ids=torch.tensor([[0, 10, 5, 11, 6, 2]]), 
     assert json.loads(lines[-1]) == expected
 
 
+def test_the_entity_mask_is_saved_and_restored_with_and_without_the_package(tmp_path):
+    """`set_entity_mask` goes with the model: `entity_mask.safetensors` beside the weights, none where nothing is
+    hidden (a stale one removed), restored by `from_pretrained` with the package and as Hub code; a mask of the wrong
+    shape is a checkpoint mismatch."""
+    from safetensors.torch import save_file
+
+    from edmem_hf.hub_edmem import ENTITY_MASK_NAME
+
+    folder = tmp_path / "edmem-tiny"
+    model = saved_with_tokenizer(folder)
+    assert not (folder / ENTITY_MASK_NAME).exists()
+    shown = torch.ones(model.config.entity_vocab_size, dtype=torch.bool)
+    shown[:20] = False
+    model.set_entity_mask(shown)
+    model.save_pretrained(folder)
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(folder).eval()
+    assert torch.equal(loaded._get_entity_mask("cpu"), shown)
+    out = loaded(**tiny_batch(), output_attended_entities=True)
+    assert (out.encoder_attended_entities.top_entity_ids >= 20).all()
+    script = f"""
+from transformers import AutoModelForSeq2SeqLM
+model = AutoModelForSeq2SeqLM.from_pretrained({str(folder)!r}, trust_remote_code=True)
+print(model._get_entity_mask("cpu").nonzero().min().item(), int((~model._get_entity_mask("cpu")).sum()))
+"""
+    lines, reports = run_quietly(script, tmp_path)
+    assert reports == [] and lines[-1] == "20 20"
+    loaded.set_entity_mask(None)
+    loaded.save_pretrained(folder)
+    assert not (folder / ENTITY_MASK_NAME).exists()
+    assert AutoModelForSeq2SeqLM.from_pretrained(folder)._get_entity_mask("cpu") is None
+    save_file({"shown": torch.ones(3, dtype=torch.bool)}, folder / ENTITY_MASK_NAME)
+    with pytest.raises(ValueError, match="checkpoint mismatch.*entity_mask.safetensors holds"):
+        AutoModelForSeq2SeqLM.from_pretrained(folder)
+
+
 def test_with_the_package_the_folder_loads_without_trust_remote_code(tmp_path):
     folder = tmp_path / "edmem-tiny"
     model = saved_with_tokenizer(folder)

@@ -332,6 +332,42 @@ def test_named_written_only_entities_join_the_share(corpus, tmp_path):
             _dataloaders(plain, passages, tokenizer, 1, build_model(plain, tokenizer, vocab))
 
 
+def test_practice_entities_are_saved_hidden_with_hide_practice_entities(corpus, tmp_path):
+    """`--hide_practice_entities`: the saved model hides the entities of `--written_only_entities_file` (and only
+    them: the share's written-only entities are shown), restored by `from_pretrained`, so that its memory never
+    finds them; refused without the file."""
+    from edmem_hf import EDMemForConditionalGeneration
+    from edmem_hf.pretraining import _dataloaders, build_model, load_corpus
+
+    shared = writer_collator(corpus, written_only_share=0.2, seed=1)
+    practice = [i for i, name in enumerate(shared.names) if name is not None][:4]
+    names_file = tmp_path / "practice.txt"
+    names_file.write_text("".join(f"{shared.names[i]}\n" for i in practice), encoding="utf-8")
+    out = tmp_path / "run"
+    pretrain(_args(corpus, out, max_steps=2, entity_row_writer=True, written_only_entities_file=str(names_file),
+                   hide_practice_entities=True))  # fmt: skip
+    model = EDMemForConditionalGeneration.from_pretrained(out).eval()
+    shown = model._get_entity_mask("cpu")
+    assert shown is not None and sorted((~shown).nonzero().flatten().tolist()) == sorted(practice)
+    input_ids = torch.tensor([[model.config.bos_token_id, model.config.entity_start_token_id, 20, 21,
+                               model.config.entity_end_token_id, model.config.eos_token_id]])  # fmt: skip
+
+    def found() -> set[int]:  # the entities the memory can read at the mention (its top k covers the tiny table)
+        access = model.get_encoder()(input_ids=input_ids, output_attended_entities=True).memory_access
+        assert access.top_entity_ids.shape[-1] >= model.config.entity_vocab_size
+        return set(access.top_entity_ids[access.top_entity_scores > float("-inf")].tolist())
+
+    assert not found() & set(practice)
+    model.set_entity_mask(None)
+    assert set(practice) <= found()
+    passages, vocab, tokenizer = load_corpus(corpus)
+    alone = _args(corpus, tmp_path / "alone", entity_row_writer=True, hide_practice_entities=True)
+    with pytest.raises(
+        ValueError, match="--hide_practice_entities hides the entities of --written_only_entities_file"
+    ):
+        _dataloaders(alone, passages, tokenizer, 1, build_model(alone, tokenizer, vocab))
+
+
 def test_a_pooled_row_is_the_mean_of_rows_from_passages_the_batch_does_not_read(corpus):
     """With `passages_per_row`, each written entity is written from up to that many distinct passages, its first the
     one chosen without pooling, none read by the batch, all about it; the model reads the mean of their rows; the

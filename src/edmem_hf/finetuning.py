@@ -431,7 +431,7 @@ def run(
     )
     if model.entity_vocab is None:
         raise ValueError(f"{model_args.model_name_or_path} has no entity_vocab.json: the readers map entities with it")
-    if model_args.entity_mask_file:  # kept through training, evaluation and prediction (not saved with the model)
+    if model_args.entity_mask_file:  # kept through training, evaluation and prediction, and saved with the model
         model.set_entity_mask(torch.load(model_args.entity_mask_file, weights_only=True) == 0)
     model.generation_config.entity_decoding = model_args.entity_decoding
     model.generation_config.entity_candidates = model_args.entity_candidates

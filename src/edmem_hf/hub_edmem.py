@@ -1,4 +1,5 @@
-"""What an EDMem saves and loads beside its weights: `entity_vocab.json`, the model card, the Hub code's `auto_map`.
+"""What an EDMem saves and loads beside its weights: `entity_vocab.json`, the entity mask, the model card, the Hub
+code's `auto_map`.
 
 `EDMemHubMixin` gives the model classes of `modeling_edmem.py` their `save_pretrained`, `from_pretrained` and
 `push_to_hub`. Copied to the Hub as custom code with `modeling_edmem.py`: it imports nothing else of ours.
@@ -9,16 +10,22 @@ from __future__ import annotations
 import os
 import tempfile
 
+import torch
 from huggingface_hub import ModelCard, ModelCardData
+from safetensors.torch import load_file, save_file
 from transformers.configuration_utils import PreTrainedConfig
 from transformers.dynamic_module_utils import custom_object_save
 
 from .entity_vocab import ENTITY_VOCAB_NAME, EntityVocab
 from .model_card import CARD_MARKER, README_NAME, edmem_model_card, is_edmem_card, save_model_card
 
+# The entities hidden with `set_entity_mask`, saved beside the weights ("shown": a `(entity_vocab_size,)` bool tensor)
+ENTITY_MASK_NAME = "entity_mask.safetensors"
+
 
 class EDMemHubMixin:
-    """`model.entity_vocab`, saved beside the weights and restored by `from_pretrained`; a model card (README.md)
+    """`model.entity_vocab` and the entity mask (`set_entity_mask`), saved beside the weights and restored by
+    `from_pretrained`; a model card (README.md)
     written by `save_pretrained` and `push_to_hub`; `config.auto_map` naming the classes of the model's variant.
 
     A model class using it defines `_hub_auto_map(config)` (the Auto classes' entries for the config's variant) and
@@ -60,7 +67,8 @@ class EDMemHubMixin:
     def save_pretrained(
         self, save_directory, *args, push_to_hub: bool = False, overwrite_model_card: bool = False, **kwargs
     ):
-        """`PreTrainedModel.save_pretrained`, plus `entity_vocab.json`, a model card (README.md) and the Hub code with
+        """`PreTrainedModel.save_pretrained`, plus `entity_vocab.json`, the entity mask where entities are hidden
+        (`entity_mask.safetensors`), a model card (README.md) and the Hub code with
         the `auto_map` of the model's variant. A README.md of the user's (one we did not write) is kept unless
         `overwrite_model_card=True`. With `push_to_hub=True` the folder then goes to `repo_id` (default: the
         folder's name) with a card chosen as `push_to_hub` chooses it (Transformers' own upload would replace
@@ -78,6 +86,11 @@ class EDMemHubMixin:
                 custom_object_save(self, folder)
             if self.entity_vocab is not None:
                 self.entity_vocab.save(os.path.join(folder, ENTITY_VOCAB_NAME))
+            mask, mask_file = self._get_entity_mask("cpu"), os.path.join(folder, ENTITY_MASK_NAME)
+            if mask is not None:
+                save_file({"shown": mask.contiguous()}, mask_file)
+            elif os.path.isfile(mask_file):  # the folder held a model that hid entities: this one hides none
+                os.remove(mask_file)
             save_model_card(self.model_card(folder), folder, overwrite=overwrite_model_card)
         if push_to_hub:
             return self._upload_with_card(save_directory, repo_id, **push)
@@ -144,7 +157,7 @@ class EDMemHubMixin:
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
         """`PreTrainedModel.from_pretrained` into the class of the saved model's variant (see `_class_for_variant`),
-        with `entity_vocab.json` when the folder has one."""
+        with `entity_vocab.json` and the entity mask when the folder has them."""
         config = kwargs.get("config")
         if not isinstance(config, PreTrainedConfig):  # (under trust_remote_code, AutoConfig's copy of EDMemConfig)
             config_kwargs = {k: kwargs[k] for k in _CONFIG_LOADING_KWARGS if k in kwargs}
@@ -154,7 +167,7 @@ class EDMemHubMixin:
             return model_class.from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
         loaded = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
         model = loaded[0] if kwargs.get("output_loading_info") else loaded  # (model, loading info)
-        vocab_file = _resolve_entity_vocab_file(pretrained_model_name_or_path, kwargs)
+        vocab_file = _resolve_file(pretrained_model_name_or_path, ENTITY_VOCAB_NAME, kwargs)
         if vocab_file is not None:
             vocab = EntityVocab.load(vocab_file)
             if len(vocab) != model.config.entity_vocab_size:
@@ -163,6 +176,16 @@ class EDMemHubMixin:
                     f"entities but the entity table has {model.config.entity_vocab_size} rows"
                 )
             model.entity_vocab = vocab
+        mask_file = _resolve_file(pretrained_model_name_or_path, ENTITY_MASK_NAME, kwargs)
+        if mask_file is not None:
+            shown = load_file(mask_file)["shown"]
+            if shown.shape != (model.config.entity_vocab_size,) or shown.dtype != torch.bool:
+                raise ValueError(
+                    f"checkpoint mismatch in {pretrained_model_name_or_path}: {ENTITY_MASK_NAME} holds a "
+                    f"{shown.dtype} tensor of shape {tuple(shown.shape)}, not the table's "
+                    f"({model.config.entity_vocab_size},) bool"
+                )
+            model.set_entity_mask(shown)
         return loaded
 
     @classmethod
@@ -178,19 +201,20 @@ class EDMemHubMixin:
 _CONFIG_LOADING_KWARGS = ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder")
 
 
-def _resolve_entity_vocab_file(path, kwargs) -> str | None:
-    """Finds `entity_vocab.json` in a local directory or a Hub repository; None when there is none."""
+def _resolve_file(path, name: str, kwargs) -> str | None:
+    """Finds the file `name` (`entity_vocab.json`, `entity_mask.safetensors`) in a local directory or a Hub
+    repository; None when there is none."""
     if path is None:  # from_pretrained(None, config=..., state_dict=...)
         return None
     path = os.fspath(path)
     if os.path.isdir(path):
-        candidate = os.path.join(path, kwargs.get("subfolder", "") or "", ENTITY_VOCAB_NAME)
+        candidate = os.path.join(path, kwargs.get("subfolder", "") or "", name)
         return candidate if os.path.isfile(candidate) else None
     from transformers.utils import cached_file
 
     return cached_file(
         path,
-        ENTITY_VOCAB_NAME,
+        name,
         revision=kwargs.get("revision"),
         cache_dir=kwargs.get("cache_dir"),
         token=kwargs.get("token"),

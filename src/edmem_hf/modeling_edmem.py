@@ -460,7 +460,7 @@ class EDMemPreTrainedModel(EntityIndexMixin, PreTrainedModel):
         """Hides entities from every memory access and from entity linking (the paper's memory-size study).
 
         `entity_mask` is a `(entity_vocab_size,)` bool tensor, False for hidden entities, or None to show all.
-        It is not saved with the model.
+        `save_pretrained` saves it beside the weights (`entity_mask.safetensors`) and `from_pretrained` restores it.
         """
         if entity_mask is not None:
             entity_mask = torch.as_tensor(entity_mask, dtype=torch.bool)

@@ -126,6 +126,14 @@ class PretrainingArguments:
             "practice entities that teach the writer (docs/model.md)."
         },
     )
+    hide_practice_entities: bool = field(
+        default=False,
+        metadata={
+            "help": "Save the model with the entities of --written_only_entities_file hidden (its entity mask, saved "
+            "with it): practice entities are training's scaffolding, and their rows would take other entities' "
+            "queries (docs/model.md)."
+        },
+    )
     written_table: bool = field(
         default=False,
         metadata={
@@ -961,6 +969,7 @@ def _default(name: str) -> Any:
 # options that only a model with a writer of entity rows can take (an error names the first one given otherwise)
 _WRITER_TRAINING_OPTIONS = (
     "written_only_entities_file",
+    "hide_practice_entities",
     "written_table",
     "row_autoencoding_share",
     "row_autoencoding_written_only",
@@ -1074,6 +1083,8 @@ def _writer_collator(args: PretrainingArguments, base: Any, passages: Any, token
     if args.writer_answer_rows and (model.config.writer_pools_texts or args.writer_passages_per_row < 2):
         raise ValueError("--writer_answer_rows chooses among an entity's rows: give --writer_pools_texts false and "
                          "--writer_passages_per_row 2 or more")  # fmt: skip
+    if args.hide_practice_entities and not args.written_only_entities_file:
+        raise ValueError("--hide_practice_entities hides the entities of --written_only_entities_file: give it")
     practice = []
     if args.written_only_entities_file:
         practice = _entity_ids_in_file(
@@ -1407,6 +1418,18 @@ class _PretrainingRun:
 
             write_rows_as_read(unwrapped, *self.writer_collator.rows_to_write(self.args.written_table))
             unwrapped.set_entity_mask(None)
+        if (
+            self.args.hide_practice_entities
+        ):  # training's scaffolding: hidden in the saved model, the mask saved with it
+            shown = unwrapped._get_entity_mask("cpu")
+            shown = (
+                torch.ones(unwrapped.config.entity_vocab_size, dtype=torch.bool) if shown is None else shown.clone()
+            )
+            practice = _entity_ids_in_file(
+                "written_only_entities_file", self.args.written_only_entities_file, unwrapped.entity_vocab
+            )
+            shown[practice] = False
+            unwrapped.set_entity_mask(shown)
         with _as_unsharded_class(unwrapped):
             unwrapped.save_pretrained(
                 self.args.output_dir,
