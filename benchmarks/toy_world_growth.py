@@ -41,7 +41,8 @@ Scored by `edmem evaluate`'s code, free and static decoding: *added*, the six qu
 *trained*, the questions about the test-half people (read in pre-training, never fine-tuned on), before and after
 adding. *Memory recall* is how often the memory's top entity at the question's marked subject is the subject. The
 *floor* is the majority answer of each question form. The ceiling is continued pre-training: the grown pre-trained
-model pre-trained further on the full world, then fine-tuned as before (skipped in `--quick`). Where each model keeps
+model pre-trained further on the full world (`--continued-steps`, with the questions the pre-training mixed in), then
+fine-tuned as before (skipped in `--quick`). Where each model keeps
 what it knows (`diagnostics`, for the default EDMem with mean-query rows and for the writer): *row swap*, two trained
 people's rows swapped, the share of their answers that follow the row; *oracle read*, the added people's questions
 with the encoder's memory read forced onto the subject's new row (EM with finding solved); *rewrite*, the trained
@@ -357,10 +358,18 @@ def corpus_in_model_ids(corpus: Path, vocab: EntityVocab):
     return datasets.map(lambda row: {"entity_labels": [ids[i] if i >= 0 else i for i in row["entity_labels"]]})
 
 
+def continued_folder(settings: GrowthSettings) -> str:
+    """The ceiling's folder name (after `pretrain-` and `finetune-`): its steps in it where they are not the
+    default's, so that a run of other steps never reuses another's model."""
+    steps = settings.continued_steps
+    return "continued" if steps == GrowthSettings.continued_steps else f"continued-{steps}"
+
+
 def continue_pretraining(pretrained: Path, new_dump: str, out: Path, settings: GrowthSettings, seed: int,
-                         held: list[str]) -> Path:  # fmt: skip
+                         held: list[str], questions: Path | None = None) -> Path:  # fmt: skip
     """The ceiling's model: the pre-trained model grown with the new people, pre-trained `continued_steps` more on
-    the full world's corpus (its entity labels in the grown model's ids)."""
+    the full world's corpus (its entity labels in the grown model's ids), with `questions` mixed into the batches as
+    the pre-training had them (none of the added people's: they are the test)."""
     if (out / "model.safetensors").exists():
         return out
     grown, _ = grow(pretrained, new_dump, "mean_query", out.parent / "pretrain-grown", held, settings, seed, [])
@@ -369,6 +378,7 @@ def continue_pretraining(pretrained: Path, new_dump: str, out: Path, settings: G
     datasets = corpus_in_model_ids(new_world_corpus(new_dump, out.parent, grown, seed), model.entity_vocab)
     args = PretrainingArguments(
         output_dir=str(out), decoder_target=RECIPES[settings.recipe].decoder_target,
+        mixed_questions_file=questions and str(questions),
         **pretraining_schedule(settings.qa, settings.continued_steps, seed),
     )  # fmt: skip
     pretrain(args, model=model, tokenizer=tokenizer, datasets=datasets, entity_vocab=model.entity_vocab)
@@ -966,10 +976,10 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
                                                out / f"grown-{folder}{texts_suffix(settings)}", held, settings, seed,
                                                data["train_people"])  # fmt: skip
     if settings.continued_steps:
-        continued = continue_pretraining(
-            pretrained, data["new_dump"], out / "pretrain-continued", settings, seed, held
-        )
-        models["continued_pretraining"] = finetune_model(continued, files["train"], out / "finetune-continued",
+        ceiling = continued_folder(settings)
+        continued = continue_pretraining(pretrained, data["new_dump"], out / f"pretrain-{ceiling}", settings, seed,
+                                         held, questions)  # fmt: skip
+        models["continued_pretraining"] = finetune_model(continued, files["train"], out / f"finetune-{ceiling}",
                                                          settings.qa, seed, None, weight)  # fmt: skip
     results: dict[str, dict] = {}
     for name, model_dir in models.items():

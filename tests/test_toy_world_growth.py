@@ -230,7 +230,8 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
             "8",
             "--fresh-names-like-written-only", "--writer-decoy-rows", "2", "--reader-steps", "5",
             "--reader-row-autoencoding-share", "0.5", "--practice-biographies", "2", "--practice-share", "0.5",
-            "--practice-questions-people", "2", "--added-texts", "own-sentences", "--timed-additions", "10"]  # fmt: skip
+            "--practice-questions-people", "2", "--added-texts", "own-sentences", "--continued-steps", "3",
+            "--timed-additions", "10"]  # fmt: skip
     assert bench.main(argv) == 0
     result = json.loads((out / "results.json").read_text())
     seed = out / "seed-0"
@@ -241,7 +242,20 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
         predictions = json.loads((models / model_dir / "predict-added-free" / "free_predictions.json").read_text())
         texts = [predictions[r["id"]].replace("<E_s>", "").replace("<E_e>", "").strip() for r in added]
         assert len(texts) == 6 * len(held) and all(texts)  # an answer to every question before it is scored
-    assert set(result["summary"]["added"]) == {"before", *bench.ESTIMATORS, "writer_before", "writer"}
+    assert set(result["summary"]["added"]) == {
+        "before",
+        *bench.ESTIMATORS,
+        "writer_before",
+        "writer",
+        "continued_pretraining",
+    }
+    # the ceiling: pre-trained its own 3 steps (its folder says so) with the questions the pre-training mixed in
+    ceiling = json.loads((models / "pretrain-continued-3" / "pretraining_args.json").read_text())
+    assert ceiling["max_steps"] == 3 and ceiling["mixed_questions_file"]
+    assert (
+        ceiling["mixed_questions_file"]
+        == json.loads((models / "pretrain-edmem" / "pretraining_args.json").read_text())["mixed_questions_file"]
+    )
     # before adding, the memory cannot hold a new subject
     assert result["summary"]["added"]["before"]["memory_recall"]["mean"] == 0.0
     assert result["summary"]["added"]["writer_before"]["memory_recall"]["mean"] == 0.0
