@@ -112,7 +112,13 @@ def test_each_recipe_keeps_its_models_apart(bench, tmp_path):
     assert bench.writer_folder(second_only) == (
         "writer-written-table-frozen-writer-500-names-like-written-only-row-autoencoding-0.5"
     )
-    assert bench.writer_folder(replace(second_only, reader_steps=0)) == "writer-written-table"
+    assert bench.writer_folder(replace(second_only, reader_fresh_name_share=0.5)).endswith(
+        "-frozen-writer-500-names-like-written-only-row-autoencoding-0.5-fresh-names-0.5"
+    )
+    assert (
+        bench.writer_folder(replace(second_only, reader_steps=0, reader_fresh_name_share=0.5))
+        == "writer-written-table"
+    )
     # rows pooled and rows apart are models of their own, even from one passage
     assert bench.writer_folder(replace(paper, writer_passages_per_row=12)) == "writer-pooled-12"
     assert (
@@ -229,7 +235,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
             "--writer-mean-row-probability", "--entity-key-dim",
             "8",
             "--fresh-names-like-written-only", "--writer-decoy-rows", "2", "--reader-steps", "5",
-            "--reader-row-autoencoding-share", "0.5", "--practice-biographies", "2", "--practice-share", "0.5",
+            "--reader-row-autoencoding-share", "0.5", "--reader-fresh-name-share", "0.5", "--practice-biographies", "2", "--practice-share", "0.5",
             "--practice-questions-people", "2", "--added-texts", "own-sentences", "--continued-steps", "3",
             "--timed-additions", "10"]  # fmt: skip
     assert bench.main(argv) == 0
@@ -262,7 +268,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     for trained_dir, estimators in (
         ("finetune", bench.ESTIMATORS),
         (
-            f"finetune-{WRITER_FOLDER}-frozen-writer-5-row-autoencoding-0.5",
+            f"finetune-{WRITER_FOLDER}-frozen-writer-5-row-autoencoding-0.5-fresh-names-0.5",
             ["writer"],
         ),
     ):
@@ -270,7 +276,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
         size = trained.config.entity_vocab_size
         for estimator in estimators:
             folder = (
-                f"grown-{WRITER_FOLDER}-frozen-writer-5-row-autoencoding-0.5-from-own-sentences"
+                f"grown-{WRITER_FOLDER}-frozen-writer-5-row-autoencoding-0.5-fresh-names-0.5-from-own-sentences"
                 if estimator == "writer"
                 else f"grown-{estimator}"
             )
@@ -285,9 +291,15 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     # the second stage began from the first's model and kept its writer, and so did fine-tuning (`trained`)
     first = EDMemForConditionalGeneration.from_pretrained(models / f"pretrain-{WRITER_FOLDER}")
     second = EDMemForConditionalGeneration.from_pretrained(
-        models / f"pretrain-{WRITER_FOLDER}-frozen-writer-5-row-autoencoding-0.5"
+        models / f"pretrain-{WRITER_FOLDER}-frozen-writer-5-row-autoencoding-0.5-fresh-names-0.5"
     )
     assert torch.equal(first.entity_writer.row_proj.weight, second.entity_writer.row_proj.weight)
+    stage = models / f"pretrain-{WRITER_FOLDER}-frozen-writer-5-row-autoencoding-0.5-fresh-names-0.5"
+    assert json.loads((stage / "pretraining_args.json").read_text())["fresh_name_share"] == 0.5  # this stage's alone
+    assert (
+        json.loads((models / f"pretrain-{WRITER_FOLDER}" / "pretraining_args.json").read_text())["fresh_name_share"]
+        == 0.0
+    )
     assert not torch.equal(first.model.decoder.layers[-1].fc1.weight, second.model.decoder.layers[-1].fc1.weight)
     assert torch.equal(second.entity_writer.row_proj.weight, trained.entity_writer.row_proj.weight)
     assert trained.config.entity_key_dim == 8  # the writer's model only
@@ -315,7 +327,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     # a row a passage: the frozen second stage keeps the trained entities' rows apart, and the added people gain a
     # row for each sentence of their page after them
     grown = EDMemForConditionalGeneration.from_pretrained(
-        models / f"grown-{WRITER_FOLDER}-frozen-writer-5-row-autoencoding-0.5-from-own-sentences"
+        models / f"grown-{WRITER_FOLDER}-frozen-writer-5-row-autoencoding-0.5-fresh-names-0.5-from-own-sentences"
     )
     kept = grown.model.entity_embeddings.written_row_entity_ids.tolist()
     new = [entity for entity in kept if entity >= size]
@@ -363,7 +375,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
         "row_autoencoding_share=0.5 row_autoencoding_written_only=1 writer_passages_by_mentions=1 "
         "writer_passages_per_row=2 writer_pools_texts=0 writer_answer_rows=1 writer_reads_answer_rows=1 writer_answer_rows_by_text=1 writer_mean_row_probability=1 mean_row_probability_at_test=0 entity_key_dim=8 writer_dropout=None added_texts=own-sentences "
         "fresh_names_like_written_only=1 writer_decoy_rows=2 written_row_share=0.5 reader_steps=5 "
-        "reader_names_like_written_only=0 reader_row_autoencoding_share=0.5 "
+        "reader_names_like_written_only=0 reader_row_autoencoding_share=0.5 reader_fresh_name_share=0.5 "
     )
     for key in ("added_over_trained_em", "trained_em_change", "seconds_to_add_10_fitted", "seconds_to_add_10_mean",
                 "added_over_trained_em_with_floor", "added_recall", "row_swap_follow", "writer_cost_on_trained_em",

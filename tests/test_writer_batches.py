@@ -125,6 +125,28 @@ def test_written_only_entities_appear_under_a_fresh_name(corpus):
     assert plain.choose(examples) == (chosen, {})
 
 
+def test_fresh_name_share_renames_that_share_of_the_other_written_entities(corpus):
+    """With `fresh_name_share` the written entities that are not written-only are renamed too, about that share of
+    them (all at 1.0); at 0 the batches are drawn exactly as without the option; it needs fresh names."""
+    settings = dict(written_row_share=1.0, written_only_share=0.0, seed=7, max_written_rows=64)
+    batches = [[{**writer_collator(corpus).passages[i], "example_index": i} for i in range(start, start + 8)]
+               for start in range(0, 64, 8)]  # fmt: skip
+    plain = writer_collator(corpus, **settings)
+    assert [plain.choose(b) for b in batches] == [writer_collator(corpus, fresh_name_share=0.0, **settings).choose(b)
+                                                 for b in batches]  # fmt: skip
+    assert all(not fresh for _, fresh in (plain.choose(b) for b in batches))
+    every = writer_collator(corpus, fresh_name_share=1.0, **settings)
+    for examples in batches:
+        chosen, fresh = every.choose(examples)
+        assert chosen and set(fresh) == set(chosen)  # every entity of the test corpus has a two-word name
+    half = writer_collator(corpus, fresh_name_share=0.5, **settings)
+    renamed = [(len(fresh), len(chosen)) for chosen, fresh in (half.choose(b) for b in batches)]
+    share = sum(r for r, _ in renamed) / sum(c for _, c in renamed)
+    assert 0.3 < share < 0.7, share
+    with pytest.raises(ValueError, match="fresh_name_share renames more entities, but fresh names are off"):
+        writer_collator(corpus, fresh_name_share=0.5, fresh_names=False)
+
+
 def test_fresh_names_like_written_only_are_made_of_written_only_entities_words(corpus):
     """With `fresh_names_like_written_only`, a fresh name's first and last words are those of written-only entities'
     names (a renamed practice person looks like a person), where by default they come from every entity's."""
@@ -326,7 +348,8 @@ def test_named_written_only_entities_join_the_share(corpus, tmp_path):
     for option in (dict(written_only_entities_file=str(names_file)), dict(written_table=True),
                    dict(row_autoencoding_share=0.5), dict(row_autoencoding_written_only=True),
                    dict(writer_passages_by_mentions=True), dict(fresh_names_like_written_only=True),
-                   dict(writer_decoy_rows=2), dict(frozen_writer=True), dict(writer_passages_per_row=3)):  # fmt: skip
+                   dict(writer_decoy_rows=2), dict(frozen_writer=True), dict(writer_passages_per_row=3),
+                   dict(fresh_name_share=0.5), dict(hide_practice_entities=True)):  # fmt: skip
         plain = _args(corpus, tmp_path / "y", **option)
         with pytest.raises(ValueError, match=f"--{next(iter(option))} is an option of training the writer"):
             _dataloaders(plain, passages, tokenizer, 1, build_model(plain, tokenizer, vocab))

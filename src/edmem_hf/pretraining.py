@@ -217,6 +217,13 @@ class PretrainingArguments:
             "answer is in a row (docs/model.md)."
         },
     )
+    fresh_name_share: float = field(
+        default=0.0,
+        metadata={
+            "help": "Share of the batch's written entities that are not written-only renamed as they are (their "
+            "facts then come from their written rows, not from what the layers hold of their names; docs/model.md)."
+        },
+    )
     writer_decoy_rows: int = field(
         default=0,
         metadata={
@@ -979,6 +986,7 @@ _WRITER_TRAINING_OPTIONS = (
     "writer_answer_rows_by_text",
     "writer_reads_answer_rows",
     "fresh_names_like_written_only",
+    "fresh_name_share",
     "writer_decoy_rows",
     "frozen_writer",
 )
@@ -1099,6 +1107,7 @@ def _writer_collator(args: PretrainingArguments, base: Any, passages: Any, token
         row_autoencoding_written_only=args.row_autoencoding_written_only,
         passages_by_mentions=args.writer_passages_by_mentions, passages_per_row=args.writer_passages_per_row,
         fresh_names_like_written_only=args.fresh_names_like_written_only, decoy_rows=args.writer_decoy_rows,
+        fresh_name_share=args.fresh_name_share,
         answer_rows=args.writer_answer_rows, read_answer_rows=args.writer_reads_answer_rows,
         answer_rows_by_text=args.writer_answer_rows_by_text,
     )  # fmt: skip

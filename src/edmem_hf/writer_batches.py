@@ -79,35 +79,36 @@ class WriterCollator:
     `input_ids`): the written entity at each `<E_s>` of the input whose name is all `<mask>`, where the encoder's
     memory reads the written row itself.
 
-    Each entity labelled in the batch's examples (`entity_labels`, `decoder_entity_labels`) is written when it is one
-    of the `written_only_share` of all entities (fixed by `seed`), or else with probability `written_row_share`, from
-    a passage of `passages` that mentions it and that the batch does not read (an example's `example_index` is its
-    passage in `passages`, as `edmem pretrain` gives it; a fine-tuning example, a question, is no passage), drawn
-    uniformly or, with `passages_by_mentions`, in proportion to how often it mentions the entity. An
-    entity with no such passage, or no name, keeps its table row. At most `max_written_rows` a batch, the written-
-    only entities first. `written_only_ids` are written-only besides that share (practice entities: people that
+    Each entity labelled in the batch's examples (`entity_labels`, `decoder_entity_labels`) is written when it is
+    one of the `written_only_share` of all entities (fixed by `seed`), or else with probability `written_row_share`,
+    from a passage of `passages` that mentions it and that the batch does not read (an example's `example_index` is
+    its passage in `passages`, as `edmem pretrain` gives it; a fine-tuning example, a question, is no passage),
+    drawn uniformly or, with `passages_by_mentions`, in proportion to how often it mentions the entity. An entity
+    with no such passage, or no name, keeps its table row. At most `max_written_rows` a batch, the written-only
+    entities first. `written_only_ids` are written-only besides that share (practice entities: people that
     pre-training reads about only to teach the writer, docs/model.md). A written-only entity with a name of several
     words is renamed, in the examples and in its writer input, with the first word of one entity's name and the last
-    of another's (a name no entity has), when `fresh_names`; with `fresh_names_like_written_only`, of written-only
-    entities' words only, so that a fresh name looks like the names of the entities read through rows (people's, for
-    practice people) and its shape does not tell the reader that the answer is in a row. With `decoy_rows`, each
-    renamed entity brings up to that many decoys: other written-only entities, absent from the batch, written under
-    fresh names that share a word with its fresh name, linked by nothing: negatives that a query must tell from the
-    renamed entity's row by its whole name (a batch's other written rows seldom share a word with it). With
-    `row_autoencoding_share`, that share of the passages about a written entity (a written-only one, with
-    `row_autoencoding_written_only`) is read as the entity's written row alone (`_autoencode`). With
-    `passages_per_row` P > 1, each written entity reads the mean of the rows written from up to P passages the batch
-    does not read (`pooled_passages`): a row pooled from several passages, as an added entity's row is from its
-    texts, and the only one to hold the facts of an entity whose every passage states one. With `answer_rows`,
-    `written_rows_answering` `(batch, K)` too: True where row `k` was written from a passage that names an entity
-    example `b` hides (in its target, its name all `<mask>` in the input or absent from it), other than the row's
-    own: among an entity's several rows (`config.writer_pools_texts` off) the linking loss of example `b` then takes
-    those as its gold, so that the query learns which row holds what the passage hides (a label the text gives,
-    where each row the query reads starts as an equal share of a mean); with `read_answer_rows`, such mentions read
-    those rows alone too (`read_answering_rows`), the choice given to the reader as a masked name's entity is. With
-    `answer_rows_by_text`, row `k` also answers a question `b` (an example with its own target) when its passage holds
-    the words of the question's answer, in order (`_answering_by_text`): the label then reaches the facts whose value
-    is no entity (a year, an occupation), which no mention hides. The
+    of another's (a name no entity has), when `fresh_names` (with `fresh_name_share`, that share of the batch's
+    other written entities too, whose answers the layers then cannot give by name); with
+    `fresh_names_like_written_only`, of written-only entities' words only, so that a fresh name looks like the names
+    of the entities read through rows (people's, for practice people) and its shape does not tell the reader that
+    the answer is in a row. With `decoy_rows`, each renamed entity brings up to that many decoys: other written-only
+    entities, absent from the batch, written under fresh names that share a word with its fresh name, linked by
+    nothing: negatives that a query must tell from the renamed entity's row by its whole name (a batch's other
+    written rows seldom share a word with it). With `row_autoencoding_share`, that share of the passages about a
+    written entity (a written-only one, with `row_autoencoding_written_only`) is read as the entity's written row
+    alone (`_autoencode`). With `passages_per_row` P > 1, each written entity reads the mean of the rows written
+    from up to P passages the batch does not read (`pooled_passages`): a row pooled from several passages, as an
+    added entity's row is from its texts, and the only one to hold the facts of an entity whose every passage states
+    one. With `answer_rows`, `written_rows_answering` `(batch, K)` too: True where row `k` was written from a
+    passage that names an entity example `b` hides (in its target, its name all `<mask>` in the input or absent from
+    it), other than the row's own: among an entity's several rows (`config.writer_pools_texts` off) the linking loss
+    of example `b` then takes those as its gold, so that the query learns which row holds what the passage hides (a
+    label the text gives, where each row the query reads starts as an equal share of a mean); with
+    `read_answer_rows`, such mentions read those rows alone too (`read_answering_rows`), the choice given to the
+    reader as a masked name's entity is. With `answer_rows_by_text`, row `k` also answers a question `b` (an example
+    with its own target) when its passage holds the words of the question's answer, in order (`_answering_by_text`):
+    the label then reaches the facts whose value is no entity (a year, an occupation), which no mention hides. The
     choices are drawn from `seed` and the examples' tokens, so that a resumed run draws them again as the
     uninterrupted one did.
 
@@ -132,6 +133,7 @@ class WriterCollator:
     max_written_rows: int = 32
     fresh_names: bool = True
     fresh_names_like_written_only: bool = False
+    fresh_name_share: float = 0.0
     decoy_rows: int = 0
     seed: int = 0
     written_only_ids: Sequence[int] = ()
@@ -145,7 +147,7 @@ class WriterCollator:
     _name_ids: dict[int, list[int]] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("written_row_share", "written_only_share", "row_autoencoding_share"):
+        for name in ("written_row_share", "written_only_share", "row_autoencoding_share", "fresh_name_share"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         if self.row_autoencoding_written_only and not self.row_autoencoding_share:
@@ -155,6 +157,8 @@ class WriterCollator:
             raise ValueError(f"decoy_rows must be >= 0, got {self.decoy_rows}")
         if self.decoy_rows and not self.fresh_names:
             raise ValueError("decoy_rows are written under fresh names, which are off: give fresh_names=True")
+        if self.fresh_name_share and not self.fresh_names:
+            raise ValueError("fresh_name_share renames more entities, but fresh names are off: give fresh_names=True")
         if self.fresh_names_like_written_only and not self.fresh_names:
             raise ValueError("fresh_names_like_written_only chooses the words of fresh names, which are off: give "
                              "fresh_names=True")  # fmt: skip
@@ -251,7 +255,9 @@ class WriterCollator:
         chosen = dict((first + then)[: self.max_written_rows])
         fresh = {}
         for entity in chosen:
-            if self.fresh_names and self.written_only[entity] and len(self.names[entity].split()) > 1:
+            # (no draw where the share is 0: the batches of a run without it are drawn as they always were)
+            renamed = self.written_only[entity] or (self.fresh_name_share and rng.random() < self.fresh_name_share)
+            if self.fresh_names and renamed and len(self.names[entity].split()) > 1:
                 name = self._fresh_name(rng)
                 if name is not None:
                     fresh[entity] = name
