@@ -1427,13 +1427,10 @@ class _PretrainingRun:
 
             write_rows_as_read(unwrapped, *self.writer_collator.rows_to_write(self.args.written_table))
             unwrapped.set_entity_mask(None)
-        if (
-            self.args.hide_practice_entities
-        ):  # training's scaffolding: hidden in the saved model, the mask saved with it
-            shown = unwrapped._get_entity_mask("cpu")
-            shown = (
-                torch.ones(unwrapped.config.entity_vocab_size, dtype=torch.bool) if shown is None else shown.clone()
-            )
+        # practice entities are training's scaffolding: hidden in the saved model, the mask saved with it
+        if self.args.hide_practice_entities:
+            mask = unwrapped._get_entity_mask("cpu")
+            shown = torch.ones(unwrapped.config.entity_vocab_size, dtype=torch.bool) if mask is None else mask.clone()
             practice = _entity_ids_in_file(
                 "written_only_entities_file", self.args.written_only_entities_file, unwrapped.entity_vocab
             )
