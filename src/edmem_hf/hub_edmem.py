@@ -25,8 +25,8 @@ ENTITY_MASK_NAME = "entity_mask.safetensors"
 
 class EDMemHubMixin:
     """`model.entity_vocab` and the entity mask (`set_entity_mask`), saved beside the weights and restored by
-    `from_pretrained`; a model card (README.md)
-    written by `save_pretrained` and `push_to_hub`; `config.auto_map` naming the classes of the model's variant.
+    `from_pretrained`; a model card (README.md) written by `save_pretrained` and `push_to_hub`; `config.auto_map`
+    naming the classes of the model's variant.
 
     A model class using it defines `_hub_auto_map(config)` (the Auto classes' entries for the config's variant) and
     `_class_for_variant(config)` (the class that builds a saved model's variant where this class was asked for).
@@ -68,8 +68,8 @@ class EDMemHubMixin:
         self, save_directory, *args, push_to_hub: bool = False, overwrite_model_card: bool = False, **kwargs
     ):
         """`PreTrainedModel.save_pretrained`, plus `entity_vocab.json`, the entity mask where entities are hidden
-        (`entity_mask.safetensors`), a model card (README.md) and the Hub code with
-        the `auto_map` of the model's variant. A README.md of the user's (one we did not write) is kept unless
+        (`entity_mask.safetensors`), a model card (README.md) and the Hub code with the `auto_map` of the model's
+        variant. A README.md of the user's (one we did not write) is kept unless
         `overwrite_model_card=True`. With `push_to_hub=True` the folder then goes to `repo_id` (default: the
         folder's name) with a card chosen as `push_to_hub` chooses it (Transformers' own upload would replace
         README.md with the Hub's card or a generic one)."""
