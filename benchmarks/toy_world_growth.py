@@ -30,8 +30,8 @@ only, on K pages of one sentence (`knowledge_world.one_fact_people`; a world of 
 `--written-table`, the writer's model leaves pre-training with every entity's row written from its passages
 (`edmem pretrain --written_table`), in folders of its own (`writer-written-table`). With `--reader-steps N`, a second
 stage of N steps follows, the writer and its table frozen (`edmem pretrain --frozen_writer`, TOME's second stage), in
-folders of its own (`...-frozen-writer-N`); `--reader-names-like-written-only`, `--reader-row-autoencoding-share` and
-`--reader-fresh-name-share` are levers of that stage alone. `--writer-mean-row-probability` trains the writer's model to give an entity of
+folders of its own (`...-frozen-writer-N`); `--reader-names-like-written-only`, `--reader-row-autoencoding-share`,
+`--reader-fresh-name-share` and `--reader-decoy-rows` are levers of that stage alone. `--writer-mean-row-probability` trains the writer's model to give an entity of
 several rows the mean of their probabilities (`edmem pretrain --writer_mean_row_probability`, `...-mean-rows`);
 `--mean-row-probability-at-test` reads a model trained without it with it (a copy, `...-mean-rows-at-test`).
 `--added-texts own-sentences` writes an added person's row (and a rewritten one) as
@@ -201,6 +201,7 @@ class GrowthSettings:
     reader_names_like_written_only: bool = False  # the second stage only: fresh names of written-only entities' words
     reader_row_autoencoding_share: float = 0.0  # the second stage only: practice people's passages auto-encoded
     reader_fresh_name_share: float = 0.0  # the second stage only: that share of the other written entities renamed
+    reader_decoy_rows: int = 0  # the second stage only: decoys of each renamed entity (else the first stage's)
     recipe: str = "paper"  # pre-training and fine-tuning levers of toy_world_qa's RECIPES (every model alike)
 
 
@@ -901,6 +902,7 @@ def writer_folder(settings: GrowthSettings) -> str:
         share = settings.reader_row_autoencoding_share
         name += f"-row-autoencoding-{share}" if share else ""
         name += f"-fresh-names-{settings.reader_fresh_name_share}" if settings.reader_fresh_name_share else ""
+        name += f"-decoys-{settings.reader_decoy_rows}" if settings.reader_decoy_rows else ""
     name += "-mean-rows-at-test" if settings.mean_row_probability_at_test else ""
     return name
 
@@ -1033,7 +1035,8 @@ def pretrain_reader(
     table it writes frozen (`--frozen_writer`), every entity of a batch (up to `max_written_rows`) read through a row
     written from another passage than the one read: the rows it searches and reads are the rows added people get.
     `reader_names_like_written_only`, `reader_row_autoencoding_share` (of the practice people's passages only) and
-    `reader_fresh_name_share` are this stage's own levers, the first stage trained without them."""
+    `reader_fresh_name_share` and `reader_decoy_rows` are this stage's own levers, the first stage trained without
+    them."""
     return pretrain_variant("edmem", data["corpus"], out, replace(settings.qa, pretrain_steps=settings.reader_steps),
                             seed, None, recipe, questions, model_name_or_path=str(writer), frozen_writer=True,
                             written_row_share=1.0, written_only_share=settings.written_only_share,
@@ -1048,7 +1051,8 @@ def pretrain_reader(
                             row_autoencoding_share=settings.reader_row_autoencoding_share,
                             row_autoencoding_written_only=bool(settings.reader_row_autoencoding_share),
                             fresh_name_share=settings.reader_fresh_name_share,
-                            writer_decoy_rows=settings.writer_decoy_rows, **practice_balance(settings, data),
+                            writer_decoy_rows=settings.reader_decoy_rows or settings.writer_decoy_rows,
+                            **practice_balance(settings, data),
                             **writer_dropout(settings))  # fmt: skip
 
 
@@ -1262,6 +1266,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reader-fresh-name-share", type=float,
                         help="the second stage only: share of the batch's written entities other than the practice "
                              "people renamed as they are, their answers then read from their rows (default: 0)")  # fmt: skip
+    parser.add_argument("--reader-decoy-rows", type=int,
+                        help="the second stage only: decoys of each renamed entity, written under fresh names that "
+                             "share a word with its own (default: the first stage's --writer-decoy-rows)")  # fmt: skip
     parser.add_argument("--recipe", choices=tuple(RECIPES),
                         help="toy_world_qa's pre-training and fine-tuning levers, for every model (default: paper); "
                              "another recipe's models go to seed-N/recipe-NAME")  # fmt: skip
@@ -1281,7 +1288,7 @@ def main(argv: list[str] | None = None) -> int:
                 "mean_row_probability_at_test",
                 "entity_key_dim", "writer_dropout",
                 "added_texts", "fresh_names_like_written_only", "writer_decoy_rows", "reader_steps", "reader_names_like_written_only",
-                "reader_row_autoencoding_share", "reader_fresh_name_share"):  # fmt: skip
+                "reader_row_autoencoding_share", "reader_fresh_name_share", "reader_decoy_rows"):  # fmt: skip
         if getattr(args, key) is not None:
             settings = replace(settings, **{key: getattr(args, key)})
     if args.timed_additions is not None:
@@ -1342,6 +1349,7 @@ def main(argv: list[str] | None = None) -> int:
         f"reader_names_like_written_only={int(settings.reader_names_like_written_only)}",
         f"reader_row_autoencoding_share={settings.reader_row_autoencoding_share}",
         f"reader_fresh_name_share={settings.reader_fresh_name_share}",
+        f"reader_decoy_rows={settings.reader_decoy_rows}",
         f"added_questions={runs[0]['questions']['added']}",
         f"trained_questions={runs[0]['questions']['test']}",
     ]

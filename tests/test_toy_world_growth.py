@@ -115,10 +115,9 @@ def test_each_recipe_keeps_its_models_apart(bench, tmp_path):
     assert bench.writer_folder(replace(second_only, reader_fresh_name_share=0.5)).endswith(
         "-frozen-writer-500-names-like-written-only-row-autoencoding-0.5-fresh-names-0.5"
     )
-    assert (
-        bench.writer_folder(replace(second_only, reader_steps=0, reader_fresh_name_share=0.5))
-        == "writer-written-table"
-    )
+    assert bench.writer_folder(replace(second_only, reader_decoy_rows=4)).endswith("-row-autoencoding-0.5-decoys-4")
+    every_lever = replace(second_only, reader_fresh_name_share=0.5, reader_decoy_rows=4)
+    assert bench.writer_folder(replace(every_lever, reader_steps=0)) == "writer-written-table"
     # rows pooled and rows apart are models of their own, even from one passage
     assert bench.writer_folder(replace(paper, writer_passages_per_row=12)) == "writer-pooled-12"
     assert (
