@@ -91,7 +91,6 @@ from toy_world_qa import (  # noqa: E402
     finetune_model,
     hidden_rows,
     majority_answers,
-    memory_hits,
     memory_top_names,
     predict,
     pretrain_variant,
@@ -388,6 +387,27 @@ def continue_pretraining(pretrained: Path, new_dump: str, out: Path, settings: G
 
 
 # --- measuring --------------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def memory_finding(model_dir: Path, data_file: Path, hidden: list[str] | None = None) -> dict[str, float]:
+    """`recall`: how often the memory's top entity at a question's marked subject is the subject (%);
+    `misses_sharing_a_name_word`: of the other questions, how often that top entity's name shares a
+    word with the subject's (%): whether a query that misses is keyed on one word of the name. `hidden`: names of
+    entities whose rows are hidden meanwhile."""
+    model = EDMemForConditionalGeneration.from_pretrained(model_dir).eval()
+    if hidden:
+        shown = torch.ones(model.config.entity_vocab_size, dtype=torch.bool)
+        shown[[model.entity_vocab.id_of(name) for name in hidden]] = False
+        model.set_entity_mask(shown)
+    tops = memory_top_names(model, AutoTokenizer.from_pretrained(model_dir), data_file)
+    subjects = [record["link_target"][0] for record in read_jsonl(data_file)]
+    misses = [(top, subject) for top, subject in zip(tops, subjects) if top != subject]
+    sharing = [top is not None and bool(set(top.split()) & set(subject.split())) for top, subject in misses]
+    return {
+        "recall": round(100 * (1 - len(misses) / len(subjects)), 2),
+        "misses_sharing_a_name_word": round(100 * sum(sharing) / len(sharing), 2) if sharing else float("nan"),
+    }
 
 
 def time_additions(
@@ -1000,11 +1020,15 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
             for mode in ("free", "static"):
                 path = predict(model_dir, files[split], model_dir / f"predict-{split}-{mode}", mode, settings.qa, seed)
                 figures[mode] = em(question_hits(files[split], files[f"{split}_links"], path))
-            hits = memory_hits(model_dir, files[split])
-            figures["memory_recall"] = round(100 * sum(hits) / len(hits), 2)
+            finding = memory_finding(model_dir, files[split])
+            figures["memory_recall"] = finding["recall"]
+            figures["memory_misses_sharing_a_name_word"] = finding["misses_sharing_a_name_word"]
             if practice_mask is not None and split != "practice":
-                hits = memory_hits(model_dir, files[split], hidden=data["practice"])
-                figures["memory_recall_practice_rows_hidden"] = round(100 * sum(hits) / len(hits), 2)
+                finding = memory_finding(model_dir, files[split], hidden=data["practice"])
+                figures["memory_recall_practice_rows_hidden"] = finding["recall"]
+                figures["memory_misses_sharing_a_name_word_practice_rows_hidden"] = finding[
+                    "misses_sharing_a_name_word"
+                ]
                 path = predict(model_dir, files[split], model_dir / f"predict-{split}-free-practice-rows-hidden", "free",
                                settings.qa, seed, entity_mask_file=practice_mask)  # fmt: skip
                 figures["free_practice_rows_hidden"] = em(question_hits(files[split], files[f"{split}_links"], path))

@@ -140,6 +140,20 @@ def test_each_recipe_keeps_its_models_apart(bench, tmp_path):
     assert bench.writer_folder(at_test) == "writer-rows-12-answer-rows-frozen-writer-5-mean-rows-at-test"
 
 
+def test_memory_finding_counts_the_misses_that_share_a_word_of_the_name(bench, tmp_path, monkeypatch):
+    """Recall over the questions, and of its misses the share whose top entity shares a word with the subject's name
+    (a missing top, where the question marks no subject, shares none)."""
+    tiny_model(seed=1).save_pretrained(tmp_path / "model")
+    questions = tmp_path / "questions.jsonl"
+    subjects = ["Ada Quill", "Bo Quill", "Di Roe", "Ed Poe"]
+    questions.write_text("".join(json.dumps({"link_target": [name]}) + "\n" for name in subjects))
+    monkeypatch.setattr(
+        bench, "memory_top_names", lambda model, tokenizer, path: ["Ada Stone", "Bo Quill", "Cy Moe", None]
+    )
+    monkeypatch.setattr(bench.AutoTokenizer, "from_pretrained", lambda path: None)
+    assert bench.memory_finding(tmp_path / "model", questions) == {"recall": 25.0, "misses_sharing_a_name_word": 33.33}
+
+
 def test_a_model_is_read_with_mean_row_probabilities_by_a_copy_of_it(bench, tmp_path):
     """`--mean-row-probability-at-test`: a copy of the trained model, its weights and tokenizer, with the option set."""
     model, tokenizer, _, _ = tiny_model_with_entities(5)
@@ -341,7 +355,8 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     names, queries = bench.subject_queries(trained.eval(), tokenizer, seed / "edmem_toy-test.jsonl")
     table = trained.model.entity_embeddings.weight.detach()
     found = [trained.entity_vocab.name_of(int(i)) == name for i, name in zip((queries @ table.T).argmax(-1), names)]
-    assert found == bench.memory_hits(models / "finetune", seed / "edmem_toy-test.jsonl")
+    finding = bench.memory_finding(models / "finetune", seed / "edmem_toy-test.jsonl")
+    assert finding["recall"] == round(100 * sum(found) / len(found), 2)
     # the writer's passages state the asked fact more often drawn by mentions (the subject's own page) than uniformly
     facts = result["runs"][0]["results"]["passage_facts"]
     assert set(facts["uniform"]) == set(facts["by_mentions"]) and "occupation" in facts["uniform"]
@@ -364,6 +379,10 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     assert all([title for title, target in links if target == name] == [name] for name in practice)
     for split, name in (("test", "writer_before"), ("added", "writer"), ("test", "before")):
         assert 0.0 <= result["summary"][split][name]["free_practice_rows_hidden"]["all"]["mean"] <= 100.0
+        figures = result["runs"][0]["results"][split][name]
+        assert {"memory_misses_sharing_a_name_word", "memory_misses_sharing_a_name_word_practice_rows_hidden"} <= set(
+            figures
+        )
     bound = result["runs"][0]["results"]["rows_alone"]
     assert -1.0 <= bound["added_query_cosine_between_people"] <= 1.0
     assert 0.0 <= bound["added_recall_with_rows_from_their_questions"] <= 100.0
@@ -396,7 +415,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
 def _a_grown_model_recalls_and_answers_on_a_case_built_to_succeed(bench, seed, models, tmp_path):
     """The trained model grown with rows written from the very queries they will be asked with, measured as the
     experiment measures: an added person whose row is the memory's query at the question's subject is the memory's
-    top entity there (`memory_hits`), and a new place whose row is the entity-linking head's query at that question
+    top entity there (`memory_finding`), and a new place whose row is the entity-linking head's query at that question
     is the static answer, spelled and scored right. Before adding, neither."""
     record = next(r for r in read_jsonl(seed / "edmem_toy-added.jsonl") if r["relation"] == "born_in")
     person, asked = record["link_target"][0], tmp_path / "asked.jsonl"
@@ -404,7 +423,7 @@ def _a_grown_model_recalls_and_answers_on_a_case_built_to_succeed(bench, seed, m
     tokenizer = AutoTokenizer.from_pretrained(models / "finetune")
     model = EDMemForConditionalGeneration.from_pretrained(models / "finetune").eval()
     longest = 2 * model.model.entity_embeddings.weight.norm(dim=-1).max().item()  # the row outscores every other
-    assert bench.memory_hits(models / "finetune", asked) == [False]
+    assert bench.memory_finding(models / "finetune", asked)["recall"] == 0.0
     _, query = bench.subject_queries(model, tokenizer, asked)
     add_entities(model, [person], rows=query / query.norm(dim=-1, keepdim=True) * longest)
     question = tokenizer([in_running_text(read_qa(asked, model.entity_vocab)["question"][0])], return_tensors="pt")
@@ -420,7 +439,7 @@ def _a_grown_model_recalls_and_answers_on_a_case_built_to_succeed(bench, seed, m
     model.save_pretrained(tmp_path / "grown-built")
     tokenizer.save_pretrained(tmp_path / "grown-built")
 
-    assert bench.memory_hits(tmp_path / "grown-built", asked) == [True]
+    assert bench.memory_finding(tmp_path / "grown-built", asked)["recall"] == 100.0
     grown = EDMemForConditionalGeneration.from_pretrained(tmp_path / "grown-built").eval()
     answer = grown.generate(**question, entity_decoding="static", entity_candidates=1, tokenizer=tokenizer,
                             max_new_tokens=12, return_dict_in_generate=True)  # fmt: skip
