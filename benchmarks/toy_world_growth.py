@@ -392,9 +392,9 @@ def continue_pretraining(pretrained: Path, new_dump: str, out: Path, settings: G
 @torch.no_grad()
 def memory_finding(model_dir: Path, data_file: Path, hidden: list[str] | None = None) -> dict[str, float]:
     """`recall`: how often the memory's top entity at a question's marked subject is the subject (%);
-    `misses_sharing_a_name_word`: of the other questions, how often that top entity's name shares a
-    word with the subject's (%): whether a query that misses is keyed on one word of the name. `hidden`: names of
-    entities whose rows are hidden meanwhile."""
+    `misses_sharing_a_name_word`: how often it is another entity whose name shares a word with the subject's (%, of
+    all the questions): whether a query that misses is keyed on one word of the name. `hidden`: names of entities
+    whose rows are hidden meanwhile."""
     model = EDMemForConditionalGeneration.from_pretrained(model_dir).eval()
     if hidden:
         shown = torch.ones(model.config.entity_vocab_size, dtype=torch.bool)
@@ -403,10 +403,10 @@ def memory_finding(model_dir: Path, data_file: Path, hidden: list[str] | None = 
     tops = memory_top_names(model, AutoTokenizer.from_pretrained(model_dir), data_file)
     subjects = [record["link_target"][0] for record in read_jsonl(data_file)]
     misses = [(top, subject) for top, subject in zip(tops, subjects) if top != subject]
-    sharing = [top is not None and bool(set(top.split()) & set(subject.split())) for top, subject in misses]
+    sharing = sum(top is not None and bool(set(top.split()) & set(subject.split())) for top, subject in misses)
     return {
         "recall": round(100 * (1 - len(misses) / len(subjects)), 2),
-        "misses_sharing_a_name_word": round(100 * sum(sharing) / len(sharing), 2) if sharing else float("nan"),
+        "misses_sharing_a_name_word": round(100 * sharing / len(subjects), 2),
     }
 
 

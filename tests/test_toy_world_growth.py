@@ -141,8 +141,8 @@ def test_each_recipe_keeps_its_models_apart(bench, tmp_path):
 
 
 def test_memory_finding_counts_the_misses_that_share_a_word_of_the_name(bench, tmp_path, monkeypatch):
-    """Recall over the questions, and of its misses the share whose top entity shares a word with the subject's name
-    (a missing top, where the question marks no subject, shares none)."""
+    """Recall over the questions, and the share of the questions whose top entity is another that shares a word with
+    the subject's name (a missing top, where the question marks no subject, shares none)."""
     tiny_model(seed=1).save_pretrained(tmp_path / "model")
     questions = tmp_path / "questions.jsonl"
     subjects = ["Ada Quill", "Bo Quill", "Di Roe", "Ed Poe"]
@@ -151,7 +151,7 @@ def test_memory_finding_counts_the_misses_that_share_a_word_of_the_name(bench, t
         bench, "memory_top_names", lambda model, tokenizer, path: ["Ada Stone", "Bo Quill", "Cy Moe", None]
     )
     monkeypatch.setattr(bench.AutoTokenizer, "from_pretrained", lambda path: None)
-    assert bench.memory_finding(tmp_path / "model", questions) == {"recall": 25.0, "misses_sharing_a_name_word": 33.33}
+    assert bench.memory_finding(tmp_path / "model", questions) == {"recall": 25.0, "misses_sharing_a_name_word": 25.0}
 
 
 def test_a_model_is_read_with_mean_row_probabilities_by_a_copy_of_it(bench, tmp_path):
