@@ -31,9 +31,10 @@ only, on K pages of one sentence (`knowledge_world.one_fact_people`; a world of 
 (`edmem pretrain --written_table`), in folders of its own (`writer-written-table`). With `--reader-steps N`, a second
 stage of N steps follows, the writer and its table frozen (`edmem pretrain --frozen_writer`, TOME's second stage), in
 folders of its own (`...-frozen-writer-N`); `--reader-names-like-written-only`, `--reader-row-autoencoding-share`,
-`--reader-fresh-name-share` and `--reader-decoy-rows` are levers of that stage alone. `--writer-mean-row-probability` trains the writer's model to give an entity of
-several rows the mean of their probabilities (`edmem pretrain --writer_mean_row_probability`, `...-mean-rows`);
-`--mean-row-probability-at-test` reads a model trained without it with it (a copy, `...-mean-rows-at-test`).
+`--reader-fresh-name-share` and `--reader-decoy-rows` are levers of that stage alone. `--writer-mean-row-probability`
+trains the writer's model to give an entity of several rows the mean of their probabilities (`edmem pretrain
+--writer_mean_row_probability`, `...-mean-rows`); `--mean-row-probability-at-test` reads a model trained without it
+with it (a copy, `...-mean-rows-at-test`).
 `--added-texts own-sentences` writes an added person's row (and a rewritten one) as
 the mean of rows written from each sentence of their own page, not from the passages around their mentions.
 
@@ -42,9 +43,9 @@ Scored by `edmem evaluate`'s code, free and static decoding: *added*, the six qu
 adding. *Memory recall* is how often the memory's top entity at the question's marked subject is the subject. The
 *floor* is the majority answer of each question form. The ceiling is continued pre-training: the grown pre-trained
 model pre-trained further on the full world (`--continued-steps`, with the questions the pre-training mixed in), then
-fine-tuned as before (skipped in `--quick`). Where each model keeps
-what it knows (`diagnostics`, for the default EDMem with mean-query rows and for the writer): *row swap*, two trained
-people's rows swapped, the share of their answers that follow the row; *oracle read*, the added people's questions
+fine-tuned as before (skipped in `--quick`). Where each model keeps what it knows (`diagnostics`, for the default
+EDMem with mean-query rows and for the writer): *row swap*, two trained people's rows swapped, the share of their
+answers that follow the row; *oracle read*, the added people's questions
 with the encoder's memory read forced onto the subject's new row (EM with finding solved); *rewrite*, the trained
 people's rows replaced by rows written from their passages (their EM kept); *row content*, a linear probe fitted on
 the trained people's rows reading the added people's occupation and field from theirs; for the writer, *written
@@ -397,9 +398,7 @@ def memory_finding(model_dir: Path, data_file: Path, hidden: list[str] | None = 
     whose rows are hidden meanwhile."""
     model = EDMemForConditionalGeneration.from_pretrained(model_dir).eval()
     if hidden:
-        shown = torch.ones(model.config.entity_vocab_size, dtype=torch.bool)
-        shown[[model.entity_vocab.id_of(name) for name in hidden]] = False
-        model.set_entity_mask(shown)
+        model.set_entity_mask(hidden_rows(model.config.entity_vocab_size, hidden, model.entity_vocab) == 0)
     tops = memory_top_names(model, AutoTokenizer.from_pretrained(model_dir), data_file)
     subjects = [record["link_target"][0] for record in read_jsonl(data_file)]
     misses = [(top, subject) for top, subject in zip(tops, subjects) if top != subject]
@@ -1058,7 +1057,7 @@ def pretrain_reader(
     """TOME's second stage: the writer's model pre-trained `reader_steps` more with the writer, what it reads and the
     table it writes frozen (`--frozen_writer`), every entity of a batch (up to `max_written_rows`) read through a row
     written from another passage than the one read: the rows it searches and reads are the rows added people get.
-    `reader_names_like_written_only`, `reader_row_autoencoding_share` (of the practice people's passages only) and
+    `reader_names_like_written_only`, `reader_row_autoencoding_share` (of the practice people's passages only),
     `reader_fresh_name_share` and `reader_decoy_rows` are this stage's own levers, the first stage trained without
     them."""
     return pretrain_variant("edmem", data["corpus"], out, replace(settings.qa, pretrain_steps=settings.reader_steps),

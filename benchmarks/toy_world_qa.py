@@ -668,9 +668,7 @@ def memory_hits(model_dir: Path, data_file: Path, hidden: Sequence[str] = ()) ->
     model = EDMemForConditionalGeneration.from_pretrained(model_dir).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if hidden:
-        mask = torch.ones(model.config.entity_vocab_size, dtype=torch.bool)
-        mask[[model.entity_vocab.id_of(name) for name in hidden]] = False
-        model.set_entity_mask(mask)
+        model.set_entity_mask(hidden_rows(model.config.entity_vocab_size, list(hidden), model.entity_vocab) == 0)
     subjects = [record["link_target"][0] for record in read_jsonl(data_file)]
     return [top == subject for top, subject in zip(memory_top_names(model, tokenizer, data_file), subjects)]
 

@@ -1431,10 +1431,7 @@ class _PretrainingRun:
         if self.args.hide_practice_entities:
             mask = unwrapped._get_entity_mask("cpu")
             shown = torch.ones(unwrapped.config.entity_vocab_size, dtype=torch.bool) if mask is None else mask.clone()
-            practice = _entity_ids_in_file(
-                "written_only_entities_file", self.args.written_only_entities_file, unwrapped.entity_vocab
-            )
-            shown[practice] = False
+            shown[list(self.writer_collator.written_only_ids)] = False  # the file's entities, read at setup
             unwrapped.set_entity_mask(shown)
         with _as_unsharded_class(unwrapped):
             unwrapped.save_pretrained(
