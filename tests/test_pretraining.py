@@ -380,6 +380,16 @@ def test_start_from_checkpoint_or_config_json(corpus, tmp_path):
     with open(tmp_path / "third" / "config.json", encoding="utf-8") as f:
         config = json.load(f)
     assert config["d_model"] == TINY["d_model"] and config["dropout"] == 0.2
+    # A checkpoint keeps its shape: an architecture option that differs is refused, not ignored; training options
+    # (the dropout here) are taken anew and saved with the model.
+    wider = 2 * TINY["d_model"]
+    with pytest.raises(ValueError, match=rf"--d_model {wider}: the checkpoint at .* has d_model={TINY['d_model']}"):
+        pretrain(_args(corpus, tmp_path / "fourth", max_steps=1, model_name_or_path=str(first), d_model=wider))
+    with pytest.raises(ValueError, match="--preset and --config_name build a new model"):
+        pretrain(_args(corpus, tmp_path / "fourth", max_steps=1, model_name_or_path=str(first), preset="edmem-base"))
+    pretrain(_args(corpus, tmp_path / "fifth", max_steps=1, model_name_or_path=str(first), dropout=0.3))
+    with open(tmp_path / "fifth" / "config.json", encoding="utf-8") as f:
+        assert json.load(f)["dropout"] == 0.3
 
 
 def test_epochs_when_no_max_steps_and_resume_at_an_epoch_end(corpus, tmp_path):

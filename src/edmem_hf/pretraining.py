@@ -561,6 +561,8 @@ _ARCH_FIELDS = (
     "writer_pools_texts",
     "writer_mean_row_probability",
 )
+# options a checkpoint given with --model_name_or_path takes anew (no weight changes shape); the others are its shape
+_CHECKPOINT_OVERRIDABLE = ("dropout", "entity_loss_weight", "entity_loss_reduction", "writer_mean_row_probability")
 
 
 def build_config(args: PretrainingArguments, tokenizer: Any, entity_vocab_size: int) -> Any:
@@ -607,14 +609,14 @@ def build_model(args: PretrainingArguments, tokenizer: Any, entity_vocab: Any) -
     from .modeling_edmem import MODEL_WITH_HEADS
 
     if args.model_name_or_path:
-        config = EDMemConfig.from_pretrained(args.model_name_or_path)
+        config = _checkpoint_config(args, EDMemConfig.from_pretrained(args.model_name_or_path))
     else:
         config = build_config(args, tokenizer, len(entity_vocab))
     model_class = MODEL_WITH_HEADS[config.variant]
     if not args.model_name_or_path:
         model = model_class(config)
     else:
-        model = model_class.from_pretrained(args.model_name_or_path)
+        model = model_class.from_pretrained(args.model_name_or_path, config=config)
         n = model.config.entity_vocab_size
         if entity_vocab is not None and len(entity_vocab) != n:
             raise ValueError(
@@ -627,6 +629,28 @@ def build_model(args: PretrainingArguments, tokenizer: Any, entity_vocab: Any) -
     if entity_vocab is not None:
         model.entity_vocab = entity_vocab
     return model
+
+
+def _checkpoint_config(args: PretrainingArguments, config: Any) -> Any:
+    """The config of the checkpoint at `--model_name_or_path` with the training options given anew
+    (`_CHECKPOINT_OVERRIDABLE`). Any other architecture option that differs from the checkpoint's, or a preset or
+    config file beside it, is refused: it would otherwise be ignored in silence."""
+    where = args.model_name_or_path
+    if args.preset or args.config_name:
+        raise ValueError(
+            f"--preset and --config_name build a new model: leave them out with --model_name_or_path {where}"
+        )
+    for name in _ARCH_FIELDS:
+        given, saved = getattr(args, name), getattr(config, name, None)
+        if given is None or given == saved:
+            continue
+        if name not in _CHECKPOINT_OVERRIDABLE:
+            raise ValueError(
+                f"--{name} {given}: the checkpoint at {where} has {name}={saved}, and a checkpoint keeps its "
+                f"architecture; leave --{name} out (only {', '.join(_CHECKPOINT_OVERRIDABLE)} may change)"
+            )
+        setattr(config, name, given)
+    return config
 
 
 def _parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
