@@ -69,7 +69,6 @@ import argparse
 import json
 import logging
 import random
-import re
 import statistics
 import sys
 import tempfile
@@ -116,6 +115,7 @@ from edmem_hf.entity_growth import (  # noqa: E402
     fit_rows,
     memory_queries,
     new_entity_passages,
+    own_page_sentences,
     pretraining_examples,
     write_rows_as_read,
     write_rows_into_table,
@@ -273,23 +273,13 @@ def make_worlds(settings: GrowthSettings, seed: int, out: Path) -> dict:
 ADDED_TEXTS = ("passages", "own-sentences")
 
 
-def own_page_sentences(pages: list, names: list[str]) -> list[list[str]]:
-    """Each name's own page cut into its sentences (headings dropped): texts of one fact each, as one-fact practice
-    people's passages are (`knowledge_world.one_fact_people`)."""
-    text_of = {page.title: page.text for page in pages}
-    sentences = []
-    for name in names:
-        if name not in text_of:
-            raise ValueError(f"no page titled {name!r} to cut into sentences")
-        cut = [s.strip() for s in re.split(r"(?<=[.!?])\s+|\n+", text_of[name])]
-        sentences.append([s for s in cut if s.endswith((".", "!", "?"))])
-    return sentences
-
-
 def writer_texts(pages: list, names: list[str], added_texts: str) -> list[list[str]]:
     """The texts the writer writes `names`' rows from (`GrowthSettings.added_texts`)."""
     if added_texts == "own-sentences":
-        return own_page_sentences(pages, names)
+        sentences = own_page_sentences(pages, names, max_sentences=None)
+        if missing := [name for name in names if name not in sentences]:
+            raise ValueError(f"no page with a sentence to write from for {missing}")
+        return [sentences[name] for name in names]
     if added_texts != "passages":
         raise ValueError(f"added_texts must be one of {ADDED_TEXTS}, got {added_texts!r}")
     passages, _ = new_entity_passages(pages, known=())
@@ -621,7 +611,7 @@ def fact_rows(model_dir: Path, data_file: Path, new_dump: str) -> dict[str, floa
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     records = list(read_jsonl(data_file))
     people = sorted({record["link_target"][0] for record in records})
-    sentences = dict(zip(people, own_page_sentences(list(iter_parsed_pages(new_dump)), people)))
+    sentences = dict(zip(people, writer_texts(list(iter_parsed_pages(new_dump)), people, "own-sentences")))
     table = model.get_encoder().entity_embeddings.weight
     rows_as_grown = table.detach().clone()
     answers: dict[str, dict[str, str]] = {"plain": {}, "oracle": {}}
@@ -666,7 +656,7 @@ def sentence_rows(model_dir: Path, data_file: Path, new_dump: str) -> dict[str, 
     at the subject is one of the person's (`person_found`). How entities are added to a model trained with a row a
     passage (`--writer-rows-apart`); beside `fact_rows`' `several`, whose rows are chosen by the asked answer."""
     people = sorted({record["link_target"][0] for record in read_jsonl(data_file)})
-    sentences = own_page_sentences(list(iter_parsed_pages(new_dump)), people)
+    sentences = writer_texts(list(iter_parsed_pages(new_dump)), people, "own-sentences")
     texts = {(name, str(i)): [text] for name, own in zip(people, sentences) for i, text in enumerate(own)}
     figures = rows_as_entities(model_dir, data_file, texts)
     return {"em": figures["em"], "person_found": figures["person_found"]}

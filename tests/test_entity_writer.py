@@ -602,7 +602,7 @@ def test_with_mean_row_probability_an_entity_s_copies_of_a_row_count_once():
 def test_edmem_add_entities_writes_with_the_models_writer(tmp_path, capsys):
     from edmem_hf.cli import main
     from edmem_hf.dump import iter_parsed_pages
-    from edmem_hf.entity_growth import new_entity_passages, writer_inputs, written_rows
+    from edmem_hf.entity_growth import new_entity_passages, own_page_sentences, writer_inputs, written_rows
 
     tokenizer = make_word_tokenizer(bart_template=True)
     model, people, known, dump = saved_model_and_unknown_people(tokenizer, tmp_path, entity_row_writer=True)
@@ -613,10 +613,29 @@ def test_edmem_add_entities_writes_with_the_models_writer(tmp_path, capsys):
     assert f"added 3 entities (ids {len(known)}..{len(known) + 2})" in capsys.readouterr().out
     grown = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "grown").eval()
     assert grown.entity_writer is not None and grown.entity_vocab.names == known + sorted(people)
-    passages, _ = new_entity_passages(iter_parsed_pages(dump), known)
     names = sorted(people)
-    expected = written_rows(model.eval(), writer_inputs(model, names, [passages[n] for n in names], tokenizer))
+    # by default the writer writes from each sentence of the person's own page, not from the text around mentions
+    pages = list(iter_parsed_pages(dump))
+    sentences, (passages, _) = own_page_sentences(pages, names), new_entity_passages(pages, known)
+    assert sorted(sentences) == names and all(len(sentences[n]) > 1 for n in names)
+    assert all(text.endswith(".") and "<E_s>" not in text for n in names for text in sentences[n])
+    assert all(sentences[n] != passages[n] for n in names)
+    expected = written_rows(model.eval(), writer_inputs(model, names, [sentences[n] for n in names], tokenizer))
     torch.testing.assert_close(grown.model.entity_embeddings.weight.detach()[len(known) :], expected)
+    around = ["add-entities", "--model", str(tmp_path / "model"), "--dump", dump, "--out", str(tmp_path / "around"),
+              "--texts", "passages"]  # fmt: skip
+    assert main(around) == 0
+    expected = written_rows(model, writer_inputs(model, names, [passages[n] for n in names], tokenizer))
+    torch.testing.assert_close(
+        AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "around").model.entity_embeddings.weight.detach()[
+            len(known) :
+        ],
+        expected,
+    )
+    mean_query = ["add-entities", "--model", str(tmp_path / "model"), "--dump", dump, "--out", str(tmp_path / "mq"),
+                  "--estimator", "mean_query", "--texts", "own_sentences"]  # fmt: skip
+    assert main(mean_query) == 1
+    assert "--texts own_sentences is the writer's" in capsys.readouterr().err
     plain = tmp_path / "plain"
     saved_model_and_unknown_people(tokenizer, plain)
     failed = ["add-entities", "--model", str(plain / "model"), "--dump", dump, "--out", str(plain / "grown"),
@@ -629,5 +648,5 @@ def test_edmem_add_entities_writes_with_the_models_writer(tmp_path, capsys):
     assert main(apart) == 0
     kept = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "apart").model.entity_embeddings
     assert kept.written_row_entity_ids.tolist() == [
-        len(known) + i for i, name in enumerate(names) for _ in passages[name]
+        len(known) + i for i, name in enumerate(names) for _ in sentences[name]
     ]

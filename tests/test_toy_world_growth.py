@@ -49,8 +49,8 @@ def test_the_held_out_people_are_only_in_the_new_pages(bench, tmp_path):
         assert all(sum(a.lower() in t.lower() for t in texts) >= settings.qa.biographies for a in answers), name
     passages = bench.writer_texts(pages, held, "passages")
     assert [len(texts) for texts in passages] != [len(texts) for texts in sentences.values()]
-    with pytest.raises(ValueError, match="no page titled"):
-        bench.own_page_sentences(pages, ["Nobody Anywhere"])
+    with pytest.raises(ValueError, match="no page with a sentence to write from for"):
+        bench.writer_texts(pages, ["Nobody Anywhere"], "own-sentences")
     question = next(iter(read_jsonl(files["train"])))["question"].replace("'", "&apos;")
     assert data["mixed_questions"] is None and question in bz2.open(tmp_path / "old-wiki.xml.bz2", "rt").read()
     # the questions in the pre-training batches instead: not on the old world's pages

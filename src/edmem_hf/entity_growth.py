@@ -9,7 +9,8 @@ one loaded with `trust_remote_code=True` too, and the model file does not import
 add-entities` finds the new entities of a MediaWiki dump, parsed as `edmem build-corpus` parses one
 (`dump.iter_parsed_pages`): an article whose title the model does not know is a new entity; its passages are the text
 around each of its mentions, marked `<E_s> ... <E_e>`: every link to it in the dump (through redirects) and each
-occurrence of its title on its own page.
+occurrence of its title on its own page. The writer writes from each sentence of the entity's own page instead
+(`own_page_sentences`), by default.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import re
 import sys
 from collections.abc import Iterable
 
@@ -327,6 +329,29 @@ def new_entity_passages(
     return {title: texts for title, texts in passages.items() if texts}, without
 
 
+def own_page_sentences(
+    pages: Iterable[ParsedPage], names: Iterable[str], max_sentences: int | None = 32
+) -> dict[str, list[str]]:
+    """Each of `names`' own page cut into its sentences, at most `max_sentences` an entity (None: all), in page order (a line
+    that does not end as a sentence ends, a heading or a list item, is dropped). A sentence states about one fact:
+    rows written from each, kept apart, are the texts the writer's figures are best with (docs/evidence.md). A name
+    without a page, or whose page has no sentence, is left out."""
+    wanted = set(names)
+    sentences: dict[str, list[str]] = {}
+    for page in pages:
+        if page.title not in wanted or page.redirect is not None:
+            continue
+        cut = (piece.strip() for piece in _SENTENCE_END.split(page.text))
+        found = [piece for piece in cut if piece.endswith((".", "!", "?"))][:max_sentences]
+        if found:
+            sentences[page.title] = found
+    return sentences
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
+TEXTS = ("own_sentences", "passages")
+
+
 def cli_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="edmem add-entities", description=__doc__)
     parser.add_argument("--model", required=True, help="a trained EDMem or EncMem folder")
@@ -335,13 +360,17 @@ def cli_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokenizer", help="defaults to --model")
     parser.add_argument("--batch_size", type=int, default=32,
                         help="passages encoded at once to read the memory's queries (default: 32)")  # fmt: skip
-    parser.add_argument("--max_passages", type=int, default=32, help="passages read per entity")
+    parser.add_argument("--max_passages", type=int, default=32, help="passages (or sentences) read per entity")
     parser.add_argument("--estimator", choices=(*ESTIMATORS, "fitted"),
                         help="writer (the default for a model with a writer of entity rows): the mean of the rows it "
-                             "writes from each passage, no gradient step; mean_query (the default otherwise): the "
+                             "writes from each text (--texts), no gradient step; mean_query (the default otherwise): the "
                              "scaled mean memory query at the mentions; fitted: the mean-query rows trained alone on "
                              "the pre-training objective (fit_new_entities), about 50 times slower and no better on "
                              "docs/evidence.md's toy world")  # fmt: skip
+    parser.add_argument("--texts", choices=TEXTS,
+                        help="writer: what rows are written from; own_sentences (the writer's default): each sentence "
+                             "of the entity's own page (its passages where its page has none); passages: the text "
+                             "around each of its mentions (the only choice of the other estimators)")  # fmt: skip
     parser.add_argument("--rows_apart", action=argparse.BooleanOptionalAction,
                         help="writer: also keep the row of each passage apart, each read as a row of its entity "
                              "(default: where the model was trained with a row a passage, writer_pools_texts false)")  # fmt: skip
@@ -364,7 +393,14 @@ def cli_main(argv: list[str] | None = None) -> int:
     pages = list(iter_parsed_pages(args.dump))
     passages, without = new_entity_passages(pages, known, max_passages=args.max_passages)
     names = sorted(passages)
-    texts = [passages[name] for name in names]
+    estimator = args.estimator or ("writer" if getattr(model, "entity_writer", None) is not None else "mean_query")
+    texts_from = args.texts or ("own_sentences" if estimator == "writer" else "passages")
+    if texts_from == "own_sentences" and estimator != "writer":
+        print(f"edmem add-entities: --texts own_sentences is the writer's; {estimator} reads marked mentions",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    sentences = own_page_sentences(pages, names, args.max_passages) if texts_from == "own_sentences" else {}
+    texts = [sentences.get(name) or passages[name] for name in names]
     if args.estimator == "fitted" and names:
         everyone, _ = new_entity_passages(pages, known=(), max_passages=4)
         trained = sorted(name for name in everyone if name in model.entity_vocab)
@@ -372,7 +408,7 @@ def cli_main(argv: list[str] | None = None) -> int:
         ids = fit_new_entities(model, names, texts, tokenizer, {name: everyone[name] for name in chosen},
                                steps=args.fit_steps, learning_rate=args.fit_learning_rate, seed=args.seed)  # fmt: skip
     else:
-        ids = add_entities(model, names, texts, tokenizer, estimator=args.estimator, rows_apart=args.rows_apart,
+        ids = add_entities(model, names, texts, tokenizer, estimator=estimator, rows_apart=args.rows_apart,
                            batch_size=args.batch_size)  # fmt: skip
     os.makedirs(args.out, exist_ok=True)
     model.save_pretrained(args.out)
