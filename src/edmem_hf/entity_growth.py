@@ -329,13 +329,17 @@ def new_entity_passages(
     return {title: texts for title, texts in passages.items() if texts}, without
 
 
+TEXTS = ("own_sentences", "passages")  # what `edmem add-entities` writes rows from
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
+
+
 def own_page_sentences(
     pages: Iterable[ParsedPage], names: Iterable[str], max_sentences: int | None = 32
 ) -> dict[str, list[str]]:
-    """Each of `names`' own page cut into its sentences, at most `max_sentences` an entity (None: all), in page order (a line
-    that does not end as a sentence ends, a heading or a list item, is dropped). A sentence states about one fact:
-    rows written from each, kept apart, are the texts the writer's figures are best with (docs/evidence.md). A name
-    without a page, or whose page has no sentence, is left out."""
+    """Each of `names`' own page cut into its sentences, in page order, at most `max_sentences` an entity (None: all);
+    a line that does not end as a sentence does (a heading, a list item) is dropped. A biography's sentence states one
+    fact, and rows written from each, kept apart, are what the writer's figures are best with (docs/evidence.md). A
+    name without a page, or whose page has no sentence, is left out."""
     wanted = set(names)
     sentences: dict[str, list[str]] = {}
     for page in pages:
@@ -346,10 +350,6 @@ def own_page_sentences(
         if found:
             sentences[page.title] = found
     return sentences
-
-
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
-TEXTS = ("own_sentences", "passages")
 
 
 def cli_main(argv: list[str] | None = None) -> int:
