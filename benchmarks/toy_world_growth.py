@@ -202,6 +202,7 @@ class GrowthSettings:
     reader_row_autoencoding_share: float = 0.0  # the second stage only: practice people's passages auto-encoded
     reader_fresh_name_share: float = 0.0  # the second stage only: that share of the other written entities renamed
     reader_decoy_rows: int = 0  # the second stage only: decoys of each renamed entity (else the first stage's)
+    reader_decoys_for_every_entity: bool = False  # ... of every written entity, the trained ones too
     recipe: str = "paper"  # pre-training and fine-tuning levers of toy_world_qa's RECIPES (every model alike)
 
 
@@ -912,6 +913,7 @@ def writer_folder(settings: GrowthSettings) -> str:
         name += f"-row-autoencoding-{share}" if share else ""
         name += f"-fresh-names-{settings.reader_fresh_name_share}" if settings.reader_fresh_name_share else ""
         name += f"-decoys-{settings.reader_decoy_rows}" if settings.reader_decoy_rows else ""
+        name += "-every-entity" if settings.reader_decoys_for_every_entity else ""
     name += "-mean-rows-at-test" if settings.mean_row_probability_at_test else ""
     return name
 
@@ -1065,6 +1067,7 @@ def pretrain_reader(
                             row_autoencoding_written_only=bool(settings.reader_row_autoencoding_share),
                             fresh_name_share=settings.reader_fresh_name_share,
                             writer_decoy_rows=settings.reader_decoy_rows or settings.writer_decoy_rows,
+                            writer_decoys_for_every_entity=settings.reader_decoys_for_every_entity,
                             **practice_balance(settings, data),
                             **writer_dropout(settings))  # fmt: skip
 
@@ -1282,6 +1285,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reader-decoy-rows", type=int,
                         help="the second stage only: decoys of each renamed entity, written under fresh names that "
                              "share a word with its own (default: the first stage's --writer-decoy-rows)")  # fmt: skip
+    parser.add_argument("--reader-decoys-for-every-entity", action="store_true", default=None,
+                        help="the second stage only: decoys of every written entity, the trained ones under their own "
+                             "names too (`edmem pretrain --writer_decoys_for_every_entity`)")  # fmt: skip
     parser.add_argument("--recipe", choices=tuple(RECIPES),
                         help="toy_world_qa's pre-training and fine-tuning levers, for every model (default: paper); "
                              "another recipe's models go to seed-N/recipe-NAME")  # fmt: skip
@@ -1301,7 +1307,8 @@ def main(argv: list[str] | None = None) -> int:
                 "mean_row_probability_at_test",
                 "entity_key_dim", "writer_dropout",
                 "added_texts", "fresh_names_like_written_only", "writer_decoy_rows", "reader_steps", "reader_names_like_written_only",
-                "reader_row_autoencoding_share", "reader_fresh_name_share", "reader_decoy_rows"):  # fmt: skip
+                "reader_row_autoencoding_share", "reader_fresh_name_share", "reader_decoy_rows",
+                "reader_decoys_for_every_entity"):  # fmt: skip
         if getattr(args, key) is not None:
             settings = replace(settings, **{key: getattr(args, key)})
     if args.timed_additions is not None:
@@ -1363,6 +1370,7 @@ def main(argv: list[str] | None = None) -> int:
         f"reader_row_autoencoding_share={settings.reader_row_autoencoding_share}",
         f"reader_fresh_name_share={settings.reader_fresh_name_share}",
         f"reader_decoy_rows={settings.reader_decoy_rows}",
+        f"reader_decoys_for_every_entity={int(settings.reader_decoys_for_every_entity)}",
         f"added_questions={runs[0]['questions']['added']}",
         f"trained_questions={runs[0]['questions']['test']}",
     ]

@@ -116,7 +116,12 @@ def test_each_recipe_keeps_its_models_apart(bench, tmp_path):
         "-frozen-writer-500-names-like-written-only-row-autoencoding-0.5-fresh-names-0.5"
     )
     assert bench.writer_folder(replace(second_only, reader_decoy_rows=4)).endswith("-row-autoencoding-0.5-decoys-4")
-    every_lever = replace(second_only, reader_fresh_name_share=0.5, reader_decoy_rows=4)
+    assert bench.writer_folder(
+        replace(second_only, reader_decoy_rows=4, reader_decoys_for_every_entity=True)
+    ).endswith("-row-autoencoding-0.5-decoys-4-every-entity")
+    every_lever = replace(
+        second_only, reader_fresh_name_share=0.5, reader_decoy_rows=4, reader_decoys_for_every_entity=True
+    )
     assert bench.writer_folder(replace(every_lever, reader_steps=0)) == "writer-written-table"
     # rows pooled and rows apart are models of their own, even from one passage
     assert bench.writer_folder(replace(paper, writer_passages_per_row=12)) == "writer-pooled-12"
@@ -248,7 +253,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
             "--writer-mean-row-probability", "--entity-key-dim",
             "8",
             "--fresh-names-like-written-only", "--writer-decoy-rows", "2", "--reader-steps", "5",
-            "--reader-row-autoencoding-share", "0.5", "--reader-fresh-name-share", "0.5", "--practice-biographies", "2", "--practice-share", "0.5",
+            "--reader-row-autoencoding-share", "0.5", "--reader-fresh-name-share", "0.5", "--reader-decoys-for-every-entity", "--practice-biographies", "2", "--practice-share", "0.5",
             "--practice-questions-people", "2", "--added-texts", "own-sentences", "--continued-steps", "3",
             "--timed-additions", "10"]  # fmt: skip
     assert bench.main(argv) == 0
@@ -281,7 +286,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     for trained_dir, estimators in (
         ("finetune", bench.ESTIMATORS),
         (
-            f"finetune-{WRITER_FOLDER}-frozen-writer-5-row-autoencoding-0.5-fresh-names-0.5",
+            f"finetune-{WRITER_FOLDER}-frozen-writer-5-row-autoencoding-0.5-fresh-names-0.5-every-entity",
             ["writer"],
         ),
     ):
@@ -289,7 +294,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
         size = trained.config.entity_vocab_size
         for estimator in estimators:
             folder = (
-                f"grown-{WRITER_FOLDER}-frozen-writer-5-row-autoencoding-0.5-fresh-names-0.5-from-own-sentences"
+                f"grown-{WRITER_FOLDER}-frozen-writer-5-row-autoencoding-0.5-fresh-names-0.5-every-entity-from-own-sentences"
                 if estimator == "writer"
                 else f"grown-{estimator}"
             )
@@ -304,10 +309,10 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     # the second stage began from the first's model and kept its writer, and so did fine-tuning (`trained`)
     first = EDMemForConditionalGeneration.from_pretrained(models / f"pretrain-{WRITER_FOLDER}")
     second = EDMemForConditionalGeneration.from_pretrained(
-        models / f"pretrain-{WRITER_FOLDER}-frozen-writer-5-row-autoencoding-0.5-fresh-names-0.5"
+        models / f"pretrain-{WRITER_FOLDER}-frozen-writer-5-row-autoencoding-0.5-fresh-names-0.5-every-entity"
     )
     assert torch.equal(first.entity_writer.row_proj.weight, second.entity_writer.row_proj.weight)
-    stage = models / f"pretrain-{WRITER_FOLDER}-frozen-writer-5-row-autoencoding-0.5-fresh-names-0.5"
+    stage = models / f"pretrain-{WRITER_FOLDER}-frozen-writer-5-row-autoencoding-0.5-fresh-names-0.5-every-entity"
     assert json.loads((stage / "pretraining_args.json").read_text())["fresh_name_share"] == 0.5  # this stage's alone
     assert (
         json.loads((models / f"pretrain-{WRITER_FOLDER}" / "pretraining_args.json").read_text())["fresh_name_share"]
@@ -340,7 +345,8 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     # a row a passage: the frozen second stage keeps the trained entities' rows apart, and the added people gain a
     # row for each sentence of their page after them
     grown = EDMemForConditionalGeneration.from_pretrained(
-        models / f"grown-{WRITER_FOLDER}-frozen-writer-5-row-autoencoding-0.5-fresh-names-0.5-from-own-sentences"
+        models
+        / f"grown-{WRITER_FOLDER}-frozen-writer-5-row-autoencoding-0.5-fresh-names-0.5-every-entity-from-own-sentences"
     )
     kept = grown.model.entity_embeddings.written_row_entity_ids.tolist()
     new = [entity for entity in kept if entity >= size]

@@ -204,9 +204,34 @@ def test_decoys_share_a_word_with_a_renamed_entity_and_are_absent_from_the_batch
     for wrong, match in (
         (dict(decoy_rows=-1), "decoy_rows must be >= 0"),
         (dict(decoy_rows=1, fresh_names=False), "fresh_names=True"),
+        (dict(decoys_for_every_entity=True), "give decoy_rows > 0"),
     ):
         with pytest.raises(ValueError, match=match):
             writer_collator(corpus, **wrong)
+
+
+def test_decoys_for_every_entity_share_a_word_with_entities_under_their_own_names(corpus):
+    """With `decoys_for_every_entity`, the batch's written entities that keep their names bring decoys too: under
+    fresh names sharing a word of their own names (the renamed entities' decoys as before); without it, none does."""
+    settings = dict(written_row_share=1.0, written_only_share=0.3, seed=5, max_written_rows=24, decoy_rows=2)
+    renamed_only, every = writer_collator(corpus, **settings), writer_collator(corpus, decoys_for_every_entity=True,
+                                                                               **settings)  # fmt: skip
+    tokenizer = every.tokenizer
+    for_named = {False: 0, True: 0}
+    for start in range(0, 64, 4):
+        examples = [{**every.passages[i], "example_index": i} for i in range(start, start + 4)]
+        for collator, widened in ((renamed_only, False), (every, True)):
+            chosen, fresh = collator.choose(examples)
+            assert len(chosen) <= 24
+            labelled = {label for example in examples for label in example["entity_labels"] if label >= 0}
+            named = [collator.names[e].split() for e in chosen if e in labelled and e not in fresh]
+            renamed = [tokenizer.decode(fresh[e]).strip().split() for e in fresh if e in labelled]
+            for decoy in set(chosen) - labelled:
+                first, last = tokenizer.decode(fresh[decoy]).strip().split()
+                if not any(first == r[0] or last == r[-1] for r in renamed):
+                    assert any(first == n[0] or last == n[-1] for n in named)
+                    for_named[widened] += 1
+    assert for_named == {False: 0, True: for_named[True]} and for_named[True] > 0
 
 
 def test_shares_of_written_rows(corpus):

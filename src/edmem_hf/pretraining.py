@@ -232,6 +232,14 @@ class PretrainingArguments:
             "whole name (docs/model.md)."
         },
     )
+    writer_decoys_for_every_entity: bool = field(
+        default=False,
+        metadata={
+            "help": "Every written entity of a batch brings --writer_decoy_rows decoys under names sharing a word of "
+            "its own, the renamed and the others alike, one an entity in turn while --max_written_rows allows "
+            "(docs/model.md)."
+        },
+    )
     # --- masking ---
     random_mask_prob: float = field(default=0.3, metadata={"help": "P_rtm: per-token mask rate."})
     mention_mask_prob: float = field(default=0.5, metadata={"help": "P_ssm: per-mention whole-span mask rate."})
@@ -1012,6 +1020,7 @@ _WRITER_TRAINING_OPTIONS = (
     "fresh_names_like_written_only",
     "fresh_name_share",
     "writer_decoy_rows",
+    "writer_decoys_for_every_entity",
     "frozen_writer",
 )
 
@@ -1131,7 +1140,7 @@ def _writer_collator(args: PretrainingArguments, base: Any, passages: Any, token
         row_autoencoding_written_only=args.row_autoencoding_written_only,
         passages_by_mentions=args.writer_passages_by_mentions, passages_per_row=args.writer_passages_per_row,
         fresh_names_like_written_only=args.fresh_names_like_written_only, decoy_rows=args.writer_decoy_rows,
-        fresh_name_share=args.fresh_name_share,
+        decoys_for_every_entity=args.writer_decoys_for_every_entity, fresh_name_share=args.fresh_name_share,
         answer_rows=args.writer_answer_rows, read_answer_rows=args.writer_reads_answer_rows,
         answer_rows_by_text=args.writer_answer_rows_by_text,
     )  # fmt: skip

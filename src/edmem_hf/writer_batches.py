@@ -95,7 +95,10 @@ class WriterCollator:
     the answer is in a row. With `decoy_rows`, each renamed entity brings up to that many decoys: other written-only
     entities, absent from the batch, written under fresh names that share a word with its fresh name, linked by
     nothing: negatives that a query must tell from the renamed entity's row by its whole name (a batch's other
-    written rows seldom share a word with it). With `row_autoencoding_share`, that share of the passages about a
+    written rows seldom share a word with it); with `decoys_for_every_entity`, every written entity of the batch
+    brings them under its own name too (a trained entity's query then learns to tell a row under a name sharing a
+    word of its own, as an entity added later has), one decoy an entity in turn while the cap allows. With
+    `row_autoencoding_share`, that share of the passages about a
     written entity (a written-only one, with `row_autoencoding_written_only`) is read as the entity's written row
     alone (`_autoencode`). With `passages_per_row` P > 1, each written entity reads the mean of the rows written
     from up to P passages the batch does not read (`pooled_passages`): a row pooled from several passages, as an
@@ -135,6 +138,7 @@ class WriterCollator:
     fresh_names_like_written_only: bool = False
     fresh_name_share: float = 0.0
     decoy_rows: int = 0
+    decoys_for_every_entity: bool = False
     seed: int = 0
     written_only_ids: Sequence[int] = ()
     row_autoencoding_share: float = 0.0
@@ -157,6 +161,8 @@ class WriterCollator:
             raise ValueError(f"decoy_rows must be >= 0, got {self.decoy_rows}")
         if self.decoy_rows and not self.fresh_names:
             raise ValueError("decoy_rows are written under fresh names, which are off: give fresh_names=True")
+        if self.decoys_for_every_entity and not self.decoy_rows:
+            raise ValueError("decoys_for_every_entity widens decoy_rows, which are off: give decoy_rows > 0")
         if self.fresh_name_share and not self.fresh_names:
             raise ValueError("fresh_name_share renames more entities, but fresh names are off: give fresh_names=True")
         if self.fresh_names_like_written_only and not self.fresh_names:
@@ -281,28 +287,34 @@ class WriterCollator:
 
     def _add_decoys(self, chosen: dict[int, int], fresh: dict[int, str], labelled: set[int], read: set[int],
                     rng: np.random.Generator) -> None:  # fmt: skip
-        """Up to `decoy_rows` decoys for each renamed entity, into `chosen` and `fresh` (at most `max_written_rows`
+        """Up to `decoy_rows` decoys for each renamed entity (with `decoys_for_every_entity`, for each written entity
+        of a name of several words, one an entity in turn), into `chosen` and `fresh` (at most `max_written_rows`
         written rows in all): written-only entities that the batch does not label, each under a fresh name that keeps
-        the renamed entity's first word (even decoys) or its last (odd ones)."""
+        the entity's first word (even decoys) or its last (odd ones)."""
         firsts, lasts = self._name_words
         taken = set(fresh.values())
-        for name in list(fresh.values()):
+        names = list(fresh.values())
+        if self.decoys_for_every_entity:
+            names += [self.names[e] for e in chosen if e not in fresh and len(self.names[e].split()) > 1]
+            order = [(i, name) for i in range(self.decoy_rows) for name in names]
+        else:
+            order = [(i, name) for name in names for i in range(self.decoy_rows)]
+        for i, name in order:
             first, last = name.split()[0], name.split()[-1]
-            for i in range(self.decoy_rows):
-                if len(chosen) >= self.max_written_rows:
-                    return
-                decoy = self._decoy_pool[rng.integers(len(self._decoy_pool))]
-                if decoy in labelled or decoy in chosen:
-                    continue
-                passage = _passage_not_read(self.entity_passages.of(decoy), read, rng)
-                if passage is None:
-                    continue
-                other = f"{first} {lasts[rng.integers(len(lasts))]}" if i % 2 == 0 else \
-                    f"{firsts[rng.integers(len(firsts))]} {last}"  # fmt: skip
-                if other in self._known_names or other in taken:
-                    continue
-                chosen[decoy], fresh[decoy] = int(passage), other
-                taken.add(other)
+            if len(chosen) >= self.max_written_rows:
+                return
+            decoy = self._decoy_pool[rng.integers(len(self._decoy_pool))]
+            if decoy in labelled or decoy in chosen:
+                continue
+            passage = _passage_not_read(self.entity_passages.of(decoy), read, rng)
+            if passage is None:
+                continue
+            other = f"{first} {lasts[rng.integers(len(lasts))]}" if i % 2 == 0 else \
+                f"{firsts[rng.integers(len(firsts))]} {last}"  # fmt: skip
+            if other in self._known_names or other in taken:
+                continue
+            chosen[decoy], fresh[decoy] = int(passage), other
+            taken.add(other)
 
     def _batch_rng(self, examples: Sequence[dict], *salt: int) -> np.random.Generator:
         """A generator drawn from `seed`, the examples' tokens and `salt`: a resumed run draws what the uninterrupted
