@@ -99,10 +99,10 @@ class WriterCollator:
     brings them under its own name too (a trained entity's query then learns to tell a row under a name sharing a
     word of its own, as an entity added later has), one decoy an entity in turn while the cap allows. With
     `row_autoencoding_share`, that share of the passages about a written entity (a written-only one, with
-    `row_autoencoding_written_only`) is read as the entity's written row alone (`_autoencode`). With `passages_per_row` P > 1, each written entity reads the mean of the rows written
-    from up to P passages the batch does not read (`pooled_passages`): a row pooled from several passages, as an
-    added entity's row is from its texts, and the only one to hold the facts of an entity whose every passage states
-    one. With `answer_rows`, `written_rows_answering` `(batch, K)` too: True where row `k` was written from a
+    `row_autoencoding_written_only`) is read as the entity's written row alone (`_autoencode`). With
+    `passages_per_row` P > 1, each written entity reads the mean of the rows written from up to P passages the batch
+    does not read (`pooled_passages`): a row pooled from several passages, as an added entity's row is from its
+    texts, and the only one to hold the facts of an entity whose every passage states one. With `answer_rows`, `written_rows_answering` `(batch, K)` too: True where row `k` was written from a
     passage that names an entity example `b` hides (in its target, its name all `<mask>` in the input or absent from
     it), other than the row's own: among an entity's several rows (`config.writer_pools_texts` off) the linking loss
     of example `b` then takes those as its gold, so that the query learns which row holds what the passage hides (a
