@@ -102,17 +102,17 @@ class WriterCollator:
     `row_autoencoding_written_only`) is read as the entity's written row alone (`_autoencode`). With
     `passages_per_row` P > 1, each written entity reads the mean of the rows written from up to P passages the batch
     does not read (`pooled_passages`): a row pooled from several passages, as an added entity's row is from its
-    texts, and the only one to hold the facts of an entity whose every passage states one. With `answer_rows`, `written_rows_answering` `(batch, K)` too: True where row `k` was written from a
-    passage that names an entity example `b` hides (in its target, its name all `<mask>` in the input or absent from
-    it), other than the row's own: among an entity's several rows (`config.writer_pools_texts` off) the linking loss
-    of example `b` then takes those as its gold, so that the query learns which row holds what the passage hides (a
-    label the text gives, where each row the query reads starts as an equal share of a mean); with
-    `read_answer_rows`, such mentions read those rows alone too (`read_answering_rows`), the choice given to the
-    reader as a masked name's entity is. With `answer_rows_by_text`, row `k` also answers a question `b` (an example
-    with its own target) when its passage holds the words of the question's answer, in order (`_answering_by_text`):
-    the label then reaches the facts whose value is no entity (a year, an occupation), which no mention hides. The
-    choices are drawn from `seed` and the examples' tokens, so that a resumed run draws them again as the
-    uninterrupted one did.
+    texts, and the only one to hold the facts of an entity whose every passage states one. With `answer_rows`,
+    `written_rows_answering` `(batch, K)` too: True where row `k` was written from a passage that names an entity
+    example `b` hides (in its target, its name all `<mask>` in the input or absent from it), other than the row's own:
+    among an entity's several rows (`config.writer_pools_texts` off) the linking loss of example `b` then takes those as
+    its gold, so that the query learns which row holds what the passage hides (a label the text gives, where each row
+    the query reads starts as an equal share of a mean); with `read_answer_rows`, such mentions read those rows alone
+    too (`read_answering_rows`), the choice given to the reader as a masked name's entity is. With
+    `answer_rows_by_text`, row `k` also answers a question `b` (an example with its own target) when its passage holds
+    the words of the question's answer, in order (`_answering_by_text`): the label then reaches the facts whose value is
+    no entity (a year, an occupation), which no mention hides. The choices are drawn from `seed` and the examples'
+    tokens, so that a resumed run draws them again as the uninterrupted one did.
 
     Args:
         base: the collator whose batch this extends.
