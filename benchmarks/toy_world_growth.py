@@ -92,6 +92,7 @@ from toy_world_qa import (  # noqa: E402
     hidden_rows,
     majority_answers,
     memory_top_names,
+    memory_tops_and_subjects,
     predict,
     pretrain_variant,
     pretraining_schedule,
@@ -381,17 +382,12 @@ def continue_pretraining(pretrained: Path, new_dump: str, out: Path, settings: G
 # --- measuring --------------------------------------------------------------------------------------------------
 
 
-@torch.no_grad()
 def memory_finding(model_dir: Path, data_file: Path, hidden: list[str] | None = None) -> dict[str, float]:
     """`recall`: how often the memory's top entity at a question's marked subject is the subject (%);
     `misses_sharing_a_name_word`: how often it is another entity whose name shares a word with the subject's (%, of
     all the questions): whether a query that misses is keyed on one word of the name. `hidden`: names of entities
     whose rows are hidden meanwhile."""
-    model = EDMemForConditionalGeneration.from_pretrained(model_dir).eval()
-    if hidden:
-        model.set_entity_mask(hidden_rows(model.config.entity_vocab_size, hidden, model.entity_vocab) == 0)
-    tops = memory_top_names(model, AutoTokenizer.from_pretrained(model_dir), data_file)
-    subjects = [record["link_target"][0] for record in read_jsonl(data_file)]
+    tops, subjects = memory_tops_and_subjects(model_dir, data_file, hidden or ())
     misses = [(top, subject) for top, subject in zip(tops, subjects) if top != subject]
     sharing = sum(top is not None and bool(set(top.split()) & set(subject.split())) for top, subject in misses)
     return {

@@ -662,15 +662,23 @@ def memory_finds_the_person(model, tokenizer, world: ToyWorld, people: list[str]
 
 
 @torch.no_grad()
-def memory_hits(model_dir: Path, data_file: Path, hidden: Sequence[str] = ()) -> list[bool]:
-    """For each question (file order): is the memory's top entity at the marked subject the subject? `hidden`:
-    names of entities whose rows are hidden from the memory meanwhile."""
+def memory_tops_and_subjects(
+    model_dir: Path, data_file: Path, hidden: Sequence[str] = ()
+) -> tuple[list[str | None], list[str]]:
+    """For each question (file order): the memory's top entity at its marked subject (`memory_top_names`), and the
+    subject. `hidden`: names of entities whose rows are hidden from the memory meanwhile."""
     model = EDMemForConditionalGeneration.from_pretrained(model_dir).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if hidden:
         model.set_entity_mask(hidden_rows(model.config.entity_vocab_size, list(hidden), model.entity_vocab) == 0)
     subjects = [record["link_target"][0] for record in read_jsonl(data_file)]
-    return [top == subject for top, subject in zip(memory_top_names(model, tokenizer, data_file), subjects)]
+    return memory_top_names(model, tokenizer, data_file), subjects
+
+
+def memory_hits(model_dir: Path, data_file: Path, hidden: Sequence[str] = ()) -> list[bool]:
+    """For each question (file order): is the memory's top entity at the marked subject the subject?"""
+    tops, subjects = memory_tops_and_subjects(model_dir, data_file, hidden)
+    return [top == subject for top, subject in zip(tops, subjects)]
 
 
 def memory_top_names(model, tokenizer, data_file: Path) -> list[str | None]:
