@@ -152,6 +152,11 @@ def write_rows_into_table(model, entity_ids: list[int], inputs: list[list[list[i
 
 
 @torch.no_grad()
+def default_estimator(model) -> str:
+    """The way `add_entities` writes rows when none is named: the model's writer of entity rows when it has one."""
+    return "writer" if getattr(model, "entity_writer", None) is not None else "mean_query"
+
+
 def add_entities(
     model,
     names: list[str],
@@ -204,7 +209,7 @@ def add_entities(
     if (rows is None) == (passages is None) or (passages is not None and tokenizer is None):
         raise ValueError("add_entities takes either passages with their tokenizer, or rows")
     has_writer = getattr(model, "entity_writer", None) is not None
-    estimator = estimator or ("writer" if has_writer else "mean_query")
+    estimator = estimator or default_estimator(model)
     if estimator not in ESTIMATORS:
         raise ValueError(f"add_entities: estimator must be one of {ESTIMATORS}, got {estimator!r}")
     if estimator == "writer" and not has_writer:
@@ -393,7 +398,7 @@ def cli_main(argv: list[str] | None = None) -> int:
     pages = list(iter_parsed_pages(args.dump))
     passages, without = new_entity_passages(pages, known, max_passages=args.max_passages)
     names = sorted(passages)
-    estimator = args.estimator or ("writer" if getattr(model, "entity_writer", None) is not None else "mean_query")
+    estimator = args.estimator or default_estimator(model)
     texts_from = args.texts or ("own_sentences" if estimator == "writer" else "passages")
     if texts_from == "own_sentences" and estimator != "writer":
         print(f"edmem add-entities: --texts own_sentences is the writer's; {estimator} reads marked mentions",
