@@ -196,6 +196,9 @@ class GrowthSettings:
     added_texts: str = "passages"
     fresh_names_like_written_only: bool = False  # the writer's training: fresh names of written-only entities' words
     writer_decoy_rows: int = 0  # the writer's training: decoys sharing a word with each renamed entity's fresh name
+    # the writer's training continued this many steps more (`--model_name_or_path`, the same options, a schedule of
+    # its own): whether a first stage that reads no written row learns to with more steps
+    writer_more_steps: int = 0
     # TOME's second stage: after the writer's pre-training, this many steps with the writer, the lower encoder layers
     # and the table frozen (`--frozen_writer`), every entity of a batch read through a row written from another passage
     reader_steps: int = 0
@@ -902,6 +905,7 @@ def writer_folder(settings: GrowthSettings) -> str:
     name += f"-decoys-{settings.writer_decoy_rows}" if settings.writer_decoy_rows else ""
     name += f"-key-{settings.entity_key_dim}" if settings.entity_key_dim else ""
     name += f"-dropout-{settings.writer_dropout}" if settings.writer_dropout is not None else ""
+    name += f"-more-{settings.writer_more_steps}" if settings.writer_more_steps else ""
     if settings.reader_steps:
         name += f"-frozen-writer-{settings.reader_steps}"
         name += "-names-like-written-only" if settings.reader_names_like_written_only else ""
@@ -956,24 +960,30 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
                                                      held, settings, seed, data["train_people"])  # fmt: skip
     if settings.writer:
         folder = writer_folder(settings)
-        first_stage = writer_folder(replace(settings, reader_steps=0, mean_row_probability_at_test=False))
-        writer = pretrain_variant("edmem", data["corpus"], out / f"pretrain-{first_stage}", settings.qa, seed, None, recipe,
-                                  questions, entity_row_writer=True, written_row_share=settings.written_row_share,
-                                  written_only_share=settings.written_only_share,
-                                  written_only_entities_file=data["practice_people"] and str(data["practice_people"]),
-                                  written_table=settings.written_table,
-                                  row_autoencoding_share=settings.row_autoencoding_share,
-                                  row_autoencoding_written_only=settings.row_autoencoding_written_only,
-                                  writer_passages_by_mentions=settings.writer_passages_by_mentions,
-                                  writer_passages_per_row=settings.writer_passages_per_row,
-                                  writer_pools_texts=settings.writer_pools_texts,
-                                  writer_answer_rows=settings.writer_answer_rows,
-                                  writer_reads_answer_rows=settings.writer_reads_answer_rows,
-                                  writer_answer_rows_by_text=settings.writer_answer_rows_by_text,
-                                  writer_mean_row_probability=settings.writer_mean_row_probability or None,
-                                  fresh_names_like_written_only=settings.fresh_names_like_written_only,
-                                  writer_decoy_rows=settings.writer_decoy_rows,
-                                  entity_key_dim=settings.entity_key_dim, **balance, **writer_dropout(settings))  # fmt: skip
+        first_stage = replace(settings, reader_steps=0, mean_row_probability_at_test=False)
+        writer_options = dict(entity_row_writer=True, written_row_share=settings.written_row_share,
+                              written_only_share=settings.written_only_share,
+                              written_only_entities_file=data["practice_people"] and str(data["practice_people"]),
+                              written_table=settings.written_table,
+                              row_autoencoding_share=settings.row_autoencoding_share,
+                              row_autoencoding_written_only=settings.row_autoencoding_written_only,
+                              writer_passages_by_mentions=settings.writer_passages_by_mentions,
+                              writer_passages_per_row=settings.writer_passages_per_row,
+                              writer_pools_texts=settings.writer_pools_texts,
+                              writer_answer_rows=settings.writer_answer_rows,
+                              writer_reads_answer_rows=settings.writer_reads_answer_rows,
+                              writer_answer_rows_by_text=settings.writer_answer_rows_by_text,
+                              writer_mean_row_probability=settings.writer_mean_row_probability or None,
+                              fresh_names_like_written_only=settings.fresh_names_like_written_only,
+                              writer_decoy_rows=settings.writer_decoy_rows, entity_key_dim=settings.entity_key_dim,
+                              **balance, **writer_dropout(settings))  # fmt: skip
+        trained_alone = out / f"pretrain-{writer_folder(replace(first_stage, writer_more_steps=0))}"
+        writer = pretrain_variant("edmem", data["corpus"], trained_alone, settings.qa, seed, None, recipe, questions,
+                                  **writer_options)  # fmt: skip
+        if settings.writer_more_steps:
+            writer = pretrain_variant("edmem", data["corpus"], out / f"pretrain-{writer_folder(first_stage)}",
+                                      replace(settings.qa, pretrain_steps=settings.writer_more_steps), seed, None,
+                                      recipe, questions, model_name_or_path=str(writer), **writer_options)  # fmt: skip
         if settings.reader_steps:
             trained = writer_folder(replace(settings, mean_row_probability_at_test=False))
             writer = pretrain_reader(writer, data, out / f"pretrain-{trained}", settings, seed, recipe, questions)
@@ -1267,6 +1277,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--writer-decoy-rows", type=int,
                         help="the writer's training: decoys each renamed entity brings, written under fresh names "
                              "that share a word with its own (default: 0)")  # fmt: skip
+    parser.add_argument("--writer-more-steps", type=int,
+                        help="the writer's training continued this many steps more from its model, with its options "
+                             "(default: 0, none)")  # fmt: skip
     parser.add_argument("--reader-steps", type=int,
                         help="the writer's model: steps of a second pre-training with the writer and its table frozen "
                              "(--frozen_writer; default: 0, none)")  # fmt: skip
@@ -1302,7 +1315,7 @@ def main(argv: list[str] | None = None) -> int:
                 "writer_mean_row_probability",
                 "mean_row_probability_at_test",
                 "entity_key_dim", "writer_dropout",
-                "added_texts", "fresh_names_like_written_only", "writer_decoy_rows", "reader_steps", "reader_names_like_written_only",
+                "added_texts", "fresh_names_like_written_only", "writer_decoy_rows", "writer_more_steps", "reader_steps", "reader_names_like_written_only",
                 "reader_row_autoencoding_share", "reader_fresh_name_share", "reader_decoy_rows",
                 "reader_decoys_for_every_entity"):  # fmt: skip
         if getattr(args, key) is not None:
@@ -1361,6 +1374,7 @@ def main(argv: list[str] | None = None) -> int:
         f"fresh_names_like_written_only={int(settings.fresh_names_like_written_only)}",
         f"writer_decoy_rows={settings.writer_decoy_rows}",
         f"written_row_share={settings.written_row_share}",
+        f"writer_more_steps={settings.writer_more_steps}",
         f"reader_steps={settings.reader_steps}",
         f"reader_names_like_written_only={int(settings.reader_names_like_written_only)}",
         f"reader_row_autoencoding_share={settings.reader_row_autoencoding_share}",

@@ -124,6 +124,11 @@ def test_each_recipe_keeps_its_models_apart(bench, tmp_path):
         second_only, reader_fresh_name_share=0.5, reader_decoy_rows=4, reader_decoys_for_every_entity=True
     )
     assert bench.writer_folder(replace(every_lever, reader_steps=0)) == "writer-written-table"
+    # a first stage continued is a model of its own, and so is every stage after it
+    assert bench.writer_folder(replace(paper, writer_more_steps=20000)) == "writer-more-20000"
+    assert bench.writer_folder(replace(paper, writer_more_steps=20000, reader_steps=500)) == (
+        "writer-more-20000-frozen-writer-500"
+    )
     # rows pooled and rows apart are models of their own, even from one passage
     assert bench.writer_folder(replace(paper, writer_passages_per_row=12)) == "writer-pooled-12"
     assert (
@@ -254,7 +259,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
             "--writer-rows-apart", "--writer-answer-rows", "--writer-reads-answer-rows", "--writer-answer-rows-by-text",
             "--writer-mean-row-probability", "--entity-key-dim",
             "8",
-            "--fresh-names-like-written-only", "--writer-decoy-rows", "2", "--reader-steps", "5",
+            "--fresh-names-like-written-only", "--writer-decoy-rows", "2", "--writer-more-steps", "4", "--reader-steps", "5",
             "--reader-row-autoencoding-share", "0.5", "--reader-fresh-name-share", "0.5", "--reader-decoys-for-every-entity", "--practice-biographies", "2", "--practice-share", "0.5",
             "--practice-questions-people", "2", "--added-texts", "own-sentences", "--continued-steps", "3",
             "--timed-additions", "10"]  # fmt: skip
@@ -288,7 +293,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     for trained_dir, estimators in (
         ("finetune", bench.ESTIMATORS),
         (
-            f"finetune-{WRITER_FOLDER}-frozen-writer-5-row-autoencoding-0.5-fresh-names-0.5-every-entity",
+            f"finetune-{WRITER_FOLDER}-more-4-frozen-writer-5-row-autoencoding-0.5-fresh-names-0.5-every-entity",
             ["writer"],
         ),
     ):
@@ -296,7 +301,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
         size = trained.config.entity_vocab_size
         for estimator in estimators:
             folder = (
-                f"grown-{WRITER_FOLDER}-frozen-writer-5-row-autoencoding-0.5-fresh-names-0.5-every-entity-from-own-sentences"
+                f"grown-{WRITER_FOLDER}-more-4-frozen-writer-5-row-autoencoding-0.5-fresh-names-0.5-every-entity-from-own-sentences"
                 if estimator == "writer"
                 else f"grown-{estimator}"
             )
@@ -308,13 +313,22 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
                 # the table's rows, and the rows it keeps apart, gain the new ones after the trained ones
                 assert torch.equal(other[: len(value)] if "entity_embeddings" in key else other, value), key
     assert trained.entity_writer is not None and trained.config.entity_row_writer
-    # the second stage began from the first's model and kept its writer, and so did fine-tuning (`trained`)
-    first = EDMemForConditionalGeneration.from_pretrained(models / f"pretrain-{WRITER_FOLDER}")
+    # the first stage went on 4 steps more from its model, with its options, in a folder of its own
+    more = json.loads((models / f"pretrain-{WRITER_FOLDER}-more-4" / "pretraining_args.json").read_text())
+    alone = json.loads((models / f"pretrain-{WRITER_FOLDER}" / "pretraining_args.json").read_text())
+    assert more["max_steps"] == 4 and more["model_name_or_path"] == str(models / f"pretrain-{WRITER_FOLDER}")
+    assert more["writer_decoy_rows"] == alone["writer_decoy_rows"] == 2 and more["entity_key_dim"] == 8
+    before_more = EDMemForConditionalGeneration.from_pretrained(models / f"pretrain-{WRITER_FOLDER}")
+    # the second stage began from that model and kept its writer, and so did fine-tuning (`trained`)
+    first = EDMemForConditionalGeneration.from_pretrained(models / f"pretrain-{WRITER_FOLDER}-more-4")
+    assert not torch.equal(before_more.entity_writer.row_proj.weight, first.entity_writer.row_proj.weight)
     second = EDMemForConditionalGeneration.from_pretrained(
-        models / f"pretrain-{WRITER_FOLDER}-frozen-writer-5-row-autoencoding-0.5-fresh-names-0.5-every-entity"
+        models / f"pretrain-{WRITER_FOLDER}-more-4-frozen-writer-5-row-autoencoding-0.5-fresh-names-0.5-every-entity"
     )
     assert torch.equal(first.entity_writer.row_proj.weight, second.entity_writer.row_proj.weight)
-    stage = models / f"pretrain-{WRITER_FOLDER}-frozen-writer-5-row-autoencoding-0.5-fresh-names-0.5-every-entity"
+    stage = (
+        models / f"pretrain-{WRITER_FOLDER}-more-4-frozen-writer-5-row-autoencoding-0.5-fresh-names-0.5-every-entity"
+    )
     assert json.loads((stage / "pretraining_args.json").read_text())["fresh_name_share"] == 0.5  # this stage's alone
     assert (
         json.loads((models / f"pretrain-{WRITER_FOLDER}" / "pretraining_args.json").read_text())["fresh_name_share"]
@@ -348,7 +362,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     # row for each sentence of their page after them
     grown = EDMemForConditionalGeneration.from_pretrained(
         models
-        / f"grown-{WRITER_FOLDER}-frozen-writer-5-row-autoencoding-0.5-fresh-names-0.5-every-entity-from-own-sentences"
+        / f"grown-{WRITER_FOLDER}-more-4-frozen-writer-5-row-autoencoding-0.5-fresh-names-0.5-every-entity-from-own-sentences"
     )
     kept = grown.model.entity_embeddings.written_row_entity_ids.tolist()
     new = [entity for entity in kept if entity >= size]
@@ -400,7 +414,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
         "practice_sentence_pages=0 practice_share=0.5 practice_questions_people=2 pretrain_steps=30 written_table=0 "
         "row_autoencoding_share=0.5 row_autoencoding_written_only=1 writer_passages_by_mentions=1 "
         "writer_passages_per_row=2 writer_pools_texts=0 writer_answer_rows=1 writer_reads_answer_rows=1 writer_answer_rows_by_text=1 writer_mean_row_probability=1 mean_row_probability_at_test=0 entity_key_dim=8 writer_dropout=None added_texts=own-sentences "
-        "fresh_names_like_written_only=1 writer_decoy_rows=2 written_row_share=0.5 reader_steps=5 "
+        "fresh_names_like_written_only=1 writer_decoy_rows=2 written_row_share=0.5 writer_more_steps=4 reader_steps=5 "
         "reader_names_like_written_only=0 reader_row_autoencoding_share=0.5 reader_fresh_name_share=0.5 "
     )
     for key in ("added_over_trained_em", "trained_em_change", "seconds_to_add_10_fitted", "seconds_to_add_10_mean",
