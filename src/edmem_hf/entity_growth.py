@@ -151,12 +151,12 @@ def write_rows_into_table(model, entity_ids: list[int], inputs: list[list[list[i
         weight[torch.tensor(entity_ids, device=weight.device)] = written_rows(model, inputs, batch_size).to(weight)
 
 
-@torch.no_grad()
 def default_estimator(model) -> str:
     """The way `add_entities` writes rows when none is named: the model's writer of entity rows when it has one."""
     return "writer" if getattr(model, "entity_writer", None) is not None else "mean_query"
 
 
+@torch.no_grad()
 def add_entities(
     model,
     names: list[str],
