@@ -962,21 +962,14 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
         folder = writer_folder(settings)
         first_stage = replace(settings, reader_steps=0, mean_row_probability_at_test=False)
         writer_options = dict(entity_row_writer=True, written_row_share=settings.written_row_share,
-                              written_only_share=settings.written_only_share,
-                              written_only_entities_file=data["practice_people"] and str(data["practice_people"]),
                               written_table=settings.written_table,
                               row_autoencoding_share=settings.row_autoencoding_share,
                               row_autoencoding_written_only=settings.row_autoencoding_written_only,
-                              writer_passages_by_mentions=settings.writer_passages_by_mentions,
-                              writer_passages_per_row=settings.writer_passages_per_row,
                               writer_pools_texts=settings.writer_pools_texts,
-                              writer_answer_rows=settings.writer_answer_rows,
-                              writer_reads_answer_rows=settings.writer_reads_answer_rows,
-                              writer_answer_rows_by_text=settings.writer_answer_rows_by_text,
                               writer_mean_row_probability=settings.writer_mean_row_probability or None,
                               fresh_names_like_written_only=settings.fresh_names_like_written_only,
                               writer_decoy_rows=settings.writer_decoy_rows, entity_key_dim=settings.entity_key_dim,
-                              **balance, **writer_dropout(settings))  # fmt: skip
+                              **written_rows_options(settings, data), **balance, **writer_dropout(settings))  # fmt: skip
         trained_alone = out / f"pretrain-{writer_folder(replace(first_stage, writer_more_steps=0))}"
         writer = pretrain_variant("edmem", data["corpus"], trained_alone, settings.qa, seed, None, recipe, questions,
                                   **writer_options)  # fmt: skip
@@ -1060,13 +1053,7 @@ def pretrain_reader(
     them."""
     return pretrain_variant("edmem", data["corpus"], out, replace(settings.qa, pretrain_steps=settings.reader_steps),
                             seed, None, recipe, questions, model_name_or_path=str(writer), frozen_writer=True,
-                            written_row_share=1.0, written_only_share=settings.written_only_share,
-                            written_only_entities_file=data["practice_people"] and str(data["practice_people"]),
-                            writer_passages_by_mentions=settings.writer_passages_by_mentions,
-                            writer_passages_per_row=settings.writer_passages_per_row,
-                            writer_answer_rows=settings.writer_answer_rows,
-                            writer_reads_answer_rows=settings.writer_reads_answer_rows,
-                            writer_answer_rows_by_text=settings.writer_answer_rows_by_text,
+                            written_row_share=1.0, **written_rows_options(settings, data),
                             fresh_names_like_written_only=settings.fresh_names_like_written_only
                             or settings.reader_names_like_written_only,
                             row_autoencoding_share=settings.reader_row_autoencoding_share,
@@ -1076,6 +1063,18 @@ def pretrain_reader(
                             writer_decoys_for_every_entity=settings.reader_decoys_for_every_entity,
                             **practice_balance(settings, data),
                             **writer_dropout(settings))  # fmt: skip
+
+
+def written_rows_options(settings: GrowthSettings, data: dict) -> dict:
+    """The pre-training options both stages of the writer's model share: which entities are read only through
+    written rows, and which passages a row is written from and which rows answer."""
+    return dict(written_only_share=settings.written_only_share,
+                written_only_entities_file=data["practice_people"] and str(data["practice_people"]),
+                writer_passages_by_mentions=settings.writer_passages_by_mentions,
+                writer_passages_per_row=settings.writer_passages_per_row,
+                writer_answer_rows=settings.writer_answer_rows,
+                writer_reads_answer_rows=settings.writer_reads_answer_rows,
+                writer_answer_rows_by_text=settings.writer_answer_rows_by_text)  # fmt: skip
 
 
 def writer_dropout(settings: GrowthSettings) -> dict:
