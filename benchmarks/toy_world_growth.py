@@ -1302,6 +1302,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.mean_row_probability_at_test and args.writer_mean_row_probability:
         parser.error("--mean-row-probability-at-test reads a model trained without --writer-mean-row-probability")
+    if args.writer_more_steps is not None and args.writer_more_steps < 0:
+        parser.error(f"--writer-more-steps must be 0 or more, got {args.writer_more_steps}")
+    if args.writer_more_steps and args.writer is False:
+        parser.error("--writer-more-steps continues the writer's training, and --no-writer trains no writer")
     quiet_logging()
     settings = QUICK if args.quick else GrowthSettings()
     settings = replace(settings, qa=with_overrides(settings.qa, args))

@@ -190,6 +190,23 @@ def test_reading_with_mean_row_probabilities_a_model_trained_with_them_is_refuse
     assert not any(tmp_path.iterdir())  # refused before any work
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--writer-more-steps", "-5"], "--writer-more-steps must be 0 or more, got -5"),
+        (["--writer-more-steps", "100", "--no-writer"], "--no-writer trains no writer"),
+    ],
+)
+def test_writer_more_steps_without_a_writer_to_continue_is_refused(
+    bench, tmp_path, capsys, monkeypatch, argv, message
+):
+    monkeypatch.setattr(bench, "run_seed", lambda *args: pytest.fail("the run started"))
+    with pytest.raises(SystemExit):
+        bench.main(["--out", str(tmp_path), *argv])
+    assert message in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # refused before any work
+
+
 def test_the_row_probe_reads_a_fact_that_rows_carry_and_not_one_they_do_not(bench, tmp_path):
     """`row_content`: rows that spell each person's occupation give the probe every added person's; their field,
     which no row carries, stays near the majority value."""
