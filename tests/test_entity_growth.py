@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForSeq2SeqLM
 
 from edmem_hf import EDMemEncDecForConditionalGeneration
-from edmem_hf.entity_growth import add_entities, memory_queries
+from edmem_hf.research.entity_growth import add_entities, memory_queries
 from tiny_models import saved_model_and_unknown_people, tiny_model, tiny_model_with_entities
 
 
@@ -179,7 +179,7 @@ def test_edmem_add_entities_from_a_dump(setup, tmp_path, capsys):
     """The new pages' entities go in with passages from their links and their own page; a model folder comes out."""
     from edmem_hf.cli import main
     from edmem_hf.dump import iter_parsed_pages
-    from edmem_hf.entity_growth import new_entity_passages
+    from edmem_hf.research.new_entity_text import new_entity_passages
 
     _, tokenizer, _, _ = setup
     model, people, known, dump = saved_model_and_unknown_people(tokenizer, tmp_path)

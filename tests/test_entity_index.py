@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from edmem_hf.entity_attention import chunked_top_k, entity_attention
-from edmem_hf.entity_growth import add_entities
 from edmem_hf.entity_index import DEFAULT_NPROBE, EntityIndex, default_num_lists
+from edmem_hf.research.entity_growth import add_entities
 from tiny_models import ES, load_benchmark, tiny_model, tiny_model_with_entities
 
 needs_faiss = pytest.mark.skipif(

@@ -13,8 +13,9 @@ from transformers import AutoModelForSeq2SeqLM
 
 from edmem_hf import EDMemForConditionalGeneration, EntityVocab
 from edmem_hf.entity_attention import WrittenRows, dense_entity_attention, entity_attention
-from edmem_hf.entity_growth import add_entities, memory_queries, writer_inputs
 from edmem_hf.entity_writer import writer_input_ids
+from edmem_hf.research.entity_growth import add_entities, memory_queries, writer_inputs
+from edmem_hf.research.writer_batches import TrainingRowsToWrite, TrainingWrittenRows, packed
 from tiny_models import (
     BOS,
     EE,
@@ -38,6 +39,11 @@ WRITTEN_IDS = torch.tensor([7, 30])  # entity 7 is labelled in the input of tiny
 def writer_fields() -> dict[str, torch.Tensor]:
     mask = (WRITER_INPUTS != PAD).long()
     return {"written_entity_ids": WRITTEN_IDS, "writer_input_ids": WRITER_INPUTS, "writer_attention_mask": mask}
+
+
+def to_write(**fields) -> dict[str, TrainingRowsToWrite]:
+    """The model's `rows_to_write` from a training batch's writer fields (`writer_batches.packed`)."""
+    return packed(fields)
 
 
 # --- the memory's maths ----------------------------------------------------------------------------------------
@@ -278,14 +284,14 @@ def test_with_the_option_off_the_model_is_unchanged():
         off.train(train), on.train(train)
         expected = off(**batch, output_attended_entities=True)
         for model, extra in ((on, {}), (on, empty), (off, empty)):
-            out = model(**batch, output_attended_entities=True, **extra)
+            out = model(**batch, output_attended_entities=True, **(to_write(**extra) if extra else {}))
             for field in ("logits", "loss", "lm_loss", "entity_loss"):
                 assert torch.equal(getattr(out, field), getattr(expected, field)), field
             for access in ("encoder_attended_entities", "decoder_attended_entities", "linked_entities"):
                 assert torch.equal(getattr(out, access).top_entity_scores, getattr(expected, access).top_entity_scores)
     # and the written rows, when given, are what the memory reads
     on.train()
-    with_rows = on(**batch, **writer_fields())
+    with_rows = on(**batch, **to_write(**writer_fields()))
     assert not torch.equal(with_rows.logits, expected.logits)
 
 
@@ -302,7 +308,7 @@ def test_a_handed_row_is_the_encoder_memorys_read_at_its_mention():
     ids, rows = torch.tensor([7, 12]), torch.randn(2, table.shape[1])
     read_at = torch.full_like(batch["input_ids"], -100)
     read_at[0, 7] = 12  # the second mention of row 0, labelled 12
-    handed, _ = memory(hidden, mentions, table, written_rows=WrittenRows(ids, rows, read_at))
+    handed, _ = memory(hidden, mentions, table, written_rows=TrainingWrittenRows(ids, rows, False, read_at))
     searched, _ = memory(hidden, mentions, table, written_rows=WrittenRows(ids, rows))
     only = torch.zeros(table.shape[0], dtype=torch.bool)
     only[12] = True
@@ -312,7 +318,7 @@ def test_a_handed_row_is_the_encoder_memorys_read_at_its_mention():
     others[0, 7] = False
     assert torch.equal(handed[others], searched[others])
     # an entity of several written rows hands the query's attention over its rows alone
-    several = WrittenRows(torch.tensor([7, 12, 12]), torch.randn(3, table.shape[1]), read_at)
+    several = TrainingWrittenRows(torch.tensor([7, 12, 12]), torch.randn(3, table.shape[1]), False, read_at)
     handed, _ = memory(hidden, mentions, table, written_rows=several)
     both = table.index_copy(0, torch.tensor([12, 13]), several.rows[1:])
     only[13] = True
@@ -321,16 +327,16 @@ def test_a_handed_row_is_the_encoder_memorys_read_at_its_mention():
     # through the model: the handed read reaches the writer's gradient; an entity without a written row is refused
     fields = {**writer_fields(), "written_read_entity_ids": torch.full_like(batch["input_ids"], -100)}
     fields["written_read_entity_ids"][0, 2] = 7
-    out = model(**batch, **fields)
-    assert not torch.equal(out.logits, model(**batch, **writer_fields()).logits)
+    out = model(**batch, **to_write(**fields))
+    assert not torch.equal(out.logits, model(**batch, **to_write(**writer_fields())).logits)
     fields["written_read_entity_ids"][0, 7] = 12
     with pytest.raises(ValueError, match="no written row"):
-        model(**batch, **fields)
+        model(**batch, **to_write(**fields))
 
 
 def test_written_rows_train_the_writer_and_replace_the_table_rows():
     model = tiny_model(seed=4, entity_row_writer=True).train()
-    out = model(**tiny_batch(), **writer_fields())
+    out = model(**tiny_batch(), **to_write(**writer_fields()))
     out.loss.backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.entity_writer.parameters())
     table_grad = model.model.entity_embeddings.weight.grad
@@ -355,15 +361,18 @@ def test_rows_that_answer_are_the_gold_of_their_examples_mentions_in_the_model()
     one = every.clone()
     one[:, 1] = False
     with torch.no_grad():
-        plain = apart(**batch, **fields)
-        assert torch.equal(apart(**batch, **fields, written_rows_answering=every).loss, plain.loss)
-        narrowed = apart(**batch, **fields, written_rows_answering=one)
+        plain = apart(**batch, **to_write(**fields))
+        assert torch.equal(apart(**batch, **to_write(**fields, written_rows_answering=every)).loss, plain.loss)
+        narrowed = apart(**batch, **to_write(**fields, written_rows_answering=one))
         assert narrowed.entity_loss > plain.entity_loss and torch.equal(narrowed.logits, plain.logits)
         pooled = tiny_model(seed=4, entity_row_writer=True).eval()
-        assert torch.equal(pooled(**batch, **fields, written_rows_answering=one).loss, pooled(**batch, **fields).loss)
+        assert torch.equal(
+            pooled(**batch, **to_write(**fields, written_rows_answering=one)).loss,
+            pooled(**batch, **to_write(**fields)).loss,
+        )
     # read_answering_rows: those mentions read the marked rows alone (entity 7's first row), not the memory's mix
     with torch.no_grad():
-        read = apart(**batch, **fields, written_rows_answering=one, read_answering_rows=True)
+        read = apart(**batch, **to_write(**fields, written_rows_answering=one, read_answering_rows=True))
     assert torch.allclose(read.entity_loss, narrowed.entity_loss, atol=1e-3)  # the gold is unchanged
     memory, mentions = apart.model.encoder.memory, batch["input_ids"] == ES
     hidden = torch.randn(*batch["input_ids"].shape, apart.config.d_model)
@@ -371,27 +380,25 @@ def test_rows_that_answer_are_the_gold_of_their_examples_mentions_in_the_model()
     table = apart.model.entity_embeddings.weight.detach()
     with torch.no_grad():
         given, _ = memory(hidden, mentions, table, batch["entity_labels"],
-                          written_rows=WrittenRows(torch.tensor([7, 7]), rows, None, one, True))  # fmt: skip
+                          written_rows=TrainingWrittenRows(torch.tensor([7, 7]), rows, False, None, one, True))  # fmt: skip
         first, _ = memory(hidden, mentions, table, batch["entity_labels"],
-                          written_rows=WrittenRows(torch.tensor([7]), rows[:1], handed_at_7(batch)))  # fmt: skip
+                          written_rows=TrainingWrittenRows(torch.tensor([7]), rows[:1], False, handed_at_7(batch)))  # fmt: skip
         mixed, _ = memory(hidden, mentions, table, batch["entity_labels"],
-                          written_rows=WrittenRows(torch.tensor([7, 7]), rows, None, one))  # fmt: skip
+                          written_rows=TrainingWrittenRows(torch.tensor([7, 7]), rows, False, None, one))  # fmt: skip
     assert torch.allclose(given[0, 2], first[0, 2]) and not torch.allclose(given[0, 2], mixed[0, 2])
-    with pytest.raises(ValueError, match="read_answering_rows reads the rows of written_rows_answering"):
-        apart(**batch, **fields, read_answering_rows=True)
-    with pytest.raises(ValueError, match="needs a column for each of the 2 written_entity_ids"):
-        apart(**batch, **fields, written_rows_answering=every[:, :1])
-    with pytest.raises(ValueError, match="without written_entity_ids"):
-        apart(**batch, written_rows_answering=every)
+    with pytest.raises(ValueError, match="read_answering reads the rows of answering"):
+        apart(**batch, **to_write(**fields, read_answering_rows=True))
+    with pytest.raises(ValueError, match="needs a column for each of the 2 entity_ids"):
+        apart(**batch, **to_write(**fields, written_rows_answering=every[:, :1]))
 
 
 def test_bad_written_entity_fields_raise():
     model = tiny_model(entity_row_writer=True)
     fields = writer_fields()
     with pytest.raises(ValueError, match=r"must be ids in 0\.\.39"):
-        model(**tiny_batch(), **{**fields, "written_entity_ids": torch.tensor([7, 400])})
+        model(**tiny_batch(), **to_write(**{**fields, "written_entity_ids": torch.tensor([7, 400])}))
     with pytest.raises(ValueError, match="one row per entity"):
-        model(**tiny_batch(), written_entity_ids=torch.tensor([7]), writer_input_ids=WRITER_INPUTS)
+        model(**tiny_batch(), **to_write(written_entity_ids=torch.tensor([7]), writer_input_ids=WRITER_INPUTS))
     with pytest.raises(ValueError, match="has no <E_s>"):
         model.write_entity_rows(torch.tensor([[BOS, 10, 11, EOS]]))
     with pytest.raises(ValueError, match="no entity row writer"):
@@ -520,7 +527,7 @@ def test_rows_kept_apart_are_read_as_a_batch_s_written_rows_and_saved_with_the_m
     target = tokenizer([f"<E_s> {names[0]} <E_e> {words[52]}"], return_tensors="pt").input_ids
     fields = dict(**question, labels=target, output_attended_entities=True)
     kept = model(**fields)
-    as_batch = plain(**fields, **batch_rows)
+    as_batch = plain(**fields, **to_write(**batch_rows))
     torch.testing.assert_close(kept.logits, as_batch.logits, atol=1e-5, rtol=1e-5)
     assert torch.equal(
         kept.encoder_attended_entities.top_entity_ids, as_batch.encoder_attended_entities.top_entity_ids
@@ -528,7 +535,9 @@ def test_rows_kept_apart_are_read_as_a_batch_s_written_rows_and_saved_with_the_m
     assert not torch.allclose(kept.logits, plain(**fields).logits, atol=1e-4)  # the mean row reads otherwise
     # a batch's written rows of an entity stand in for all of its rows, the kept ones too
     first_texts = {key: value[[0, 3]] for key, value in batch_rows.items()}
-    torch.testing.assert_close(model(**fields, **first_texts).logits, plain(**fields, **first_texts).logits)
+    torch.testing.assert_close(
+        model(**fields, **to_write(**first_texts)).logits, plain(**fields, **to_write(**first_texts)).logits
+    )
     # saved and loaded with the model
     model.save_pretrained(tmp_path / "grown")
     loaded = EDMemForConditionalGeneration.from_pretrained(tmp_path / "grown").eval()
@@ -583,11 +592,11 @@ def test_with_mean_row_probability_an_entity_s_copies_of_a_row_count_once():
         batch = {"written_entity_ids": torch.tensor([1] * copies), "writer_input_ids": torch.tensor(inputs),
                  "writer_attention_mask": torch.ones(copies, len(inputs[0]), dtype=torch.long)}  # fmt: skip
         with torch.no_grad():
-            written_alone = model(**question, labels=target, **batch)  # no kept rows yet
+            written_alone = model(**question, labels=target, **to_write(**batch))  # no kept rows yet
         add_entities(model, names, [[text] * copies, [words[30]]], tokenizer)
         assert model.config.written_entity_rows == copies + 1
         with torch.no_grad():
-            kept, written = model(**fields), model(**fields, **batch)
+            kept, written = model(**fields), model(**fields, **to_write(**batch))
         return [written_alone.logits, kept.logits, kept.loss, written.logits, written.loss]
 
     for once, thrice in zip(outputs(True, 1), outputs(True, 3)):
@@ -602,7 +611,8 @@ def test_with_mean_row_probability_an_entity_s_copies_of_a_row_count_once():
 def test_edmem_add_entities_writes_with_the_models_writer(tmp_path, capsys):
     from edmem_hf.cli import main
     from edmem_hf.dump import iter_parsed_pages
-    from edmem_hf.entity_growth import new_entity_passages, own_page_sentences, writer_inputs, written_rows
+    from edmem_hf.research.entity_growth import writer_inputs, written_rows
+    from edmem_hf.research.new_entity_text import new_entity_passages, own_page_sentences
 
     tokenizer = make_word_tokenizer(bart_template=True)
     model, people, known, dump = saved_model_and_unknown_people(tokenizer, tmp_path, entity_row_writer=True)

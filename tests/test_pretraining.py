@@ -16,7 +16,7 @@ import pytest
 import torch
 from transformers import TrainerState
 
-from edmem_hf.pretraining import PretrainingArguments, cli_main, list_checkpoints, pretrain
+from edmem_hf.pretraining import PretrainingArguments, cli_main, list_checkpoints, pretrain, pretraining_options
 
 sys.path.insert(0, os.path.dirname(__file__))
 from test_collator import make_corpus  # noqa: E402
@@ -67,6 +67,15 @@ def _args(corpus, out, **kw):
     )
     base.update(kw)
     return PretrainingArguments(**base)
+
+
+def _options(corpus, out, **kw):
+    """`pretrain`'s arguments (`args`, `writer`, `mixing`) from `_args`' settings and `kw`, by name."""
+    from dataclasses import asdict
+
+    from edmem_hf.pretraining import pretraining_options
+
+    return pretraining_options(**{**asdict(_args(corpus, out)), **kw})
 
 
 def _log(out):
@@ -243,7 +252,8 @@ def test_a_run_saves_its_arguments_and_runs_again_from_them(corpus, tmp_path, ca
     assert cli_main(_argv(out, corpus, "--max_steps", "2", "--learning_rate", "5e-4")) == 0
     saved = json.loads((out / "pretraining_args.json").read_text())
     assert saved["learning_rate"] == 5e-4 and saved["max_steps"] == 2 and saved["d_model"] == TINY["d_model"]
-    assert saved == asdict(PretrainingArguments(**saved))  # every field, as the dataclass holds it
+    options = pretraining_options(**saved)  # every field, as the three option objects hold them
+    assert saved == {**asdict(options["args"]), **asdict(options["writer"]), **asdict(options["mixing"])}
     # Run again from the file with more steps: it resumes the same run (its checkpoint at step 2).
     saved["max_steps"], saved["save_steps"] = 3, 1
     again = tmp_path / "again.json"
@@ -443,9 +453,9 @@ def _write_questions(folder) -> str:
 
 
 def test_more_questions_than_the_mixed_share_holds_are_said(caplog):
-    from edmem_hf.pretraining import question_repeats
+    from edmem_hf.research.example_mixing import question_repeats
 
-    with caplog.at_level(logging.WARNING, logger="edmem_hf.pretraining"):
+    with caplog.at_level(logging.WARNING, logger="edmem_hf.research.example_mixing"):
         assert question_repeats(64, 12, 0.5) == 5 and question_repeats(1000, 12, 0.01) == 1
         assert not caplog.text  # rounding alone is not said
         assert question_repeats(300, 100, 0.1) == 1
@@ -455,16 +465,16 @@ def test_more_questions_than_the_mixed_share_holds_are_said(caplog):
 def test_mixed_questions_are_learned_and_resume_exactly(corpus, tmp_path):
     from edmem_hf.collator import QuestionsAndPassagesCollator
     from edmem_hf.modeling_edmem import EDMemForConditionalGeneration
-    from edmem_hf.pretraining import _mixed_questions
+    from edmem_hf.research.example_mixing import _mixed_questions
 
     questions_file = _write_questions(tmp_path / "qa")
     common = dict(max_steps=120, learning_rate=3e-3, mixed_questions_file=questions_file, mixed_questions_share=0.5)
-    mixed = pretrain(_args(corpus, tmp_path / "mixed", **common))
-    plain = pretrain(_args(corpus, tmp_path / "plain", max_steps=120, learning_rate=3e-3))
+    mixed = pretrain(**_options(corpus, tmp_path / "mixed", **common))
+    plain = pretrain(**_options(corpus, tmp_path / "plain", max_steps=120, learning_rate=3e-3))
     assert mixed["completed"] and plain["completed"]
 
     model = EDMemForConditionalGeneration.from_pretrained(tmp_path / "mixed")
-    features = _mixed_questions(_args(corpus, tmp_path / "x", **common), *_tokenizer_and_vocab(corpus))
+    features = _mixed_questions(_options(corpus, tmp_path / "x", **common)["mixing"], *_tokenizer_and_vocab(corpus))
     assert len(features) == 12 and all(f["decoder_entity_labels"].count(-100) < len(f["labels"]) for f in features)
     from edmem_hf.task_features import EDMemSeq2SeqCollator
 
@@ -481,23 +491,24 @@ def test_mixed_questions_are_learned_and_resume_exactly(corpus, tmp_path):
     del model
     # A run killed and resumed is the uninterrupted one (the questions' order is the sampler's).
     killed = tmp_path / "killed"
-    pretrain(_args(corpus, killed, max_steps_this_run=70, save_steps=60, **common))
-    pretrain(_args(corpus, killed, save_steps=60, **common))
+    pretrain(**_options(corpus, killed, max_steps_this_run=70, save_steps=60, **common))
+    pretrain(**_options(corpus, killed, save_steps=60, **common))
     a, b = _weights(tmp_path / "mixed"), _weights(killed)
     assert all(torch.equal(a[key], b[key]) for key in a)
     with pytest.raises(ValueError, match="mixed_questions_share"):
-        _args(corpus, tmp_path / "y", mixed_questions_file=questions_file, mixed_questions_share=1.0)
+        _options(corpus, tmp_path / "y", mixed_questions_file=questions_file, mixed_questions_share=1.0)
     empty = tmp_path / "qa" / "edmem_empty-train.jsonl"
     empty.write_text("")
     with pytest.raises(ValueError, match="edmem_empty-train.jsonl has no question"):
-        pretrain(_args(corpus, tmp_path / "empty", max_steps=1, mixed_questions_file=str(empty)))
+        pretrain(**_options(corpus, tmp_path / "empty", max_steps=1, mixed_questions_file=str(empty)))
 
 
 def test_balanced_entities_make_their_share_of_what_an_epoch_reads(corpus, tmp_path):
     import numpy as np
 
     from edmem_hf.modeling_edmem import EDMemForConditionalGeneration
-    from edmem_hf.pretraining import _dataloaders, balanced_order, build_config, load_corpus
+    from edmem_hf.pretraining import _dataloaders, build_config, load_corpus
+    from edmem_hf.research.example_mixing import balanced_order
     from test_collator import ENTITY_NAMES
 
     assert balanced_order(np.arange(100) < 10, 0.5).tolist() == list(range(100)) + list(range(10)) * 8
@@ -511,11 +522,12 @@ def test_balanced_entities_make_their_share_of_what_an_epoch_reads(corpus, tmp_p
     names = tmp_path / "few.txt"
     names.write_text(f"{few}\n")
     questions = _write_questions(tmp_path / "qa")
-    args = _args(corpus, tmp_path / "out", balanced_entities_file=str(names), balanced_entities_share=0.5,
-                 mixed_questions_file=questions, max_steps=4)  # fmt: skip
+    options = _options(corpus, tmp_path / "out", balanced_entities_file=str(names), balanced_entities_share=0.5,
+                       mixed_questions_file=questions, max_steps=4)  # fmt: skip
+    args = options["args"]
     model = EDMemForConditionalGeneration(build_config(args, tokenizer, len(vocab)))
     model.entity_vocab = vocab
-    train_set = _dataloaders(args, datasets, tokenizer, 1, model)[1].dataset
+    train_set = _dataloaders(args, datasets, tokenizer, 1, model, mixing=options["mixing"])[1].dataset
     passages = [train_set.passages[(0, i)] for i in range(len(train_set.passages))]
     about = [vocab.id_of(few) in example["entity_labels"] for example in passages]
     assert abs(sum(about) / len(about) - 0.5) < 0.1
@@ -524,14 +536,14 @@ def test_balanced_entities_make_their_share_of_what_an_epoch_reads(corpus, tmp_p
     # asked about it (q0) or answered by it (q11): 2 of 12 questions, five times each beside the 10 others
     assert len(asked) == 20
     assert sum(vocab.id_of(few) in q["entity_labels"] + q["decoder_entity_labels"] for q in asked) == 10
-    assert pretrain(args)["completed"]
+    assert pretrain(**options)["completed"]
     with pytest.raises(ValueError, match="go together"):
-        _args(corpus, tmp_path / "x", balanced_entities_file=str(names))
+        _options(corpus, tmp_path / "x", balanced_entities_file=str(names))
     with pytest.raises(ValueError, match=r"balanced_entities_share must be in \(0, 1\)"):
-        _args(corpus, tmp_path / "x", balanced_entities_file=str(names), balanced_entities_share=1.0)
+        _options(corpus, tmp_path / "x", balanced_entities_file=str(names), balanced_entities_share=1.0)
     names.write_text("Nobody\n")
     with pytest.raises(ValueError, match="1 names not in the entity vocabulary, e.g. 'Nobody'"):
-        pretrain(_args(corpus, tmp_path / "y", balanced_entities_file=str(names), balanced_entities_share=0.5))
+        pretrain(**_options(corpus, tmp_path / "y", balanced_entities_file=str(names), balanced_entities_share=0.5))
 
 
 def _tokenizer_and_vocab(corpus):

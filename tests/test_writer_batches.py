@@ -8,7 +8,7 @@ import json
 import os
 import random
 import sys
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import numpy as np
 import pytest
@@ -18,14 +18,57 @@ from huggingface_hub.errors import StrictDataclassClassValidationError
 
 from edmem_hf import EDMemForConditionalGeneration, EntityVocab
 from edmem_hf.collator import EDMemMaskingCollator
-from edmem_hf.entity_growth import written_rows
-from edmem_hf.pretraining import pretrain
-from edmem_hf.writer_batches import EntityPassages, WriterCollator
+from edmem_hf.entity_writer import RowsToWrite
+from edmem_hf.pretraining import _dataloaders, build_model, pretrain, pretraining_options
+from edmem_hf.research.entity_growth import written_rows
+from edmem_hf.research.writer_batches import EntityPassages, TrainingRowsToWrite, WriterCollator
+from edmem_hf.research.writer_training import WriterTrainingArguments
 
 sys.path.insert(0, os.path.dirname(__file__))
 from test_collator import ENTITY_NAMES, make_corpus, make_tokenizer  # noqa: E402
-from test_pretraining import _args, _weights  # noqa: E402
+from test_pretraining import _args as _plain_args  # noqa: E402
+from test_pretraining import _weights  # noqa: E402
 from tiny_models import tiny_config  # noqa: E402
+
+# the collator's old keyword names -> `WriterTrainingArguments`' fields
+_OPTION_NAMES = {"max_length": "writer_max_length", "decoy_rows": "writer_decoy_rows",
+                 "decoys_for_every_entity": "writer_decoys_for_every_entity",
+                 "passages_by_mentions": "writer_passages_by_mentions", "passages_per_row": "writer_passages_per_row",
+                 "answer_rows": "writer_answer_rows", "read_answer_rows": "writer_reads_answer_rows",
+                 "answer_rows_by_text": "writer_answer_rows_by_text"}  # fmt: skip
+_FLAT = {"entity_ids": "written_entity_ids", "input_ids": "writer_input_ids", "attention_mask": "writer_attention_mask",
+         "read_at": "written_read_entity_ids", "answering": "written_rows_answering",
+         "read_answering": "read_answering_rows"}  # fmt: skip
+
+
+def flat(batch: dict) -> dict:
+    """A batch with its `rows_to_write` spread back into named fields (`written_entity_ids`, ...), the fields left
+    unset left out, so that the tests read each by name."""
+    rows = batch.pop("rows_to_write", None)
+    if rows is not None:
+        for name, key in _FLAT.items():
+            value = getattr(rows, name)
+            if value is not None and value is not False:
+                batch[key] = value
+    return batch
+
+
+class FlatWriterCollator(WriterCollator):
+    """`WriterCollator` whose batches are `flat`."""
+
+    def __call__(self, examples):
+        return flat(super().__call__(examples))
+
+
+def _args(corpus, out, **options) -> dict:
+    """`pretrain`'s arguments (`args`, `writer`, `mixing`) from the tests' settings and `options` by name."""
+    return pretraining_options(**{**asdict(_plain_args(corpus, out)), **options})
+
+
+def loader_of(options: dict, passages, tokenizer, vocab):
+    """The train loader `edmem pretrain` builds with `options` (`_args`)."""
+    model = build_model(options["args"], tokenizer, vocab, options["writer"])
+    return _dataloaders(options["args"], passages, tokenizer, 1, model, options["writer"], options["mixing"])[1]
 
 
 @pytest.fixture(autouse=True)
@@ -41,16 +84,17 @@ def corpus(tmp_path_factory):
     return make_corpus(tmp_path_factory.mktemp("corpus"), n_train=64, n_validation=16)
 
 
-def writer_collator(corpus, **settings) -> WriterCollator:
+def writer_collator(corpus, seed: int = 0, written_only_ids=(), **settings) -> WriterCollator:
     settings.setdefault("written_only_share", 0.0)
+    options = WriterTrainingArguments(**{_OPTION_NAMES.get(key, key): value for key, value in settings.items()})
     tokenizer = make_tokenizer()
     passages = load_from_disk(os.path.join(corpus, "passages"))["train"]
     names = EntityVocab.load(corpus).names
     config = tiny_config(vocab_size=len(tokenizer), entity_vocab_size=len(names), entity_start_token_id=5,
                          entity_end_token_id=6, max_position_embeddings=160)  # fmt: skip
     base = EDMemMaskingCollator(tokenizer, seed=3)
-    return WriterCollator(base, passages, EntityPassages.from_dataset(passages, len(names)), names, tokenizer,
-                          config, **settings)  # fmt: skip
+    return FlatWriterCollator(base, passages, EntityPassages.from_dataset(passages, len(names)), names, tokenizer,
+                              config, options, seed=seed, written_only_ids=written_only_ids)  # fmt: skip
 
 
 @pytest.mark.parametrize("by_mentions", [False, True])
@@ -170,7 +214,7 @@ def test_fresh_names_like_written_only_are_made_of_written_only_entities_words(c
     default_firsts, default_lasts = fresh_words(writer_collator(corpus, **settings))
     assert not (default_firsts <= {n.split()[0] for n in written_only} and
                 default_lasts <= {n.split()[-1] for n in written_only})  # fmt: skip
-    with pytest.raises(ValueError, match="fresh_names=True"):
+    with pytest.raises(ValueError, match="which are off: give --fresh_names"):
         writer_collator(corpus, fresh_names=False, fresh_names_like_written_only=True, **settings)
 
 
@@ -203,8 +247,8 @@ def test_decoys_share_a_word_with_a_renamed_entity_and_are_absent_from_the_batch
     assert decoys > 0
     for wrong, match in (
         (dict(decoy_rows=-1), "decoy_rows must be >= 0"),
-        (dict(decoy_rows=1, fresh_names=False), "fresh_names=True"),
-        (dict(decoys_for_every_entity=True), "give decoy_rows > 0"),
+        (dict(decoy_rows=1, fresh_names=False), "give --fresh_names"),
+        (dict(decoys_for_every_entity=True), "--writer_decoy_rows, which are off"),
     ):
         with pytest.raises(ValueError, match=match):
             writer_collator(corpus, **wrong)
@@ -288,8 +332,9 @@ def test_row_autoencoding_reads_a_written_row_alone(corpus):
         "written_read_entity_ids",
     )
     batch = {key: after[key][coded_rows] for key in fields}
-    model(**batch, written_entity_ids=after["written_entity_ids"], writer_input_ids=after["writer_input_ids"],
-          writer_attention_mask=after["writer_attention_mask"]).loss.backward()  # fmt: skip
+    read_at = batch.pop("written_read_entity_ids")
+    model(**batch, rows_to_write=TrainingRowsToWrite(after["written_entity_ids"], after["writer_input_ids"],
+                                                     after["writer_attention_mask"], read_at)).loss.backward()  # fmt: skip
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.entity_writer.parameters())
     with pytest.raises(ValueError, match="row_autoencoding_share"):
         writer_collator(corpus, row_autoencoding_share=2.0)
@@ -301,10 +346,10 @@ def test_pretraining_with_the_writer_resumes_exactly_and_writes_the_written_only
     common = dict(max_steps=6, gradient_accumulation_steps=2, save_steps=3, save_total_limit=2, dropout=0.1,
                   entity_row_writer=True, written_only_share=0.3)  # fmt: skip
     full = tmp_path / "full"
-    pretrain(_args(corpus, full, **common))
+    pretrain(**_args(corpus, full, **common))
     killed = tmp_path / "killed"
-    assert not pretrain(_args(corpus, killed, max_steps_this_run=5, **common))["completed"]
-    assert pretrain(_args(corpus, killed, **common))["completed"]
+    assert not pretrain(**_args(corpus, killed, max_steps_this_run=5, **common))["completed"]
+    assert pretrain(**_args(corpus, killed, **common))["completed"]
     a, b = _weights(full), _weights(killed)
     assert a.keys() == b.keys() and any(key.startswith("entity_writer.") for key in a)
     for key in a:
@@ -323,7 +368,7 @@ def test_pretraining_with_the_writer_resumes_exactly_and_writes_the_written_only
 def test_mixed_questions_read_written_rows_too(corpus, tmp_path):
     """With questions mixed into pre-training, the writer's collator wraps the mixed one: questions stay uncorrupted,
     written-only entities are renamed in them too, and the run trains and resumes exactly."""
-    from edmem_hf.pretraining import _dataloaders, build_model, load_corpus
+    from edmem_hf.pretraining import load_corpus
     from test_pretraining import _write_questions
 
     questions = _write_questions(tmp_path / "qa")
@@ -331,20 +376,19 @@ def test_mixed_questions_read_written_rows_too(corpus, tmp_path):
                   mixed_questions_file=questions, mixed_questions_share=0.5)  # fmt: skip
     passages, vocab, tokenizer = load_corpus(corpus)
     args = _args(corpus, tmp_path / "x", **common)
-    model = build_model(args, tokenizer, vocab)
-    _, loader, _ = _dataloaders(args, passages, tokenizer, 1, model)
+    loader = loader_of(args, passages, tokenizer, vocab)
     assert type(loader.collate_fn).__name__ == "WriterCollator"
     assert type(loader.collate_fn.base).__name__ == "QuestionsAndPassagesCollator"
-    batches = [batch for _, batch in zip(range(6), loader)]
+    batches = [flat(batch) for _, batch in zip(range(6), loader)]
     where = tokenizer(" Where is", add_special_tokens=False).input_ids
     rows = [row for b in batches for row in b["input_ids"].tolist()]
     asked = [row for row in rows if where in (row[: len(where)], row[1 : 1 + len(where)])]
     assert asked and len(asked) < len(rows) and not any(tokenizer.mask_token_id in row for row in asked)
     assert any("written_entity_ids" in b for b in batches)
     full, killed = tmp_path / "full", tmp_path / "killed"
-    pretrain(_args(corpus, full, **common))
-    assert not pretrain(_args(corpus, killed, max_steps_this_run=4, **common))["completed"]
-    assert pretrain(_args(corpus, killed, **common))["completed"]
+    pretrain(**_args(corpus, full, **common))
+    assert not pretrain(**_args(corpus, killed, max_steps_this_run=4, **common))["completed"]
+    assert pretrain(**_args(corpus, killed, **common))["completed"]
     a, b = _weights(full), _weights(killed)
     assert all(torch.equal(a[key], b[key]) for key in a)
 
@@ -352,7 +396,7 @@ def test_mixed_questions_read_written_rows_too(corpus, tmp_path):
 def test_named_written_only_entities_join_the_share(corpus, tmp_path):
     """Practice entities (`written_only_ids`, `--written_only_entities_file`) are written-only besides the share,
     and `edmem pretrain` maps the file's names to them, refusing an unknown name or a model without a writer."""
-    from edmem_hf.pretraining import _dataloaders, build_model, load_corpus
+    from edmem_hf.pretraining import load_corpus
 
     shared = writer_collator(corpus, written_only_share=0.2, seed=1)
     practice = [i for i, name in enumerate(shared.names) if name is not None and not shared.written_only[i]][:3]
@@ -365,11 +409,11 @@ def test_named_written_only_entities_join_the_share(corpus, tmp_path):
     names_file.write_text("".join(f"{shared.names[i]}\n" for i in practice), encoding="utf-8")
     args = _args(corpus, tmp_path / "x", entity_row_writer=True, written_only_share=0.0,
                  written_only_entities_file=str(names_file))  # fmt: skip
-    _, loader, _ = _dataloaders(args, passages, tokenizer, 1, build_model(args, tokenizer, vocab))
+    loader = loader_of(args, passages, tokenizer, vocab)
     assert sorted(loader.collate_fn.written_only.nonzero()[0]) == sorted(practice)
     names_file.write_text("Nobody Anywhere\n", encoding="utf-8")
     with pytest.raises(ValueError, match="not in the entity vocabulary.*Nobody Anywhere"):
-        _dataloaders(args, passages, tokenizer, 1, build_model(args, tokenizer, vocab))
+        loader_of(args, passages, tokenizer, vocab)
     for option in (dict(written_only_entities_file=str(names_file)), dict(written_table=True),
                    dict(row_autoencoding_share=0.5), dict(row_autoencoding_written_only=True),
                    dict(writer_passages_by_mentions=True), dict(fresh_names_like_written_only=True),
@@ -377,7 +421,7 @@ def test_named_written_only_entities_join_the_share(corpus, tmp_path):
                    dict(fresh_name_share=0.5), dict(hide_practice_entities=True)):  # fmt: skip
         plain = _args(corpus, tmp_path / "y", **option)
         with pytest.raises(ValueError, match=f"--{next(iter(option))} is an option of training the writer"):
-            _dataloaders(plain, passages, tokenizer, 1, build_model(plain, tokenizer, vocab))
+            loader_of(plain, passages, tokenizer, vocab)
 
 
 def test_practice_entities_are_saved_hidden_with_hide_practice_entities(corpus, tmp_path):
@@ -385,14 +429,14 @@ def test_practice_entities_are_saved_hidden_with_hide_practice_entities(corpus, 
     them: the share's written-only entities are shown), restored by `from_pretrained`, so that its memory never
     finds them; refused without the file."""
     from edmem_hf import EDMemForConditionalGeneration
-    from edmem_hf.pretraining import _dataloaders, build_model, load_corpus
+    from edmem_hf.pretraining import load_corpus
 
     shared = writer_collator(corpus, written_only_share=0.2, seed=1)
     practice = [i for i, name in enumerate(shared.names) if name is not None][:4]
     names_file = tmp_path / "practice.txt"
     names_file.write_text("".join(f"{shared.names[i]}\n" for i in practice), encoding="utf-8")
     out = tmp_path / "run"
-    pretrain(_args(corpus, out, max_steps=2, entity_row_writer=True, written_only_entities_file=str(names_file),
+    pretrain(**_args(corpus, out, max_steps=2, entity_row_writer=True, written_only_entities_file=str(names_file),
                    hide_practice_entities=True))  # fmt: skip
     model = EDMemForConditionalGeneration.from_pretrained(out).eval()
     shown = model._get_entity_mask("cpu")
@@ -413,7 +457,7 @@ def test_practice_entities_are_saved_hidden_with_hide_practice_entities(corpus, 
     with pytest.raises(
         ValueError, match="--hide_practice_entities hides the entities of --written_only_entities_file"
     ):
-        _dataloaders(alone, passages, tokenizer, 1, build_model(alone, tokenizer, vocab))
+        loader_of(alone, passages, tokenizer, vocab)
 
 
 def test_a_pooled_row_is_the_mean_of_rows_from_passages_the_batch_does_not_read(corpus):
@@ -456,13 +500,13 @@ def test_a_pooled_row_is_the_mean_of_rows_from_passages_the_batch_does_not_read(
     mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids in inputs])
     rows = model.write_entity_rows(texts, mask)
     order = [2, 0, 1]
-    written = model._written_rows(torch.tensor([3, 2, 2]), texts[order], mask[order], None, None)
+    written = RowsToWrite(torch.tensor([3, 2, 2]), texts[order], mask[order]).written_rows(rows[order], model.config)
     assert written.ids.tolist() == [2, 3]
     torch.testing.assert_close(written.rows, torch.stack([(rows[0] + rows[1]) / 2, rows[2]]))
     # with writer_pools_texts off, each text is a row of its own, in the order given
     apart = EDMemForConditionalGeneration(replace(plain.config, entity_row_writer=True, writer_pools_texts=False))
     apart.load_state_dict(model.state_dict())
-    written = apart.eval()._written_rows(torch.tensor([3, 2, 2]), texts[order], mask[order], None, None)
+    written = RowsToWrite(torch.tensor([3, 2, 2]), texts[order], mask[order]).written_rows(rows[order], apart.config)
     assert written.ids.tolist() == [3, 2, 2]
     torch.testing.assert_close(written.rows, rows[order])
     with pytest.raises(StrictDataclassClassValidationError, match="writer_pools_texts=False .* needs entity_row_wri"):
@@ -512,7 +556,7 @@ def test_rows_that_answer_name_an_entity_their_example_hides(corpus, mention_mas
     assert (answering > 0) == (mention_mask_prob > 0)
     with pytest.raises(ValueError, match="answer_rows reads the entities of the corpus's passages"):
         WriterCollator.from_corpus(collator.base, corpus, EDMemForConditionalGeneration(collator.config),
-                                   collator.tokenizer, answer_rows=True)  # fmt: skip
+                                   collator.tokenizer, WriterTrainingArguments(writer_answer_rows=True), seed=0)  # fmt: skip
 
 
 def test_rows_that_answer_by_text_hold_a_question_s_answer_words(corpus):
@@ -528,7 +572,7 @@ def test_rows_that_answer_by_text_hold_a_question_s_answer_words(corpus):
     base = QuestionsAndPassagesCollator(EDMemMaskingCollator(tokenizer, mention_mask_prob=0.5, seed=1),
                                         EDMemSeq2SeqCollator(tokenizer.pad_token_id))  # fmt: skip
     by_entity = replace(by_entity, base=base)
-    by_text = replace(by_entity, answer_rows_by_text=True)
+    by_text = replace(by_entity, options=replace(by_entity.options, writer_answer_rows_by_text=True))
     start, end = by_entity.config.entity_start_token_id, by_entity.config.entity_end_token_id
 
     def question(entity: int, answer: str) -> dict:
@@ -559,13 +603,15 @@ def test_rows_that_answer_by_text_hold_a_question_s_answer_words(corpus):
         matched += int(batch["written_rows_answering"][4].sum())
     assert matched > 0
     with pytest.raises(ValueError, match="answer_rows_by_text widens the rows that answer"):
-        replace(by_entity, answer_rows=False, answer_rows_by_text=True)
+        replace(
+            by_entity, options=replace(by_entity.options, writer_answer_rows=False, writer_answer_rows_by_text=True)
+        )
 
 
 def test_pretraining_with_rows_that_answer(corpus, tmp_path):
     """`edmem pretrain --writer_answer_rows` gives the batches their answering rows and trains; it needs rows kept
     apart, several an entity."""
-    from edmem_hf.pretraining import _dataloaders, build_model, load_corpus
+    from edmem_hf.pretraining import load_corpus
 
     common = dict(max_steps=2, entity_row_writer=True, written_only_share=0.3, writer_passages_per_row=3,
                   writer_answer_rows=True)  # fmt: skip
@@ -573,42 +619,40 @@ def test_pretraining_with_rows_that_answer(corpus, tmp_path):
     for refused in ({}, {"writer_pools_texts": False, "writer_passages_per_row": 1}):
         args = _args(corpus, tmp_path / "refused", **{**common, **refused})
         with pytest.raises(ValueError, match="--writer_answer_rows chooses among an entity's rows"):
-            _dataloaders(args, passages, tokenizer, 1, build_model(args, tokenizer, vocab))
+            loader_of(args, passages, tokenizer, vocab)
     args = _args(corpus, tmp_path / "x", writer_pools_texts=False, **common)
-    _, loader, _ = _dataloaders(args, passages, tokenizer, 1, build_model(args, tokenizer, vocab))
-    batches = [batch for _, batch in zip(range(4), loader)]
+    loader = loader_of(args, passages, tokenizer, vocab)
+    batches = [flat(batch) for _, batch in zip(range(4), loader)]
     assert all(
         b["written_rows_answering"].shape == (len(b["input_ids"]), len(b["written_entity_ids"])) for b in batches
     )
     assert any(b["written_rows_answering"].any() for b in batches)
     assert not any("read_answering_rows" in b for b in batches)
-    assert pretrain(_args(corpus, tmp_path / "run", writer_pools_texts=False, **common))["completed"]
+    assert pretrain(**_args(corpus, tmp_path / "run", writer_pools_texts=False, **common))["completed"]
     # --writer_reads_answer_rows: the batches say so, and the run trains; without --writer_answer_rows it is refused
     args = _args(corpus, tmp_path / "read", writer_pools_texts=False, writer_reads_answer_rows=True, **common)
-    _, loader, _ = _dataloaders(args, passages, tokenizer, 1, build_model(args, tokenizer, vocab))
-    assert all(b["read_answering_rows"] is True for _, b in zip(range(2), loader))
-    assert pretrain(args)["completed"]
+    loader = loader_of(args, passages, tokenizer, vocab)
+    assert all(b["read_answering_rows"] is True for _, b in zip(range(2), map(flat, loader)))
+    assert pretrain(**args)["completed"]
     alone = {**common, "writer_answer_rows": False}
     args = _args(corpus, tmp_path / "alone", writer_pools_texts=False, writer_reads_answer_rows=True, **alone)
     with pytest.raises(ValueError, match="--writer_reads_answer_rows reads the rows of --writer_answer_rows"):
-        _dataloaders(args, passages, tokenizer, 1, build_model(args, tokenizer, vocab))
+        loader_of(args, passages, tokenizer, vocab)
     # --writer_answer_rows_by_text reaches the collator, and is refused without --writer_answer_rows
     args = _args(corpus, tmp_path / "text", writer_pools_texts=False, writer_answer_rows_by_text=True, **common)
-    assert _dataloaders(args, passages, tokenizer, 1, build_model(args, tokenizer, vocab))[
-        1
-    ].collate_fn.answer_rows_by_text
+    assert loader_of(args, passages, tokenizer, vocab).collate_fn.options.writer_answer_rows_by_text
     args = _args(corpus, tmp_path / "text", writer_pools_texts=False, writer_answer_rows_by_text=True, **alone)
     with pytest.raises(ValueError, match="--writer_answer_rows_by_text widens the rows of --writer_answer_rows"):
-        _dataloaders(args, passages, tokenizer, 1, build_model(args, tokenizer, vocab))
+        loader_of(args, passages, tokenizer, vocab)
     with pytest.raises(ValueError, match="--writer_answer_rows is an option of training the writer"):
-        pretrain(_args(corpus, tmp_path / "none", writer_answer_rows=True))
+        pretrain(**_args(corpus, tmp_path / "none", writer_answer_rows=True))
 
 
 def test_a_model_trained_with_a_row_a_passage_leaves_training_with_its_written_rows_kept_apart(corpus, tmp_path):
     """`--writer_pools_texts false`: the written-only entities' rows, written when training ends, are kept apart
     beside the table, a row a passage (the table row their mean), as the model read them in training."""
     out = tmp_path / "apart"
-    pretrain(_args(corpus, out, max_steps=2, entity_row_writer=True, written_only_share=0.3, writer_pools_texts=False,
+    pretrain(**_args(corpus, out, max_steps=2, entity_row_writer=True, written_only_share=0.3, writer_pools_texts=False,
                    writer_passages_per_row=2))  # fmt: skip
     model = EDMemForConditionalGeneration.from_pretrained(out)
     ids, inputs = writer_collator(corpus, written_only_share=0.3, seed=42, passages_per_row=2).rows_to_write()
@@ -623,7 +667,7 @@ def test_a_model_trained_with_a_row_a_passage_leaves_training_with_its_written_r
 def test_passages_by_mentions_are_drawn_in_proportion_to_the_entity_s_mentions():
     """`passages_by_mentions`: a row is written from a passage in proportion to how often it mentions the entity
     (its own page most), never from one the batch reads; the written table takes the passages that mention it most."""
-    from edmem_hf.writer_batches import _passage_not_read
+    from edmem_hf.research.writer_batches import _passage_not_read
 
     # entity 0 is mentioned once in passage 3, four times in passage 5, five times in passage 8; entity 1 in 5
     index = EntityPassages(np.array([3, 5, 5, 5, 5, 8, 8, 8, 8, 8, 5]), np.array([0] * 10 + [1]), num_entities=2)
@@ -650,7 +694,7 @@ class _Unlisted(np.ndarray):
 def test_pooled_passages_are_distinct_unread_and_uniform_and_a_long_list_is_not_copied(length):
     """`_passages_not_read`: up to `count` distinct passages, none read, ascending, each equally likely; a popular
     entity's long list (beyond `LISTED_PASSAGES`) is drawn from in place, never copied."""
-    from edmem_hf.writer_batches import LISTED_PASSAGES, _passages_not_read
+    from edmem_hf.research.writer_batches import LISTED_PASSAGES, _passages_not_read
 
     passages = np.arange(0, 2 * length, 2, dtype=np.int64)
     if length > LISTED_PASSAGES:
@@ -711,7 +755,7 @@ def test_row_autoencoding_of_written_only_entities_leaves_the_others_passages_al
 
 def test_a_written_table_is_every_entity_row_written_from_its_passages(corpus, tmp_path):
     """`--written_table`: when training ends, every entity with passages has the row the writer makes of them."""
-    pretrain(_args(corpus, tmp_path / "m", max_steps=2, entity_row_writer=True, written_only_share=0.3,
+    pretrain(**_args(corpus, tmp_path / "m", max_steps=2, entity_row_writer=True, written_only_share=0.3,
                    written_table=True))  # fmt: skip
     model = EDMemForConditionalGeneration.from_pretrained(tmp_path / "m")
     collator = writer_collator(corpus, written_only_share=0.3, seed=42)
@@ -745,10 +789,10 @@ def test_a_frozen_writer_keeps_what_it_reads_and_trains_the_reader_on_its_table(
     """`--frozen_writer`, the second stage of pre-training: the rest of the model trains on the table the loaded
     writer writes, and the writer and what it reads come out as they went in."""
     first = tmp_path / "first"
-    pretrain(_args(corpus, first, max_steps=2, entity_row_writer=True, written_only_share=0.3))
+    pretrain(**_args(corpus, first, max_steps=2, entity_row_writer=True, written_only_share=0.3))
     with pytest.raises(ValueError, match="--frozen_writer keeps a trained writer"):
-        pretrain(_args(corpus, tmp_path / "x", max_steps=2, entity_row_writer=True, frozen_writer=True))
-    pretrain(_args(corpus, tmp_path / "second", max_steps=3, model_name_or_path=str(first), frozen_writer=True,
+        pretrain(**_args(corpus, tmp_path / "x", max_steps=2, entity_row_writer=True, frozen_writer=True))
+    pretrain(**_args(corpus, tmp_path / "second", max_steps=3, model_name_or_path=str(first), frozen_writer=True,
                    written_only_share=0.3, written_row_share=1.0, learning_rate=1e-2))  # fmt: skip
     _frozen_kept_and_table(first, tmp_path / "second", corpus)
     # fine-tuning with the writer frozen keeps it too, its table written from --writer_corpus
@@ -769,3 +813,31 @@ def test_a_frozen_writer_keeps_what_it_reads_and_trains_the_reader_on_its_table(
                    "--writer_corpus", corpus, "--frozen_writer", "--written_row_share", "1.0",
                    "--writer_passages_per_row", "2"])  # fmt: skip
     _frozen_kept_and_table(first, tmp_path / "tuned", corpus)
+
+
+@pytest.mark.parametrize("recipe", ["rows_that_answer", "frozen_writer"])
+def test_the_recipe_s_batches_are_those_of_the_code_before_the_options_object(corpus, recipe):
+    """The batches of each stage of the writer's recipe (`--writer_recipe`), for a fixed seed, are bit-identical to
+    those of the collator before its options became `WriterTrainingArguments` (issue 63): the hashes in
+    tests/data/writer_recipe_batches.json were made by that code (the 14 options given one by one)."""
+    import hashlib
+    from pathlib import Path
+
+    expected = json.loads((Path(__file__).parent / "data" / "writer_recipe_batches.json").read_text())[recipe]
+    tokenizer = make_tokenizer()
+    passages = load_from_disk(os.path.join(corpus, "passages"))["train"]
+    names = EntityVocab.load(corpus).names
+    options = WriterTrainingArguments(writer_recipe=recipe)
+    config = tiny_config(vocab_size=len(tokenizer), entity_vocab_size=len(names), entity_start_token_id=5,
+                         entity_end_token_id=6, max_position_embeddings=160, entity_row_writer=True,
+                         writer_pools_texts=options.writer_pools_texts)  # fmt: skip
+    collator = FlatWriterCollator(EDMemMaskingCollator(tokenizer, seed=3), passages,
+                                  EntityPassages.from_dataset(passages, len(names)), names, tokenizer, config, options,
+                                  seed=7, written_only_ids=expected["practice"])  # fmt: skip
+    rng = random.Random(0)
+    for step, batch_hashes in enumerate(expected["batches"]):
+        indices = rng.sample(range(len(passages)), 8)
+        batch = collator([{**passages[i], "example_index": i, "epoch": step} for i in indices])
+        got = {key: [list(value.shape), str(value.dtype), hashlib.sha256(value.contiguous().numpy().tobytes()).hexdigest()]
+               for key, value in sorted(batch.items())}  # fmt: skip
+        assert got == batch_hashes, step

@@ -25,7 +25,7 @@ COMMANDS = {
         "Score predictions: exact match (QA); ROUGE, unigram F1, entity coverage, BERTScore (generation).",
     ),
     "add-entities": (
-        "edmem_hf.entity_growth",
+        "edmem_hf.research.add_entities_command",
         "Add the entities of new MediaWiki pages to a trained model's memory, without training.",
     ),
     "demo": ("edmem_hf.demo", "Run the whole path offline on a generated toy world."),

@@ -1,15 +1,18 @@
 """Softmax attention of mention queries over an entity table too large for an `(M, N)` score matrix.
 
 `dense_entity_attention` is the reference formula; `entity_attention` computes it in chunks, tested equal. Both
-take `WrittenRows`: rows that stand in for some entities' table rows for one forward pass (rows written from text by
-`entity_writer.EntityRowWriter`), read beside the table without a copy of it.
+take `WrittenRows`: rows that stand in for some entities' table rows (rows written from text by
+`entity_writer.EntityRowWriter`), read beside the table without a copy of it. `EntityTable` is the table with the
+written rows a saved model keeps beside it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import torch
+from torch import nn
 
 from .configuration_edmem import IGNORE_INDEX
 
@@ -17,36 +20,25 @@ from .configuration_edmem import IGNORE_INDEX
 TOP_K_SCORE_BUDGET = 1 << 24
 
 
-class WrittenRows(NamedTuple):
+@dataclass(frozen=True)
+class WrittenRows:
     """Rows that replace the table rows of some entities in one forward pass: `ids` `(K,)` entity ids, `rows`
-    `(K, d)` their rows (written from text, with gradients). The table itself is not touched. An entity mask
-    hides table rows: a written row is read (and its entity predicted) even where its table row is hidden, so that
-    entities that only ever have written rows can keep their table rows out of the memory.
+    `(K, d)` their rows (written from text, with gradients in training). The table itself is not touched. An entity
+    mask hides table rows: a written row is read (and its entity predicted) even where its table row is hidden.
 
     An id given more than once has several rows, each read on its own: the attention spreads over every row, and
-    the entity's score (the linking loss's gold) is the log-sum-exp of its rows' scores, so that the query may
-    choose among an entity's rows (TOME's memory holds mentions, several an entity).
+    the entity's score (the linking loss's gold) is the log-sum-exp of its rows' scores (TOME's memory holds mentions,
+    several an entity). With `mean_probability`, an entity of n rows is given the mean of its rows' probabilities
+    rather than their sum (each row's score less log n), so that its number of rows buys it nothing
+    (`EDMemConfig.writer_mean_row_probability`).
 
-    `read_at` (optional, `(batch, seq)` over the encoder's input): an entity id at each `<E_s>` whose memory read is
-    that entity's written row itself, whatever the query finds (-100 elsewhere): the row handed to the reader, as
-    TOME's mention auto-encoder hands memory entries to its reader, where a masked name leaves nothing to search by.
-
-    `answering` (optional, `(batch, K)` bool): the rows written from a passage that names what example `b` hides
-    (`writer_batches.WriterCollator`'s `answer_rows`). A mention of example `b` whose entity has rows among them is
-    scored by those alone as its gold: the linking loss then teaches the query which of an entity's rows to read.
-    With `read_answering`, such a mention also reads those rows alone (the choice given, as `read_at` gives the
-    entity), so that the reader learns what a row of the hidden fact says before the query learns to find it.
-
-    `mean_probability`: an entity of n rows is given the mean of its rows' probabilities rather than their sum (each
-    row's score less log n, `row_score_offsets`), so that an entity's number of rows buys it nothing against an
-    entity of one row (`EDMemConfig.writer_mean_row_probability`).
+    `gold_rows`, `read_at_mentions` and `in_decoder` are where a training batch's rows may say more (which of an
+    entity's rows are its gold, rows handed to mentions: `research.writer_batches.TrainingWrittenRows`); here they
+    change nothing.
     """
 
     ids: torch.Tensor
     rows: torch.Tensor
-    read_at: torch.Tensor | None = None
-    answering: torch.Tensor | None = None
-    read_answering: bool = False
     mean_probability: bool = False
 
     def row_score_offsets(self) -> torch.Tensor | None:
@@ -56,27 +48,75 @@ class WrittenRows(NamedTuple):
         _, owner, counts = self.ids.unique(return_inverse=True, return_counts=True)
         return -counts[owner].float().log()
 
+    def followed_by(self, ids: torch.Tensor, rows: torch.Tensor) -> WrittenRows:
+        """These rows, then `rows` `(R, d)` of the entities `ids` `(R,)`."""
+        return replace(self, ids=torch.cat([self.ids, ids.to(self.ids.device)]),
+                       rows=torch.cat([self.rows, rows.to(self.rows)]))  # fmt: skip
+
     def gold_rows(self, positions: torch.Tensor) -> torch.Tensor | None:
-        """`(M, K)`: `answering` at the examples of the mentions at `positions` `(M, 2)` (batch, position), or None."""
-        return None if self.answering is None else self.answering.to(positions.device)[positions[:, 0]]
+        """`(M, K)` bool or None: for the mentions at `positions` `(M, 2)` (batch, position), which of their gold
+        entity's rows make its score (None: all of them)."""
+        return None
+
+    def read_at_mentions(
+        self, read: torch.Tensor, queries: torch.Tensor, mention_mask: torch.Tensor, labels: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The read `(M, d)` at the mentions of `mention_mask` `(batch, seq)`, whose `queries` are `(M, d)` and
+        `labels` `(batch, seq)` (or None): the memory's read itself."""
+        return read
+
+    def in_decoder(self) -> WrittenRows:
+        """The rows as the decoder's memory reads them."""
+        return self
 
 
-def with_handed_rows(
-    read: torch.Tensor,
-    queries: torch.Tensor,
-    entities: torch.Tensor,
-    written: WrittenRows,
-    among: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """`read` `(M, d)` with the mentions whose `entities` `(M,)` have written rows (of those `among` `(M, K)`, when
-    given) reading those rows instead: the attention of their `queries` `(M, d)` over them alone (one row: the row
-    itself)."""
-    own = written.ids[None, :] == entities.to(written.ids.device)[:, None]  # (M, K)
-    if among is not None:
-        own &= among.to(own.device)
-    scores = (queries.to(written.rows.dtype) @ written.rows.t()).float().masked_fill(~own, float("-inf"))
-    handed = (torch.softmax(scores, dim=-1).nan_to_num(0.0) @ written.rows.float()).to(read.dtype)
-    return torch.where(own.any(-1)[:, None], handed, read)
+class EntityTable(nn.Embedding):
+    """The entity table `(entity_vocab_size, entity_embed_dim)`, and the written rows it keeps beside it: the buffers
+    `written_rows` `(R, entity_embed_dim)` and `written_row_entity_ids` `(R,)` (`config.written_entity_rows` = R), each
+    read as a row of its entity in place of the entity's table row, each on its own (`entity_growth.add_entities` with
+    `rows_apart`)."""
+
+    def __init__(self, num_entities: int, dim: int, kept_rows: int = 0):
+        super().__init__(num_entities, dim)
+        if kept_rows:
+            self.register_buffer("written_rows", torch.zeros(kept_rows, dim))
+            self.register_buffer("written_row_entity_ids", torch.zeros(kept_rows, dtype=torch.long))
+
+    @classmethod
+    def for_config(cls, config) -> EntityTable:
+        """The table of an `EDMemConfig`, with room for its `written_entity_rows` kept rows."""
+        return cls(config.entity_vocab_size, config.entity_embed_dim, config.written_entity_rows)
+
+    def keep_rows(self, entity_ids: torch.Tensor, rows: torch.Tensor) -> None:
+        """Makes `rows` `(R, d)` the rows kept for the entities `entity_ids` `(R,)`, after those of the others."""
+        device = self.weight.device
+        entity_ids, rows = entity_ids.to(device), rows.to(device=device, dtype=torch.float32)
+        if getattr(self, "written_rows", None) is None:
+            self.register_buffer("written_rows", rows)
+            self.register_buffer("written_row_entity_ids", entity_ids)
+        else:
+            others = ~torch.isin(self.written_row_entity_ids, entity_ids)
+            self.written_rows = torch.cat([self.written_rows[others], rows])
+            self.written_row_entity_ids = torch.cat([self.written_row_entity_ids[others], entity_ids])
+
+    def rows_read(
+        self, written_rows: WrittenRows | None, entity_mask: torch.Tensor | None, mean_probability: bool
+    ) -> WrittenRows | None:
+        """A batch's `written_rows` (or none) followed by the rows kept here: those of hidden entities, and of
+        entities the batch writes rows of (which stand in for all of their rows), left out; all scored as
+        `mean_probability` says (set here alone: every memory read and linking passes through)."""
+        ids = getattr(self, "written_row_entity_ids", None)
+        if written_rows is not None:
+            written_rows = replace(written_rows, mean_probability=mean_probability)
+        if ids is None or ids.numel() == 0:
+            return written_rows
+        rows = self.written_rows.to(self.weight.dtype)
+        shown = torch.ones_like(ids, dtype=torch.bool) if entity_mask is None else entity_mask.to(ids.device)[ids]
+        if written_rows is not None:
+            shown &= ~torch.isin(ids, written_rows.ids.to(ids.device))
+        if written_rows is None:
+            return WrittenRows(ids[shown], rows[shown], mean_probability)
+        return written_rows.followed_by(ids[shown], rows[shown])
 
 
 def dense_entity_attention(
@@ -440,5 +480,5 @@ __all__ = [
     "chunked_top_k",
     "dense_entity_attention",
     "entity_attention",
-    "with_handed_rows",
+    "EntityTable",
 ]

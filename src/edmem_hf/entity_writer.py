@@ -4,16 +4,20 @@ entity table (`EDMemConfig.entity_row_writer`; docs/model.md, "Entities written 
 Its input is `<s> <E_s> name <E_e> passage </s>` (`writer_input_ids` builds it from token ids), read by the model's
 own lower encoder layers, the layers whose states the memory's queries are made from. The row is made of the state
 at `<E_s>` (what the name is, in context, as a query at a mention would see it) and an attention pooling over every
-token (what the passage says), projected to `entity_embed_dim`. Copied to the Hub as custom code with
-`modeling_edmem.py`: it imports nothing of ours but `configuration_edmem`.
+token (what the passage says), projected to `entity_embed_dim`. `RowsToWrite` is the writer's inputs of one
+forward pass (`EDMemForConditionalGeneration.forward(rows_to_write=...)`). Copied to the Hub as custom code with
+`modeling_edmem.py`: it imports nothing of ours but `configuration_edmem` and `entity_attention`.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, fields
 
 import torch
 from torch import nn
 
 from .configuration_edmem import EDMemConfig
+from .entity_attention import WrittenRows
 
 
 class EntityRowWriter(nn.Module):
@@ -88,4 +92,41 @@ def writer_input_ids(
     return head + body[begin : begin + budget] + [eos]
 
 
-__all__ = ["EntityRowWriter", "writer_input_ids"]
+@dataclass
+class RowsToWrite:
+    """Texts the writer turns into rows within one forward pass, each read by both memories and the entity-linking
+    head in place of its entity's table row: `entity_ids` `(K,)`, and `input_ids` / `attention_mask` `(K, L)`, the
+    texts `<s> <E_s> name <E_e> passage </s>` (`writer_input_ids`). An entity given several times reads the mean of
+    its texts' rows, or each row on its own with `config.writer_pools_texts` off. One argument of `forward`, as
+    `past_key_values` is: a collator builds it (`research.writer_batches.WriterCollator` in training)."""
+
+    entity_ids: torch.Tensor
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor | None = None
+
+    def to(self, device) -> RowsToWrite:
+        """A copy with every tensor on `device` (Accelerate and DDP move a batch's fields with `.to`)."""
+        moved = {f.name: getattr(self, f.name) for f in fields(self)}
+        return type(self)(**{name: v.to(device) if torch.is_tensor(v) else v for name, v in moved.items()})
+
+    def check(self, config: EDMemConfig, input_ids: torch.Tensor | None) -> None:
+        """A ValueError naming what is wrong with these inputs for a model of `config` reading `input_ids`."""
+        if self.input_ids.shape[0] != self.entity_ids.shape[0]:
+            raise ValueError("rows_to_write needs input_ids with one row per entity of entity_ids")
+        if ((self.entity_ids < 0) | (self.entity_ids >= config.entity_vocab_size)).any():
+            raise ValueError(f"rows_to_write.entity_ids must be ids in 0..{config.entity_vocab_size - 1}")
+
+    def written_rows(self, rows: torch.Tensor, config: EDMemConfig) -> WrittenRows:
+        """The rows read, from the writer's `rows` `(K, d)`: one a text, or with `config.writer_pools_texts` the mean
+        of an entity's."""
+        ids = self.entity_ids.to(rows.device)
+        distinct, owner = ids.unique(return_inverse=True)
+        if distinct.numel() == ids.numel() or not config.writer_pools_texts:
+            return WrittenRows(ids, rows)
+        counts = torch.bincount(owner, minlength=distinct.numel()).to(rows.dtype)
+        return WrittenRows(
+            distinct, rows.new_zeros(distinct.numel(), rows.shape[1]).index_add(0, owner, rows) / counts[:, None]
+        )
+
+
+__all__ = ["EntityRowWriter", "RowsToWrite", "writer_input_ids"]

@@ -41,6 +41,8 @@ from .arguments import CommandArgumentParser, CommandHelpFormatter
 from .configuration_edmem import IGNORE_INDEX
 from .evaluation import GENERATION_TASKS, QA_TASKS, generation_scores, qa_scores, strip_generation
 from .generation_edmem import ENTITY_DECODING_MODES
+from .research.writer_batches import WriterCollator, freeze_the_writer
+from .research.writer_training import WriterTrainingArguments
 from .task_features import (
     EDMemSeq2SeqCollator,
     ResampledRows,
@@ -49,7 +51,6 @@ from .task_features import (
     encode_static_linking_record,
 )
 from .task_files import BAD_RECORDS, BadRecordError, read_answer_links, read_generation, read_qa
-from .writer_batches import WriterCollator, freeze_the_writer
 
 logger = logging.getLogger(__name__)
 
@@ -478,9 +479,10 @@ def run(
     if model_args.writer_corpus is not None and training_args.do_train:
         if getattr(model, "entity_writer", None) is None:
             raise ValueError(f"--writer_corpus: {model_args.model_name_or_path} has no writer of entity rows")
-        collator = WriterCollator.from_corpus(collator, model_args.writer_corpus, model, tokenizer,
-                                              written_row_share=model_args.written_row_share,
-                                              passages_per_row=model_args.writer_passages_per_row,
+        options = WriterTrainingArguments(written_row_share=model_args.written_row_share, written_only_share=0.0,
+                                          writer_passages_per_row=model_args.writer_passages_per_row,
+                                          frozen_writer=model_args.frozen_writer)  # fmt: skip
+        collator = WriterCollator.from_corpus(collator, model_args.writer_corpus, model, tokenizer, options,
                                               seed=training_args.seed)  # fmt: skip
         if model_args.frozen_writer:
             freeze_the_writer(model, collator)

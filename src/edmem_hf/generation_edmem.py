@@ -21,10 +21,8 @@ ENTITY_DECODING_MODES = ("free", "static", "dynamic")
 # What the decoder reads before the `<E_s>` placeholder of static linking (see `link_entities`).
 STATIC_LINKING_INPUTS = ("start", "question")
 # Batch fields that supervise training and mean nothing to generate() (Seq2SeqTrainer passes them through): the
-# labels, and the written rows of training with the entity writer.
-TRAINING_ONLY_FIELDS = ("labels", "entity_labels", "decoder_entity_labels", "written_entity_ids", "writer_input_ids",
-                        "writer_attention_mask", "written_read_entity_ids", "written_rows_answering",
-                        "read_answering_rows")  # fmt: skip
+# labels, and the rows the writer writes in training.
+TRAINING_ONLY_FIELDS = ("labels", "entity_labels", "decoder_entity_labels", "rows_to_write")
 
 
 @dataclass

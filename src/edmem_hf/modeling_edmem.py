@@ -5,8 +5,8 @@ classes; input checks; the pre-trained base; `EDMemEncoder` and `EDMemDecoder`; 
 EncDec baseline's `EDMemEncDecModel`, the encoder-only `EDMemEncMemModel`); the models with heads
 (`EDMemForConditionalGeneration`, `EDMemEncDecForConditionalGeneration`, `EDMemForEntityLinking`); and the table of
 each variant's classes (`VARIANT_CLASSES`). A class builds one variant: none branches on `config.variant`. Saving and
-loading are in `hub_edmem.py`, generation in `generation_edmem.py`, the memory's growth in `entity_growth.py`.
-Copied to the Hub as custom code.
+loading are in `hub_edmem.py`, generation in `generation_edmem.py`, input checks in `input_checks.py`; the memory's
+growth is this package's `research.entity_growth`. Copied to the Hub as custom code.
 """
 
 from __future__ import annotations
@@ -42,11 +42,12 @@ from transformers.utils import can_return_tuple, logging
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_edmem import IGNORE_INDEX, EDMemConfig
-from .entity_attention import WrittenRows, entity_attention, with_handed_rows
+from .entity_attention import EntityTable, WrittenRows, entity_attention
 from .entity_index import EntityIndexMixin
-from .entity_writer import EntityRowWriter
+from .entity_writer import EntityRowWriter, RowsToWrite
 from .generation_edmem import EDMemGenerationMixin
 from .hub_edmem import EDMemHubMixin
+from .input_checks import check_entity_labels, check_mention_markers
 
 logger = logging.get_logger(__name__)
 
@@ -80,45 +81,6 @@ def key_queries(queries: torch.Tensor, row_width: int) -> torch.Tensor:
     if queries.shape[-1] == row_width:
         return queries
     return nn.functional.pad(queries, (0, row_width - queries.shape[-1]))
-
-
-def new_entity_table(config: EDMemConfig) -> nn.Embedding:
-    """The entity table, `(entity_vocab_size, entity_embed_dim)`, with the written rows kept beside it
-    (`config.written_entity_rows`) as its buffers `written_rows` and `written_row_entity_ids`."""
-    table = nn.Embedding(config.entity_vocab_size, config.entity_embed_dim)
-    if config.written_entity_rows:
-        table.register_buffer("written_rows", torch.zeros(config.written_entity_rows, config.entity_embed_dim))
-        table.register_buffer("written_row_entity_ids", torch.zeros(config.written_entity_rows, dtype=torch.long))
-    return table
-
-
-def with_kept_rows(
-    written_rows: WrittenRows | None, table: nn.Embedding, entity_mask: torch.Tensor | None, config: EDMemConfig
-) -> WrittenRows | None:
-    """A batch's `written_rows` (or none) with the written rows the `table` keeps beside it: each read as a row of its
-    entity in place of the entity's table row; those of hidden entities, and of entities the batch writes rows of
-    (which stand in for all of their rows), left out; all scored as `config.writer_mean_row_probability` says (set here
-    alone: every memory read and linking passes through)."""
-    mean_probability = config.writer_mean_row_probability
-    ids = getattr(table, "written_row_entity_ids", None)
-    if ids is None or ids.numel() == 0:
-        return written_rows if written_rows is None else written_rows._replace(mean_probability=mean_probability)
-    rows = table.written_rows.to(table.weight.dtype)
-    shown = torch.ones_like(ids, dtype=torch.bool) if entity_mask is None else entity_mask.to(ids.device)[ids]
-    if written_rows is not None:
-        shown &= ~torch.isin(ids, written_rows.ids.to(ids.device))
-    ids, rows = ids[shown], rows[shown]
-    if written_rows is None:
-        return WrittenRows(ids, rows, mean_probability=mean_probability)
-    answering = written_rows.answering
-    if answering is not None:  # a kept row answers nothing: the batch did not choose its passage
-        answering = torch.cat([answering, answering.new_zeros(answering.shape[0], ids.shape[0])], dim=1)
-    return written_rows._replace(
-        ids=torch.cat([written_rows.ids, ids.to(written_rows.ids.device)]),
-        rows=torch.cat([written_rows.rows, rows.to(written_rows.rows)]),
-        answering=answering,
-        mean_probability=mean_probability,
-    )
 
 
 class EntityMemory(nn.Module):
@@ -160,8 +122,7 @@ class EntityMemory(nn.Module):
             entity_labels: `(batch, seq)` entity ids at `<E_s>`, -100 elsewhere.
             entity_mask: `(N,)` bool, False hides an entity.
             return_top_k: report the best entities of each access.
-            written_rows: rows read in place of their entities' table rows (the writer's, in training), and handed
-                to the mentions of its `read_at`.
+            written_rows: rows read in place of their entities' table rows (`WrittenRows`).
 
         Returns:
             `(batch, seq, d_model)` input of the upper layers, and the access.
@@ -189,10 +150,8 @@ class EntityMemory(nn.Module):
             gold_rows=gold_rows,
         )
         read = result.read
-        if written_rows is not None and written_rows.read_at is not None:
-            read = with_handed_rows(read, queries, written_rows.read_at[mention_mask], written_rows)
-        if gold_rows is not None and written_rows.read_answering and need_nll:  # the choice given: the rows alone
-            read = with_handed_rows(read, queries, entity_labels[mention_mask], written_rows, gold_rows)
+        if written_rows is not None:
+            read = written_rows.read_at_mentions(read, queries, mention_mask, entity_labels)
         update = torch.zeros_like(hidden_states)
         read = self.projection_dropout(self.output_proj(read.to(hidden_states.dtype)))
         update[mention_mask] = read.to(update.dtype)  # autocast
@@ -357,50 +316,6 @@ class EDMemEntityLinkingOutput(MaskedLMOutput):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Input checks
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def check_mention_markers(input_ids: torch.Tensor, config: EDMemConfig, what: str = "input_ids") -> None:
-    """Raises a ValueError when `<E_s>` and `<E_e>` do not pair up (no nesting, none left open) in every row."""
-    start = input_ids == config.entity_start_token_id
-    end = input_ids == config.entity_end_token_id
-    depth = torch.cumsum(start.long() - end.long(), dim=-1)
-    bad_rows = ((depth < 0) | (depth > 1)).any(dim=-1) | (depth[..., -1] != 0)
-    if bad_rows.any():
-        row = int(bad_rows.nonzero()[0, 0])
-        raise ValueError(
-            f"unmatched mention markers in {what} row {row}: every <E_s> (id {config.entity_start_token_id}) must be "
-            f"closed by an <E_e> (id {config.entity_end_token_id}) before the next <E_s> or the end of the sequence"
-        )
-
-
-def check_entity_labels(
-    entity_labels: torch.Tensor, token_ids: torch.Tensor, config: EDMemConfig, what: str = "entity_labels"
-) -> None:
-    """Raises a ValueError for labels off `<E_s>` positions or outside the entity vocabulary."""
-    if entity_labels.shape != token_ids.shape:
-        raise ValueError(
-            f"{what} has shape {tuple(entity_labels.shape)} but the tokens it labels have shape {tuple(token_ids.shape)}"
-        )
-    labelled = entity_labels != IGNORE_INDEX
-    off_marker = labelled & (token_ids != config.entity_start_token_id)
-    if off_marker.any():
-        row, pos = off_marker.nonzero()[0].tolist()
-        raise ValueError(
-            f"{what} puts entity {int(entity_labels[row, pos])} on row {row} position {pos}, which is token "
-            f"{int(token_ids[row, pos])}, not <E_s> (id {config.entity_start_token_id}); use -100 for no label"
-        )
-    out_of_vocab = labelled & ((entity_labels < 0) | (entity_labels >= config.entity_vocab_size))
-    if out_of_vocab.any():
-        row, pos = out_of_vocab.nonzero()[0].tolist()
-        raise ValueError(
-            f"unknown entity id {int(entity_labels[row, pos])} in {what} (row {row}, position {pos}): the entity "
-            f"vocabulary has ids 0..{config.entity_vocab_size - 1}"
-        )
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # Pre-trained model base, encoder and decoder
 # ---------------------------------------------------------------------------------------------------------------
 
@@ -492,7 +407,7 @@ class _EntityMemoryStack(EDMemPreTrainedModel):
         alone = entity_embeddings is None and self.config.variant != "encdec"
         self.memory = EntityMemory(self.config) if alone or entity_embeddings is not None else None
         if alone:
-            self.entity_embeddings = new_entity_table(self.config)
+            self.entity_embeddings = EntityTable.for_config(self.config)
         else:
             # The table is the model's: one parameter, saved once as its `entity_embeddings.weight`. The stack reads
             # it through this reference, which is not registered as a submodule of the stack.
@@ -519,7 +434,9 @@ class _EntityMemoryStack(EDMemPreTrainedModel):
             entity_labels=entity_labels,
             entity_mask=entity_mask,
             return_top_k=self.config.memory_top_k if output_attended_entities else None,
-            written_rows=with_kept_rows(written_rows, self.entity_embeddings, entity_mask, self.config),
+            written_rows=self.entity_embeddings.rows_read(
+                written_rows, entity_mask, self.config.writer_mean_row_probability
+            ),
         )
 
 
@@ -833,7 +750,7 @@ class _EncoderDecoderModel(EDMemHubMixin, EDMemPreTrainedModel):
             use_cache=use_cache,
             entity_labels=decoder_entity_labels,
             output_attended_entities=output_attended_entities,
-            written_rows=written_rows._replace(read_at=None) if written_rows is not None else None,
+            written_rows=written_rows.in_decoder() if written_rows is not None else None,
             return_dict=True,
             **kwargs,
         )
@@ -858,7 +775,7 @@ class EDMemModel(_EncoderDecoderModel):
     edmem_variant = "edmem"
 
     def __init__(self, config: EDMemConfig):
-        super().__init__(config, new_entity_table(config))
+        super().__init__(config, EntityTable.for_config(config))
 
 
 class EDMemEncDecModel(_EncoderDecoderModel):
@@ -880,7 +797,7 @@ class EDMemEncMemModel(EDMemHubMixin, EDMemPreTrainedModel):
     def __init__(self, config: EDMemConfig):
         super().__init__(config)
         self.shared = _token_embeddings(config)
-        self.entity_embeddings = new_entity_table(config)
+        self.entity_embeddings = EntityTable.for_config(config)
         self.encoder = EDMemEncoder(config, self.entity_embeddings)
         self.post_init()
 
@@ -1053,55 +970,6 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
         hidden = self.model.encoder.lower_hidden_states(writer_input_ids, writer_attention_mask)
         return self.entity_writer(hidden, writer_input_ids, writer_attention_mask)
 
-    def _written_rows(
-        self,
-        written_entity_ids,
-        writer_input_ids,
-        writer_attention_mask,
-        written_read_entity_ids,
-        input_ids,
-        written_rows_answering=None,
-        read_answering_rows=False,
-    ) -> WrittenRows | None:
-        """The written rows a batch asks for: `written_entity_ids[i]` reads the row written from
-        `writer_input_ids[i]` (an id given several times: the mean of its rows, or with `config.writer_pools_texts`
-        off, each row on its own), handed to the mentions of `written_read_entity_ids`, the gold of the mentions of
-        example `b` among an entity's rows those of `written_rows_answering[b]`, read alone with
-        `read_answering_rows` (`writer_batches.WriterCollator` makes these fields)."""
-        if read_answering_rows and written_rows_answering is None:
-            raise ValueError("read_answering_rows reads the rows of written_rows_answering: give them")
-        if written_entity_ids is None:
-            if any(field is not None for field in (writer_input_ids, written_read_entity_ids, written_rows_answering)):
-                raise ValueError("writer fields were given without written_entity_ids, the entities they write")
-            return None
-        if writer_input_ids is None or writer_input_ids.shape[0] != written_entity_ids.shape[0]:
-            raise ValueError("written_entity_ids needs writer_input_ids with one row per entity")
-        if written_entity_ids.numel() == 0:
-            return None
-        ids = written_entity_ids.to(writer_input_ids.device)
-        if ((ids < 0) | (ids >= self.config.entity_vocab_size)).any():
-            raise ValueError(f"written_entity_ids must be ids in 0..{self.config.entity_vocab_size - 1}")
-        if written_read_entity_ids is not None:
-            check_entity_labels(written_read_entity_ids, input_ids, self.config, "written_read_entity_ids")
-            handed = written_read_entity_ids[written_read_entity_ids != IGNORE_INDEX].to(ids.device)
-            if not torch.isin(handed, ids).all():
-                raise ValueError(
-                    "written_read_entity_ids names an entity that has no written row (written_entity_ids)"
-                )
-        if written_rows_answering is not None and written_rows_answering.shape[1:] != ids.shape:
-            raise ValueError(
-                f"written_rows_answering has shape {tuple(written_rows_answering.shape)}: it needs a column for each "
-                f"of the {ids.numel()} written_entity_ids"
-            )
-        rows = self.write_entity_rows(writer_input_ids, writer_attention_mask)
-        distinct, owner = ids.unique(return_inverse=True)
-        if distinct.numel() == ids.numel() or not self.config.writer_pools_texts:  # a row a text
-            answering = None if written_rows_answering is None else written_rows_answering.bool()
-            return WrittenRows(ids, rows, written_read_entity_ids, answering, bool(read_answering_rows))
-        counts = torch.bincount(owner, minlength=distinct.numel()).to(rows.dtype)  # rows pooled: their mean
-        pooled = rows.new_zeros(distinct.numel(), rows.shape[1]).index_add(0, owner, rows) / counts[:, None]
-        return WrittenRows(distinct, pooled, written_read_entity_ids)  # a row an entity: nothing to choose among
-
     @can_return_tuple
     def forward(
         self,
@@ -1119,12 +987,7 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
         use_cache: bool | None = None,
         output_attended_entities: bool = False,
         entity_linking_top_k: int | None = None,
-        written_entity_ids: torch.LongTensor | None = None,
-        writer_input_ids: torch.LongTensor | None = None,
-        writer_attention_mask: torch.Tensor | None = None,
-        written_read_entity_ids: torch.LongTensor | None = None,
-        written_rows_answering: torch.Tensor | None = None,
-        read_answering_rows: bool = False,
+        rows_to_write: RowsToWrite | None = None,
         **kwargs,
     ) -> EDMemSeq2SeqLMOutput:
         r"""
@@ -1138,27 +1001,15 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
             `memory_top_k` best entities at each decoder `<E_s>`.
         entity_linking_top_k: report the entity-linking head's `entity_linking_top_k` best entities at each decoder
             `<E_s>` (dynamic decoding asks for them at every step).
-        written_entity_ids / writer_input_ids / writer_attention_mask: `(K,)` entity ids and `(K, L)` texts about
-            them: both memories and the entity-linking head read the row written from `writer_input_ids[i]` in
-            place of entity `written_entity_ids[i]`'s table row (training with the writer; see `write_entity_rows`);
-            an entity given several times reads the mean of the rows of its texts, or each of them with
-            `config.writer_pools_texts` off.
-        written_read_entity_ids: `(batch, src_len)`, a written entity's id at each `<E_s>` of `input_ids` whose encoder
-            memory read is that entity's written row itself (`WrittenRows.read_at`), -100 elsewhere.
-        written_rows_answering: `(batch, K)` bool, the written rows whose passage names what example `b` hides: the
-            gold among an entity's several rows of the mentions of example `b` (`WrittenRows.answering`).
-        read_answering_rows: those mentions also read those rows alone, in place of the memory's read (training).
+        rows_to_write: texts about entities (`RowsToWrite`) that the writer turns into rows in this pass, each read
+            by both memories and the entity-linking head in place of its entity's table row (training with the writer).
         """
         config = self.config
-        written_rows = self._written_rows(
-            written_entity_ids,
-            writer_input_ids,
-            writer_attention_mask,
-            written_read_entity_ids,
-            input_ids,
-            written_rows_answering,
-            read_answering_rows,
-        )
+        written_rows = None
+        if rows_to_write is not None and rows_to_write.entity_ids.numel():
+            rows_to_write.check(config, input_ids)
+            rows = self.write_entity_rows(rows_to_write.input_ids, rows_to_write.attention_mask)
+            written_rows = rows_to_write.written_rows(rows, config)
         if labels is not None:
             use_cache = False
         decoder_input_ids = self._decoder_input_ids(input_ids, labels, decoder_input_ids, decoder_inputs_embeds)
@@ -1247,7 +1098,9 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
             entity_labels=decoder_entity_labels,
             entity_mask=entity_mask,
             return_top_k=top_k,
-            written_rows=with_kept_rows(written_rows, self.model.entity_embeddings, entity_mask, self.config),
+            written_rows=self.model.entity_embeddings.rows_read(
+                written_rows, entity_mask, self.config.writer_mean_row_probability
+            ),
         )
 
 
@@ -1364,7 +1217,9 @@ class EDMemForEntityLinking(EDMemHubMixin, EDMemPreTrainedModel):
                 entity_labels=entity_labels,
                 entity_mask=entity_mask,
                 return_top_k=self.config.memory_top_k if output_attended_entities else None,
-                written_rows=with_kept_rows(None, self.model.entity_embeddings, entity_mask, self.config),
+                written_rows=self.model.entity_embeddings.rows_read(
+                    None, entity_mask, self.config.writer_mean_row_probability
+                ),
             )
         loss = lm_loss = entity_loss = None
         if labels is not None or entity_labels is not None:

@@ -5,6 +5,7 @@ The paper's recipe (Appendix A) with exact resume from Accelerate checkpoints; s
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import logging
@@ -22,7 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from .collator import IGNORE_INDEX, EDMemMaskingCollator, QuestionsAndPassagesCollator
+from .collator import IGNORE_INDEX, EDMemMaskingCollator
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +33,20 @@ LOG_NAME = "log.jsonl"
 ARGUMENTS_NAME = "pretraining_args.json"  # the arguments of the run's last start: `edmem pretrain <that file>`
 _CHECKPOINT_NAME = re.compile(r"^checkpoint_(\d+)$")
 _OLD_CHECKPOINT_NAME = re.compile(r"^step-(\d+)$")  # earlier versions of this loop: no Accelerate state to resume
+
+
+# Options `edmem pretrain` accepts without listing them in its help (docs/pretraining.md lists them): levers of
+# the experiments in docs/evidence.md, and settings of the tests' and the progress display's.
+EXPERT_OPTIONS = {
+    "entity_key_dim": "Columns of a row that queries score (its key); the rest are its value (default: all).",
+    "entity_loss_reduction": "How the linking loss is averaged: labelled_accesses (default: a mean over mentions), all_accesses (the authors' code) or per_lm_token (a mention weighs one token of the LM loss).",
+    "decoder_target": "What the decoder writes: passage (the paper, BART's denoising: the whole passage) or masked_spans (T5's span corruption: each masked run after a <mask>, masked mentions with their markers), so that a fact is recalled from what the encoder read rather than the decoder's own prefix.",
+    "number_mask_prob": "Per-number whole-span mask rate: dates and numbers as salient spans, as in REALM (paper and default: 0, numbers masked token by token at P_rtm).",
+    "eval_seed": "Fixed masking seed of the validation split.",
+    "max_steps_this_run": "Stop (without saving) after this many optimizer steps in this run: simulates a kill.",
+    "progress_seconds": "Without a bar: a progress line (step, loss, time left) at most every N seconds.",
+}
+_EXPERT = {"help": argparse.SUPPRESS}
 
 
 @dataclass
@@ -78,7 +93,7 @@ class PretrainingArguments:
     entity_embed_dim: int | None = field(default=None, metadata={"help": "Entity embedding width (paper: 256)."})
     entity_key_dim: int | None = field(
         default=None,
-        metadata={"help": "Columns of a row that queries score (its key); the rest are its value (default: all)."},
+        metadata=_EXPERT,
     )
     max_position_embeddings: int | None = field(
         default=None, metadata={"help": "Longest sequence the position embeddings cover."}
@@ -87,202 +102,19 @@ class PretrainingArguments:
     entity_loss_weight: float | None = field(default=None, metadata={"help": "lambda_EL (paper: 1.0)."})
     entity_loss_reduction: str | None = field(
         default=None,
-        metadata={
-            "help": "How the linking loss is averaged: labelled_accesses (default: a mean over mentions), "
-            "all_accesses (the authors' code) or per_lm_token (a mention weighs one token of the LM loss)."
-        },
+        metadata=_EXPERT,
     )
     variant: str | None = field(default=None, metadata={"help": "edmem | encdec | encmem."})
-    entity_row_writer: bool | None = field(
-        default=None,
-        metadata={"help": "A writer of entity rows, trained to write rows the memory reads (docs/model.md)."},
-    )
-    writer_pools_texts: bool | None = field(
-        default=None,
-        metadata={
-            "help": "With the writer: an entity written from several passages in a batch reads the mean of their "
-            "rows (true, the default) or each row on its own, scored by their log-sum-exp, so that the query "
-            "chooses among them (false; docs/model.md, 'A row a passage')."
-        },
-    )
-    writer_mean_row_probability: bool | None = field(
-        default=None,
-        metadata={
-            "help": "With the writer: an entity of several written rows gets the mean of its rows' probabilities, "
-            "not their sum, in training and reading (docs/model.md, section 'An entity's many rows')."
-        },
-    )
-    # --- training with the writer of entity rows (a model with entity_row_writer) ---
-    written_row_share: float = field(
-        default=0.5, metadata={"help": "Share of a batch's entities read through a row written from another passage."}
-    )
-    written_only_share: float = field(
-        default=0.2, metadata={"help": "Share of all entities read through written rows only, as if added later."}
-    )
-    written_only_entities_file: str | None = field(
-        default=None,
-        metadata={
-            "help": "Entity names, one a line, read through written rows only besides --written_only_share: "
-            "practice entities that teach the writer (docs/model.md)."
-        },
-    )
-    hide_practice_entities: bool = field(
-        default=False,
-        metadata={
-            "help": "Save the model with the entities of --written_only_entities_file hidden (its entity mask, saved "
-            "with it): practice entities are training's scaffolding, and their rows would take other entities' "
-            "queries (docs/model.md)."
-        },
-    )
-    written_table: bool = field(
-        default=False,
-        metadata={
-            "help": "When training ends, write every entity's table row with the writer (from up to 4 train passages "
-            "each), not only the written-only entities': trained and added entities' rows are then alike "
-            "(docs/model.md)."
-        },
-    )
-    row_autoencoding_share: float = field(
-        default=0.0,
-        metadata={
-            "help": "Share of the passages about a written entity read as its written row alone, the decoder "
-            "rebuilding the passage from it (row auto-encoding, docs/model.md)."
-        },
-    )
-    row_autoencoding_written_only: bool = field(
-        default=False,
-        metadata={
-            "help": "Row auto-encoding reads only passages about written-only entities (practice entities), whose "
-            "facts no layer holds (docs/model.md)."
-        },
-    )
-    writer_passages_by_mentions: bool = field(
-        default=False,
-        metadata={
-            "help": "Draw the passage a row is written from in proportion to how often it mentions the entity (its "
-            "own page most), not uniformly, and write the table from the passages that mention it most "
-            "(docs/model.md)."
-        },
-    )
-    writer_passages_per_row: int = field(
-        default=1,
-        metadata={
-            "help": "Each written entity read through the rows written from up to this many passages (the batch "
-            "reads none of them): their mean, or each on its own with --writer_pools_texts false; the table "
-            "written from as many, their mean (docs/model.md)."
-        },
-    )
-    writer_answer_rows: bool = field(
-        default=False,
-        metadata={
-            "help": "With --writer_pools_texts false: the linking loss of a mention takes as its gold, among its "
-            "entity's rows, those written from a passage that names an entity its passage hides, so that the query "
-            "learns which row to read (docs/model.md, 'Rows that answer')."
-        },
-    )
-    writer_answer_rows_by_text: bool = field(
-        default=False,
-        metadata={
-            "help": "With --writer_answer_rows: a question's rows that answer are also those written from a passage "
-            "that holds the words of its answer, so that the label reaches facts whose value is no entity (a year, "
-            "an occupation; docs/model.md, 'Rows that answer')."
-        },
-    )
-    writer_reads_answer_rows: bool = field(
-        default=False,
-        metadata={
-            "help": "With --writer_answer_rows: in training, a mention whose entity has rows that answer reads those "
-            "alone, the choice given to the reader (docs/model.md, 'Rows that answer')."
-        },
-    )
-    frozen_writer: bool = field(
-        default=False,
-        metadata={
-            "help": "The second stage of training with the writer (after a first with --model_name_or_path): the "
-            "writer, the encoder's lower layers and the token embeddings stay as loaded, every entity's row is "
-            "written by them when training starts and leaves the optimizer, so that the rest of the model learns to "
-            "find and read the rows the same writer writes for entities added later (docs/model.md)."
-        },
-    )
-    writer_max_length: int = field(default=128, metadata={"help": "Tokens of a writer input, name and passage."})
-    max_written_rows: int = field(default=32, metadata={"help": "Written rows a batch at most."})
-    fresh_names: bool = field(
-        default=True, metadata={"help": "Written-only entities appear under a fresh name each batch (docs/model.md)."}
-    )
-    fresh_names_like_written_only: bool = field(
-        default=False,
-        metadata={
-            "help": "Fresh names are made of the words of written-only entities' names only (people's names, for "
-            "practice people), not of every entity's: a fresh name's shape then does not tell the reader that the "
-            "answer is in a row (docs/model.md)."
-        },
-    )
-    fresh_name_share: float = field(
-        default=0.0,
-        metadata={
-            "help": "Share of the batch's written entities that are not written-only renamed as they are (their "
-            "facts then come from their written rows, not from what the layers hold of their names; docs/model.md)."
-        },
-    )
-    writer_decoy_rows: int = field(
-        default=0,
-        metadata={
-            "help": "Decoys a renamed entity brings: other written-only entities, absent from the batch, written under "
-            "fresh names that share a word with its fresh name, so that a query learns to tell rows apart by the "
-            "whole name (docs/model.md)."
-        },
-    )
-    writer_decoys_for_every_entity: bool = field(
-        default=False,
-        metadata={
-            "help": "Every written entity of a batch brings --writer_decoy_rows decoys under names sharing a word of "
-            "its own, the renamed and the others alike, one an entity in turn while --max_written_rows allows "
-            "(docs/model.md)."
-        },
-    )
     # --- masking ---
     random_mask_prob: float = field(default=0.3, metadata={"help": "P_rtm: per-token mask rate."})
     mention_mask_prob: float = field(default=0.5, metadata={"help": "P_ssm: per-mention whole-span mask rate."})
     decoder_target: str = field(
         default="passage",
-        metadata={
-            "help": "What the decoder writes: passage (the paper, BART's denoising: the whole passage) or "
-            "masked_spans (T5's span corruption: each masked run after a <mask>, masked mentions with their "
-            "markers), so that a fact is recalled from what the encoder read rather than the decoder's own prefix."
-        },
+        metadata=_EXPERT,
     )
     number_mask_prob: float = field(
         default=0.0,
-        metadata={
-            "help": "Per-number whole-span mask rate: dates and numbers as salient spans, as in REALM "
-            "(paper and default: 0, numbers masked token by token at P_rtm)."
-        },
-    )
-    # --- questions mixed into pre-training ---
-    mixed_questions_file: str | None = field(
-        default=None,
-        metadata={
-            "help": "A QA file (the released edmem_*.jsonl format) whose questions and answers are mixed into the "
-            "training batches in the fine-tuning format, uncorrupted: the mixed training of Physics of Language "
-            "Models 3.1 (docs/pretraining.md). Default: none, the paper's pre-training."
-        },
-    )
-    mixed_questions_share: float = field(
-        default=0.25,
-        metadata={"help": "With --mixed_questions_file: about this share of the training examples are questions."},
-    )
-    # --- how often some entities' examples are read ---
-    balanced_entities_file: str | None = field(
-        default=None,
-        metadata={
-            "help": "Entity names, one a line: the passages that mention one of them, and apart from them the mixed "
-            "questions that do, make about --balanced_entities_share of those read (the others, or these, read "
-            "several times an epoch). Many entities read a few times each beside a few read often "
-            "(docs/pretraining.md)."
-        },
-    )
-    balanced_entities_share: float | None = field(
-        default=None, metadata={"help": "With --balanced_entities_file: the share their examples make, in (0, 1)."}
+        metadata=_EXPERT,
     )
     # --- optimisation ---
     per_device_train_batch_size: int = field(default=8, metadata={"help": "Training passages per process per step."})
@@ -313,7 +145,7 @@ class PretrainingArguments:
     eval_steps: int = field(
         default=1000, metadata={"help": "Evaluate every N optimizer steps; <= 0: only at the end."}
     )
-    eval_seed: int = field(default=1234, metadata={"help": "Fixed masking seed of the validation split."})
+    eval_seed: int = field(default=1234, metadata=_EXPERT)
     max_eval_samples: int | None = field(default=None, metadata={"help": "Evaluate on the first N passages."})
     logging_steps: int = field(default=10, metadata={"help": "Log the training losses every N optimizer steps."})
     save_steps: int = field(default=1000, metadata={"help": "Save a checkpoint every N optimizer steps."})
@@ -337,7 +169,7 @@ class PretrainingArguments:
     )
     max_steps_this_run: int | None = field(
         default=None,
-        metadata={"help": "Stop (without saving) after this many optimizer steps in this run: simulates a kill."},
+        metadata=_EXPERT,
     )
     disable_tqdm: bool = field(
         default=False,
@@ -347,7 +179,7 @@ class PretrainingArguments:
     )
     progress_seconds: float = field(
         default=10.0,
-        metadata={"help": "Without a bar: a progress line (step, loss, time left) at most every N seconds."},
+        metadata=_EXPERT,
     )
 
     def __post_init__(self) -> None:
@@ -362,14 +194,6 @@ class PretrainingArguments:
             raise ValueError("logging_steps and save_steps must be >= 1")
         if self.save_total_limit is not None and self.save_total_limit < 1:
             raise ValueError(f"save_total_limit must be >= 1 or unset, got {self.save_total_limit}")
-        if not 0.0 < self.mixed_questions_share < 1.0:
-            raise ValueError(f"mixed_questions_share must be in (0, 1), got {self.mixed_questions_share}")
-        if (self.balanced_entities_file is None) != (self.balanced_entities_share is None):
-            raise ValueError(
-                "--balanced_entities_file and --balanced_entities_share go together: give both or neither"
-            )
-        if self.balanced_entities_share is not None and not 0.0 < self.balanced_entities_share < 1.0:
-            raise ValueError(f"balanced_entities_share must be in (0, 1), got {self.balanced_entities_share}")
         if self.preset is not None:
             from .presets import preset_settings
 
@@ -442,88 +266,6 @@ class _IndexedPassages(Dataset):
         }
 
 
-class _PassagesAndQuestions(Dataset):
-    """The train split's passages (`_IndexedPassages`) followed by `repeats` copies of encoded questions: the
-    sampler's permutation mixes them into the batches. Questions carry their own `labels` and are not corrupted
-    (`collator.QuestionsAndPassagesCollator`)."""
-
-    def __init__(self, passages: _IndexedPassages, questions: list[dict[str, list[int]]], repeats: int):
-        self.passages, self.questions, self.repeats = passages, questions, repeats
-
-    def __len__(self) -> int:
-        return len(self.passages) + self.repeats * len(self.questions)
-
-    def __getitem__(self, key: tuple[int, int] | int) -> dict[str, Any]:
-        epoch, index = key if isinstance(key, tuple) else (0, key)
-        if index < len(self.passages):
-            return self.passages[(epoch, index)]
-        return dict(self.questions[(index - len(self.passages)) % len(self.questions)])
-
-
-def question_repeats(num_passages: int, num_questions: int, share: float) -> int:
-    """How many copies of `num_questions` questions make them about `share` of the examples (at least one: when the
-    questions, each read once an epoch, are well over the share, a warning says what they are)."""
-    repeats = max(1, round(share / (1.0 - share) * num_passages / num_questions))
-    read = repeats * num_questions / (num_passages + repeats * num_questions)
-    if read > 1.5 * share:  # one copy too many: rounding alone stays within this
-        logger.warning("--mixed_questions_share %s: %d questions beside %d passages, each read once an epoch, are %.2f "
-                       "of the examples", share, num_questions, num_passages, read)  # fmt: skip
-    return repeats
-
-
-def balanced_order(about: np.ndarray, share: float) -> np.ndarray:
-    """Indices of examples, each once and the side that falls short of its share again a whole number of times, so
-    that the examples where `about` is True make about `share` of them (`--balanced_entities_share`)."""
-    inside, outside = np.flatnonzero(about), np.flatnonzero(~about)
-    if not len(inside) or not len(outside):
-        return np.arange(len(about))
-    if len(inside) / len(about) > share:  # the others read more often
-        repeats = max(1, round(len(inside) * (1 - share) / (share * len(outside))))
-        extra = np.tile(outside, repeats - 1)
-    else:
-        repeats = max(1, round(share * len(outside) / ((1 - share) * len(inside))))
-        extra = np.tile(inside, repeats - 1)
-    return np.concatenate([np.arange(len(about)), extra])
-
-
-def _entity_ids_in_file(option: str, path: str, entity_vocab: Any) -> list[int]:
-    """The ids of the entity names in `path`, one a line (`--balanced_entities_file`, `--written_only_entities_file`);
-    a name not in the vocabulary is an error naming the option."""
-    with open(path, encoding="utf-8") as f:
-        names = [line.strip() for line in f if line.strip()]
-    unknown = [name for name in names if name not in entity_vocab]
-    if unknown:
-        raise ValueError(f"--{option} {path}: {len(unknown)} names not in the entity vocabulary, e.g. {unknown[0]!r}")
-    return [entity_vocab.id_of(name) for name in names]
-
-
-def _balanced_entity_ids(args: PretrainingArguments, entity_vocab: Any) -> np.ndarray:
-    """The entity ids of `--balanced_entities_file`."""
-    if entity_vocab is None:
-        raise ValueError("--balanced_entities_file needs the model's entity vocabulary to find its names")
-    ids = _entity_ids_in_file("balanced_entities_file", args.balanced_entities_file, entity_vocab)
-    if not ids:
-        raise ValueError(f"--balanced_entities_file {args.balanced_entities_file}: no name")
-    return np.array(ids, dtype=np.int64)
-
-
-def _mentions_any(labels: Any, entities: np.ndarray) -> bool:
-    return bool(np.isin(np.asarray(labels or [], dtype=np.int64), entities).any())
-
-
-def _mixed_questions(args: PretrainingArguments, tokenizer: Any, entity_vocab: Any) -> list[dict[str, list[int]]]:
-    """The questions of `--mixed_questions_file` as fine-tuning features (the first answer as the target)."""
-    from .task_features import encode_qa_record
-    from .task_files import read_qa
-
-    if entity_vocab is None:
-        raise ValueError("--mixed_questions_file needs the entity vocabulary to link the questions' mentions")
-    rows = read_qa(args.mixed_questions_file, entity_vocab)
-    if len(rows) == 0:
-        raise ValueError(f"--mixed_questions_file {args.mixed_questions_file} has no question")
-    return [encode_qa_record(row, tokenizer) for row in rows]
-
-
 def load_corpus(corpus_dir: str) -> tuple[Any, Any, Any]:
     """Reads an `edmem build-corpus` directory: (DatasetDict of passages, EntityVocab, tokenizer)."""
     from datasets import load_from_disk
@@ -565,16 +307,23 @@ _ARCH_FIELDS = (
     "entity_loss_weight",
     "entity_loss_reduction",
     "variant",
-    "entity_row_writer",
-    "writer_pools_texts",
-    "writer_mean_row_probability",
 )
 # options a checkpoint given with --model_name_or_path takes anew (no weight changes shape); the others are its shape
 _CHECKPOINT_OVERRIDABLE = ("dropout", "entity_loss_weight", "entity_loss_reduction", "writer_mean_row_probability")
 
 
-def build_config(args: PretrainingArguments, tokenizer: Any, entity_vocab_size: int) -> Any:
-    """An EDMemConfig from the options: widths from `args`, N from the entity vocabulary, ids from the tokenizer."""
+def _architecture(args: PretrainingArguments, writer: Any = None) -> dict[str, Any]:
+    """The architecture options given: `args`'s, and the writer's model options (`writer_training.MODEL_OPTIONS`)."""
+    from .research.writer_training import MODEL_OPTIONS
+
+    given = {name: getattr(args, name) for name in _ARCH_FIELDS}
+    given.update({name: getattr(writer, name) for name in MODEL_OPTIONS} if writer is not None else {})
+    return {name: value for name, value in given.items() if value is not None}
+
+
+def build_config(args: PretrainingArguments, tokenizer: Any, entity_vocab_size: int, writer: Any = None) -> Any:
+    """An EDMemConfig from the options: widths from `args` (and the writer's model options from `writer`), N from the
+    entity vocabulary, ids from the tokenizer."""
     from .configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN, EDMemConfig
 
     kwargs: dict[str, Any] = {}
@@ -587,7 +336,7 @@ def build_config(args: PretrainingArguments, tokenizer: Any, entity_vocab_size: 
             kwargs.update(json.load(f))
         for key in ("model_type", "transformers_version", "architectures", "encoder_layers", "decoder_layers"):
             kwargs.pop(key, None)
-    kwargs.update({name: getattr(args, name) for name in _ARCH_FIELDS if getattr(args, name) is not None})
+    kwargs.update(_architecture(args, writer))
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in (ENTITY_START_TOKEN, ENTITY_END_TOKEN)}
     if any(i is None or i == tokenizer.unk_token_id for i in ids.values()):
         raise ValueError("the tokenizer has no <E_s>/<E_e> markers")
@@ -609,7 +358,7 @@ def build_config(args: PretrainingArguments, tokenizer: Any, entity_vocab_size: 
     return config
 
 
-def build_model(args: PretrainingArguments, tokenizer: Any, entity_vocab: Any) -> Any:
+def build_model(args: PretrainingArguments, tokenizer: Any, entity_vocab: Any, writer: Any = None) -> Any:
     """A new EDMem from the options, or the checkpoint at `--model_name_or_path`, in its variant's class with heads
     (`modeling_edmem.MODEL_WITH_HEADS`): `EDMemForConditionalGeneration`, `EDMemEncDecForConditionalGeneration`
     (`encdec`) or `EDMemForEntityLinking` (`encmem`)."""
@@ -617,9 +366,9 @@ def build_model(args: PretrainingArguments, tokenizer: Any, entity_vocab: Any) -
     from .modeling_edmem import MODEL_WITH_HEADS
 
     if args.model_name_or_path:
-        config = _checkpoint_config(args, EDMemConfig.from_pretrained(args.model_name_or_path))
+        config = _checkpoint_config(args, EDMemConfig.from_pretrained(args.model_name_or_path), writer)
     else:
-        config = build_config(args, tokenizer, len(entity_vocab))
+        config = build_config(args, tokenizer, len(entity_vocab), writer)
     model_class = MODEL_WITH_HEADS[config.variant]
     if not args.model_name_or_path:
         model = model_class(config)
@@ -639,7 +388,7 @@ def build_model(args: PretrainingArguments, tokenizer: Any, entity_vocab: Any) -
     return model
 
 
-def _checkpoint_config(args: PretrainingArguments, config: Any) -> Any:
+def _checkpoint_config(args: PretrainingArguments, config: Any, writer: Any = None) -> Any:
     """The config of the checkpoint at `--model_name_or_path` with the training options given anew
     (`_CHECKPOINT_OVERRIDABLE`). Any other architecture option that differs from the checkpoint's, or a preset or
     config file beside it, is refused: it would otherwise be ignored in silence."""
@@ -648,9 +397,9 @@ def _checkpoint_config(args: PretrainingArguments, config: Any) -> Any:
         raise ValueError(
             f"--preset and --config_name build a new model: leave them out with --model_name_or_path {where}"
         )
-    for name in _ARCH_FIELDS:
-        given, saved = getattr(args, name), getattr(config, name, None)
-        if given is None or given == saved:
+    for name, given in _architecture(args, writer).items():
+        saved = getattr(config, name, None)
+        if given == saved:
             continue
         if name not in _CHECKPOINT_OVERRIDABLE:
             raise ValueError(
@@ -987,10 +736,12 @@ def _load_inputs(
     return tokenizer, datasets, entity_vocab
 
 
-def _given_or_new_model(args: PretrainingArguments, model: Any, tokenizer: Any, entity_vocab: Any) -> Any:
+def _given_or_new_model(
+    args: PretrainingArguments, model: Any, tokenizer: Any, entity_vocab: Any, writer: Any = None
+) -> Any:
     """The model passed to `pretrain` (its entity table checked against the vocabulary), else `build_model`."""
     if model is None:
-        return build_model(args, tokenizer, entity_vocab)
+        return build_model(args, tokenizer, entity_vocab, writer)
     if entity_vocab is not None and hasattr(getattr(model, "config", None), "entity_vocab_size"):
         if len(entity_vocab) != model.config.entity_vocab_size:
             raise ValueError(
@@ -1000,51 +751,28 @@ def _given_or_new_model(args: PretrainingArguments, model: Any, tokenizer: Any, 
     return model
 
 
-def _default(name: str) -> Any:
-    """The default of `PretrainingArguments.name`."""
-    return PretrainingArguments.__dataclass_fields__[name].default
-
-
-# options that only a model with a writer of entity rows can take (an error names the first one given otherwise)
-_WRITER_TRAINING_OPTIONS = (
-    "written_only_entities_file",
-    "hide_practice_entities",
-    "written_table",
-    "row_autoencoding_share",
-    "row_autoencoding_written_only",
-    "writer_passages_by_mentions",
-    "writer_passages_per_row",
-    "writer_answer_rows",
-    "writer_answer_rows_by_text",
-    "writer_reads_answer_rows",
-    "fresh_names_like_written_only",
-    "fresh_name_share",
-    "writer_decoy_rows",
-    "writer_decoys_for_every_entity",
-    "frozen_writer",
-)
-
-
 def _dataloaders(
-    args: PretrainingArguments, datasets: Any, tokenizer: Any, num_processes: int, model: Any = None
+    args: PretrainingArguments,
+    datasets: Any,
+    tokenizer: Any,
+    num_processes: int,
+    model: Any = None,
+    writer: Any = None,
+    mixing: Any = None,
 ) -> tuple[_EpochShuffleSampler, DataLoader, DataLoader | None]:
     """The train loader (every process reads the whole seeded order; Accelerate shards its batches), its sampler,
-    and the validation loader (fixed masks), if there is a validation split. A model with a writer of entity rows
-    trains on batches that read written rows (`writer_batches.WriterCollator`)."""
+    and the validation loader (fixed masks), if there is a validation split. `mixing`
+    (`research.example_mixing.ExampleMixingArguments`) mixes other examples into the batches; a model with a writer of
+    entity rows trains on batches that read written rows (`writer`: `research.writer_training`)."""
     from .modeling_edmem import EDMemForEntityLinking
+    from .research import example_mixing, writer_training
 
+    writer = writer or writer_training.WriterTrainingArguments()
+    mixing = mixing or example_mixing.ExampleMixingArguments()
     if args.decoder_target != "passage" and isinstance(model, EDMemForEntityLinking):
         raise ValueError(f"--decoder_target {args.decoder_target} needs a decoder: EncMem predicts at the input")
-    train_set = _IndexedPassages(datasets["train"])
-    balanced = None
-    if args.balanced_entities_file:
-        from .writer_batches import EntityPassages
-
-        balanced = _balanced_entity_ids(args, getattr(model, "entity_vocab", None))
-        index = EntityPassages.from_dataset(datasets["train"], int(balanced.max()) + 1)
-        about = np.zeros(len(datasets["train"]), dtype=bool)
-        about[np.concatenate([index.of(entity) for entity in balanced])] = True
-        train_set = _IndexedPassages(datasets["train"], order=balanced_order(about, args.balanced_entities_share))
+    balanced = example_mixing.balanced_passages(mixing, datasets["train"], model)
+    train_set = _IndexedPassages(datasets["train"], order=None if balanced is None else balanced[0])
     if len(train_set) < args.per_device_train_batch_size * num_processes:
         raise ValueError(
             f"the train split has {len(train_set)} passages, fewer than one global batch "
@@ -1059,22 +787,15 @@ def _dataloaders(
         number_mask_prob=args.number_mask_prob,
         decoder_target=args.decoder_target,
     )
-    if args.mixed_questions_file:
-        from .task_features import EDMemSeq2SeqCollator
-
-        questions = _mixed_questions(args, tokenizer, getattr(model, "entity_vocab", None))
-        if balanced is not None:
-            about = np.array([_mentions_any(q.get("entity_labels"), balanced)
-                              or _mentions_any(q.get("decoder_entity_labels"), balanced) for q in questions])  # fmt: skip
-            questions = [questions[i] for i in balanced_order(about, args.balanced_entities_share)]
-        repeats = question_repeats(len(train_set), len(questions), args.mixed_questions_share)
-        train_set = _PassagesAndQuestions(train_set, questions, repeats)
-        train_collator = QuestionsAndPassagesCollator(train_collator, EDMemSeq2SeqCollator(tokenizer.pad_token_id))
+    train_set, train_collator = example_mixing.with_questions(
+        mixing, train_set, train_collator, tokenizer, model, None if balanced is None else balanced[1]
+    )
     if getattr(getattr(model, "config", None), "entity_row_writer", False):  # questions too read written rows
-        train_collator = _writer_collator(args, train_collator, datasets["train"], tokenizer, model)
-    elif given := [name for name in _WRITER_TRAINING_OPTIONS if getattr(args, name) != _default(name)]:
-        option = f"--{given[0]}"
-        raise ValueError(f"{option} is an option of training the writer of entity rows; the model has none "
+        train_collator = writer_training.writer_collator(
+            writer, train_collator, datasets["train"], tokenizer, model, args.seed
+        )
+    elif given := writer.given():
+        raise ValueError(f"--{given[0]} is an option of training the writer of entity rows; the model has none "
                          "(--entity_row_writer true)")  # fmt: skip
     sampler = _EpochShuffleSampler(len(train_set), seed=args.seed)
     train_dl = DataLoader(
@@ -1111,51 +832,29 @@ def _dataloaders(
     return sampler, train_dl, eval_dl
 
 
-def _writer_collator(args: PretrainingArguments, base: Any, passages: Any, tokenizer: Any, model: Any) -> Any:
-    """`base` extended with written rows from the train split (`writer_batches.WriterCollator`)."""
-    from .writer_batches import EntityPassages, WriterCollator
-
-    if model.entity_vocab is None:
-        raise ValueError("training the entity row writer needs the model's entity_vocab: it writes names")
-    if args.writer_reads_answer_rows and not args.writer_answer_rows:
-        raise ValueError("--writer_reads_answer_rows reads the rows of --writer_answer_rows: give both")
-    if args.writer_answer_rows_by_text and not args.writer_answer_rows:
-        raise ValueError("--writer_answer_rows_by_text widens the rows of --writer_answer_rows: give both")
-    if args.writer_answer_rows and (model.config.writer_pools_texts or args.writer_passages_per_row < 2):
-        raise ValueError("--writer_answer_rows chooses among an entity's rows: give --writer_pools_texts false and "
-                         "--writer_passages_per_row 2 or more")  # fmt: skip
-    if args.hide_practice_entities and not args.written_only_entities_file:
-        raise ValueError("--hide_practice_entities hides the entities of --written_only_entities_file: give it")
-    practice = []
-    if args.written_only_entities_file:
-        practice = _entity_ids_in_file(
-            "written_only_entities_file", args.written_only_entities_file, model.entity_vocab
-        )
-    return WriterCollator(
-        base, passages, EntityPassages.from_dataset(passages, model.config.entity_vocab_size),
-        model.entity_vocab.names, tokenizer, model.config, written_row_share=args.written_row_share,
-        written_only_share=args.written_only_share, max_length=args.writer_max_length,
-        max_written_rows=args.max_written_rows, fresh_names=args.fresh_names, seed=args.seed,
-        written_only_ids=practice, row_autoencoding_share=args.row_autoencoding_share,
-        row_autoencoding_written_only=args.row_autoencoding_written_only,
-        passages_by_mentions=args.writer_passages_by_mentions, passages_per_row=args.writer_passages_per_row,
-        fresh_names_like_written_only=args.fresh_names_like_written_only, decoy_rows=args.writer_decoy_rows,
-        decoys_for_every_entity=args.writer_decoys_for_every_entity, fresh_name_share=args.fresh_name_share,
-        answer_rows=args.writer_answer_rows, read_answer_rows=args.writer_reads_answer_rows,
-        answer_rows_by_text=args.writer_answer_rows_by_text,
-    )  # fmt: skip
-
-
 class _PretrainingRun:
     """One `pretrain` call: `__init__` sets up (accelerator, data, model, optimiser, resume), `train` runs the
     optimizer steps, `finish` evaluates and saves the model."""
 
-    def __init__(self, args: PretrainingArguments, model: Any, tokenizer: Any, datasets: Any, entity_vocab: Any):
+    def __init__(
+        self,
+        args: PretrainingArguments,
+        model: Any,
+        tokenizer: Any,
+        datasets: Any,
+        entity_vocab: Any,
+        writer: Any = None,
+        mixing: Any = None,
+    ):
         from accelerate import Accelerator, PartialState
         from accelerate.utils import DataLoaderConfiguration, DistributedType, ProjectConfiguration, set_seed
         from transformers import get_linear_schedule_with_warmup
 
-        if args.frozen_writer and model is None and not args.model_name_or_path:
+        from .research import example_mixing, writer_training
+
+        self.writer = writer = writer or writer_training.WriterTrainingArguments()
+        self.mixing = mixing = mixing or example_mixing.ExampleMixingArguments()
+        if writer.frozen_writer and model is None and not args.model_name_or_path:
             raise ValueError("--frozen_writer keeps a trained writer as it is: give it with --model_name_or_path")
         if args.mixed_precision == "fp16" and PartialState().device.type == "cpu":
             # Accelerate accepts it, then trains in float32 without a grad scaler under an "fp16" label.
@@ -1177,18 +876,16 @@ class _PretrainingRun:
         self._prepare_output_dir(resume_from)
 
         set_seed(args.seed)
-        model = _given_or_new_model(args, model, tokenizer, entity_vocab)
-        self.sampler, train_dl, eval_dl = _dataloaders(args, datasets, tokenizer, accelerator.num_processes, model)
+        model = _given_or_new_model(args, model, tokenizer, entity_vocab, writer)
+        self.sampler, train_dl, eval_dl = _dataloaders(
+            args, datasets, tokenizer, accelerator.num_processes, model, writer, mixing
+        )
         self.writer_collator = train_dl.collate_fn if hasattr(train_dl.collate_fn, "rows_to_write") else None
         sharded = accelerator.distributed_type in (DistributedType.DEEPSPEED, DistributedType.FSDP)
         if self.writer_collator is not None and sharded:
             raise ValueError("training the entity row writer runs on one process or DDP, not FSDP or DeepSpeed")
-        if args.frozen_writer:
-            from .writer_batches import freeze_the_writer
-
-            freeze_the_writer(model, self.writer_collator)
-        elif self.writer_collator is not None:  # the written-only entities' table rows stay out of the memory
-            model.set_entity_mask(torch.from_numpy(~self.writer_collator.written_only))
+        if self.writer_collator is not None:
+            writer_training.start_training(writer, model, self.writer_collator)
         self.batches_per_epoch = len(train_dl) // accelerator.num_processes or 1
         steps_per_epoch = max(math.ceil(self.batches_per_epoch / args.gradient_accumulation_steps), 1)
         self.max_steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * steps_per_epoch)
@@ -1273,7 +970,7 @@ class _PretrainingRun:
     def _start_logging(self, resume_from: str | None) -> None:
         if self.accelerator.is_main_process:
             with open(os.path.join(self.args.output_dir, ARGUMENTS_NAME), "w", encoding="utf-8") as f:
-                json.dump(asdict(self.args), f, indent=1)
+                json.dump({**asdict(self.args), **asdict(self.writer), **asdict(self.mixing)}, f, indent=1)
                 f.write("\n")
         if self.trackers:
             self.accelerator.init_trackers(
@@ -1453,19 +1150,10 @@ class _PretrainingRun:
         # save_pretrained knows its tied weights (token embeddings, entity table) best.
         sharded = accelerator.distributed_type in (DistributedType.DEEPSPEED, DistributedType.FSDP)
         state_dict = accelerator.get_state_dict(self.model) if sharded else None
-        # written-only rows (every row, --written_table): the writer's; a frozen writer's table was written at the start
-        # (kept apart beside the table too where the model reads a row a passage)
-        if self.writer_collator is not None and not self.args.frozen_writer:
-            from .entity_growth import write_rows_as_read
+        if self.writer_collator is not None:  # the rows the writer writes when training ends
+            from .research.writer_training import finish_training
 
-            write_rows_as_read(unwrapped, *self.writer_collator.rows_to_write(self.args.written_table))
-            unwrapped.set_entity_mask(None)
-        # practice entities are training's scaffolding: hidden in the saved model, the mask saved with it
-        if self.args.hide_practice_entities:
-            mask = unwrapped._get_entity_mask("cpu")
-            shown = torch.ones(unwrapped.config.entity_vocab_size, dtype=torch.bool) if mask is None else mask.clone()
-            shown[list(self.writer_collator.written_only_ids)] = False  # the file's entities, read at setup
-            unwrapped.set_entity_mask(shown)
+            finish_training(self.writer, unwrapped, self.writer_collator)
         with _as_unsharded_class(unwrapped):
             unwrapped.save_pretrained(
                 self.args.output_dir,
@@ -1502,16 +1190,21 @@ def pretrain(
     tokenizer: Any = None,
     datasets: Any = None,
     entity_vocab: Any = None,
+    *,
+    writer: Any = None,
+    mixing: Any = None,
 ) -> dict[str, Any]:
     """Pre-trains EDMem; returns a summary (`global_step`, last train and eval log entries, `output_dir`,
     `completed`).
 
     `model`, `tokenizer`, `datasets` (a DatasetDict with `train` and optionally `validation`) and
-    `entity_vocab` override what is read from `args.corpus_dir` / `args.model_name_or_path`. Accelerate keeps
+    `entity_vocab` override what is read from `args.corpus_dir` / `args.model_name_or_path`. `writer`
+    (`research.writer_training.WriterTrainingArguments`) trains a model with a writer of entity rows; `mixing`
+    (`research.example_mixing.ExampleMixingArguments`) mixes questions into the batches. Accelerate keeps
     one state per process: calls in the same process must use the same `mixed_precision` (Accelerate raises a
     ValueError otherwise); `edmem pretrain` starts a fresh process each time.
     """
-    run = _PretrainingRun(args, model, tokenizer, datasets, entity_vocab)
+    run = _PretrainingRun(args, model, tokenizer, datasets, entity_vocab, writer, mixing)
     return run.finish(run.train())
 
 
@@ -1521,10 +1214,12 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
     from accelerate.state import PartialState
 
     from .arguments import CommandArgumentParser
+    from .research.example_mixing import ExampleMixingArguments
+    from .research.writer_training import WriterTrainingArguments
 
     parser = CommandArgumentParser(
-        PretrainingArguments,
-        negations={"adam_fused": "Use the foreach AdamW update instead of the fused kernel."},
+        (PretrainingArguments, WriterTrainingArguments, ExampleMixingArguments),
+        negations={"adam_fused": argparse.SUPPRESS},  # `--adam_fused false` says it
         prog="edmem pretrain",
         description="Pre-train EDMem on a corpus of `edmem build-corpus` with Accelerate (one CPU, N GPUs, several "
         "nodes; `accelerate launch -m edmem_hf.cli pretrain ...`), resuming from the last checkpoint after a crash. "
@@ -1536,10 +1231,10 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
         if len(argv) == 1 and argv[0].endswith(".json"):  # a run's pretraining_args.json: the same run again
             if not os.path.isfile(argv[0]):
                 raise ValueError(f"{argv[0]}: no such arguments file (a run saves OUTPUT_DIR/{ARGUMENTS_NAME})")
-            (args,) = parser.parse_json_file(argv[0])
+            args, writer, mixing = parser.parse_json_file(argv[0])
         else:
-            (args,) = parser.parse_args_into_dataclasses(args=argv)
-        pretrain(args)
+            args, writer, mixing = parser.parse_args_into_dataclasses(args=argv)
+        pretrain(args, writer=writer, mixing=mixing)
     except ValueError as err:
         print(f"edmem pretrain: error: {err}", flush=True)
         return 2
@@ -1550,8 +1245,23 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def pretraining_options(**options: Any) -> dict[str, Any]:
+    """`edmem pretrain`'s options, given by name, as `pretrain`'s arguments: `{"args": PretrainingArguments,
+    "writer": WriterTrainingArguments, "mixing": ExampleMixingArguments}` (`pretrain(**pretraining_options(...))`).
+    An unknown name is a ValueError."""
+    from transformers import HfArgumentParser
+
+    from .research.example_mixing import ExampleMixingArguments
+    from .research.writer_training import WriterTrainingArguments
+
+    parser = HfArgumentParser((PretrainingArguments, WriterTrainingArguments, ExampleMixingArguments))
+    args, writer, mixing = parser.parse_dict(options)
+    return {"args": args, "writer": writer, "mixing": mixing}
+
+
 __all__ = [
     "PretrainingArguments",
+    "pretraining_options",
     "pretrain",
     "evaluate",
     "build_config",

@@ -19,14 +19,19 @@ from __future__ import annotations
 import re
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from .configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN, IGNORE_INDEX
-from .entity_writer import writer_input_ids
+from ..configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN, IGNORE_INDEX
+from ..entity_attention import WrittenRows
+from ..entity_writer import RowsToWrite, writer_input_ids
+from ..input_checks import check_entity_labels
+
+if TYPE_CHECKING:
+    from .writer_training import WriterTrainingArguments
 
 LISTED_PASSAGES = 4096
 """An entity mentioned in more passages than this has its passages drawn from the whole list, not from a copy of it
@@ -71,48 +76,124 @@ class EntityPassages:
         return self.of(entity)[order]
 
 
+@dataclass(frozen=True)
+class TrainingWrittenRows(WrittenRows):
+    """A training batch's written rows (`WriterCollator`): besides the rows, which of them example `b`'s mentions take
+    as their gold, and rows handed to mentions in place of the memory's read.
+
+    `read_at` (`(batch, seq)` over the encoder's input, or None): an entity id at each `<E_s>` whose memory read is
+    that entity's written row itself, whatever the query finds (-100 elsewhere): the row handed to the reader, as
+    TOME's mention auto-encoder hands memory entries to its reader, where a masked name leaves nothing to search by.
+    `answering` (`(batch, K)` bool, or None): the rows written from a passage that names what example `b` hides; a
+    mention of example `b` whose entity has rows among them is scored by those alone as its gold, so that the linking
+    loss teaches the query which of an entity's rows to read. With `read_answering`, such a mention also reads those
+    rows alone, so that the reader learns what a row of the hidden fact says before the query learns to find it.
+    """
+
+    read_at: torch.Tensor | None = None
+    answering: torch.Tensor | None = None
+    read_answering: bool = False
+
+    def followed_by(self, ids: torch.Tensor, rows: torch.Tensor) -> TrainingWrittenRows:
+        more = super().followed_by(ids, rows)
+        if self.answering is None:  # a row added after the batch's answers nothing: the batch did not choose it
+            return more
+        return replace(
+            more, answering=torch.cat([self.answering, self.answering.new_zeros(len(self.answering), len(ids))], 1)
+        )
+
+    def gold_rows(self, positions: torch.Tensor) -> torch.Tensor | None:
+        return None if self.answering is None else self.answering.to(positions.device)[positions[:, 0]]
+
+    def read_at_mentions(
+        self, read: torch.Tensor, queries: torch.Tensor, mention_mask: torch.Tensor, labels: torch.Tensor | None
+    ) -> torch.Tensor:
+        if self.read_at is not None:
+            read = with_handed_rows(read, queries, self.read_at[mention_mask], self)
+        if self.answering is not None and self.read_answering and labels is not None:  # the choice given
+            read = with_handed_rows(read, queries, labels[mention_mask], self, self.gold_rows(mention_mask.nonzero()))
+        return read
+
+    def in_decoder(self) -> TrainingWrittenRows:
+        return replace(self, read_at=None)  # `read_at` is over the encoder's input
+
+
+def with_handed_rows(
+    read: torch.Tensor,
+    queries: torch.Tensor,
+    entities: torch.Tensor,
+    written: WrittenRows,
+    among: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`read` `(M, d)` with the mentions whose `entities` `(M,)` have written rows (of those `among` `(M, K)`, when
+    given) reading those rows instead: the attention of their `queries` `(M, d)` over them alone (one row: the row
+    itself)."""
+    own = written.ids[None, :] == entities.to(written.ids.device)[:, None]  # (M, K)
+    if among is not None:
+        own &= among.to(own.device)
+    scores = (queries.to(written.rows.dtype) @ written.rows.t()).float().masked_fill(~own, float("-inf"))
+    handed = (torch.softmax(scores, dim=-1).nan_to_num(0.0) @ written.rows.float()).to(read.dtype)
+    return torch.where(own.any(-1)[:, None], handed, read)
+
+
+@dataclass
+class TrainingRowsToWrite(RowsToWrite):
+    """`RowsToWrite` of a training batch, with what `TrainingWrittenRows` says besides the rows: `read_at`
+    `(batch, src_len)`, `answering` `(batch, K)` over these texts, and `read_answering`."""
+
+    read_at: torch.Tensor | None = None
+    answering: torch.Tensor | None = None
+    read_answering: bool = False
+
+    def check(self, config: Any, input_ids: torch.Tensor | None) -> None:
+        super().check(config, input_ids)
+        if self.read_answering and self.answering is None:
+            raise ValueError("read_answering reads the rows of answering: give them")
+        if self.read_at is not None:
+            if input_ids is not None:
+                check_entity_labels(self.read_at, input_ids, config, "rows_to_write.read_at")
+            handed = self.read_at[self.read_at != IGNORE_INDEX].to(self.entity_ids.device)
+            if not torch.isin(handed, self.entity_ids).all():
+                raise ValueError("rows_to_write.read_at names an entity that has no written row (entity_ids)")
+        if self.answering is not None and self.answering.shape[1:] != self.entity_ids.shape:
+            raise ValueError(f"rows_to_write.answering has shape {tuple(self.answering.shape)}: it needs a column "
+                             f"for each of the {self.entity_ids.numel()} entity_ids")  # fmt: skip
+
+    def written_rows(self, rows: torch.Tensor, config: Any) -> TrainingWrittenRows:
+        plain = super().written_rows(rows, config)
+        if plain.ids.numel() == self.entity_ids.numel():  # a row a text
+            answering = None if self.answering is None else self.answering.bool()
+            return TrainingWrittenRows(plain.ids, plain.rows, False, self.read_at, answering, self.read_answering)
+        return TrainingWrittenRows(plain.ids, plain.rows, False, self.read_at)  # a row an entity: nothing to choose
+
+
+_PACKED = {"written_entity_ids": "entity_ids", "writer_input_ids": "input_ids", "writer_attention_mask": "attention_mask",
+           "written_read_entity_ids": "read_at", "written_rows_answering": "answering",
+           "read_answering_rows": "read_answering"}  # fmt: skip
+
+
+def packed(batch: dict[str, Any]) -> dict[str, Any]:
+    """`batch` with its writer fields as one `TrainingRowsToWrite`, the model's `rows_to_write`."""
+    rows = {name: batch.pop(key) for key, name in _PACKED.items() if key in batch}
+    return {**batch, "rows_to_write": TrainingRowsToWrite(**rows)}
+
+
 @dataclass
 class WriterCollator:
     """Wraps a collator (`EDMemMaskingCollator` in pre-training, `EDMemSeq2SeqCollator` in fine-tuning): its batch
-    plus `written_entity_ids` `(K,)`, `writer_input_ids` and `writer_attention_mask` `(K, L)`, the fields
-    `EDMemForConditionalGeneration.forward` reads written rows from, and `written_read_entity_ids` (aligned with
-    `input_ids`): the written entity at each `<E_s>` of the input whose name is all `<mask>`, where the encoder's
-    memory reads the written row itself.
+    plus `rows_to_write`, a `TrainingRowsToWrite` the model writes rows from and reads them in place of table rows.
 
-    Each entity labelled in the batch's examples (`entity_labels`, `decoder_entity_labels`) is written when it is
-    one of the `written_only_share` of all entities (fixed by `seed`), or else with probability `written_row_share`,
-    from a passage of `passages` that mentions it and that the batch does not read (an example's `example_index` is
-    its passage in `passages`, as `edmem pretrain` gives it; a fine-tuning example, a question, is no passage),
-    drawn uniformly or, with `passages_by_mentions`, in proportion to how often it mentions the entity. An entity
-    with no such passage, or no name, keeps its table row. At most `max_written_rows` a batch, the written-only
-    entities first. `written_only_ids` are written-only besides that share (practice entities: people that
-    pre-training reads about only to teach the writer, docs/model.md). A written-only entity with a name of several
-    words is renamed, in the examples and in its writer input, with the first word of one entity's name and the last
-    of another's (a name no entity has), when `fresh_names` (with `fresh_name_share`, that share of the batch's
-    other written entities too, whose answers the layers then cannot give by name); with
-    `fresh_names_like_written_only`, of written-only entities' words only, so that a fresh name looks like the names
-    of the entities read through rows (people's, for practice people) and its shape does not tell the reader that
-    the answer is in a row. With `decoy_rows`, each renamed entity brings up to that many decoys: other written-only
-    entities, absent from the batch, written under fresh names that share a word with its fresh name, linked by
-    nothing: negatives that a query must tell from the renamed entity's row by its whole name (a batch's other
-    written rows seldom share a word with it); with `decoys_for_every_entity`, every written entity of the batch
-    brings them under its own name too (a trained entity's query then learns to tell a row under a name sharing a
-    word of its own, as an entity added later has), one decoy an entity in turn while the cap allows. With
-    `row_autoencoding_share`, that share of the passages about a written entity (a written-only one, with
-    `row_autoencoding_written_only`) is read as the entity's written row alone (`_autoencode`). With
-    `passages_per_row` P > 1, each written entity reads the mean of the rows written from up to P passages the batch
-    does not read (`pooled_passages`): a row pooled from several passages, as an added entity's row is from its
-    texts, and the only one to hold the facts of an entity whose every passage states one. With `answer_rows`,
-    `written_rows_answering` `(batch, K)` too: True where row `k` was written from a passage that names an entity
-    example `b` hides (in its target, its name all `<mask>` in the input or absent from it), other than the row's own:
-    among an entity's several rows (`config.writer_pools_texts` off) the linking loss of example `b` then takes those as
-    its gold, so that the query learns which row holds what the passage hides (a label the text gives, where each row
-    the query reads starts as an equal share of a mean); with `read_answer_rows`, such mentions read those rows alone
-    too (`read_answering_rows`), the choice given to the reader as a masked name's entity is. With
-    `answer_rows_by_text`, row `k` also answers a question `b` (an example with its own target) when its passage holds
-    the words of the question's answer, in order (`_answering_by_text`): the label then reaches the facts whose value is
-    no entity (a year, an occupation), which no mention hides. The choices are drawn from `seed` and the examples'
-    tokens, so that a resumed run draws them again as the uninterrupted one did.
+    Each entity labelled in the batch's examples is written when it is one of the written-only entities (a share of
+    all, fixed by `seed`, and `written_only_ids`: practice entities that pre-training reads about only to teach the
+    writer), or else with probability `options.written_row_share`, from a passage of `passages` that mentions it and
+    that the batch does not read (an example's `example_index` is its passage, as `edmem pretrain` gives it; a
+    question is no passage). An entity with no such passage, or no name, keeps its table row. Where a written
+    entity's name is all `<mask>` in the input, the encoder's memory reads its written row itself (`read_at`).
+    Written-only entities appear under fresh names (a name no entity has, the same in the passages read and in the
+    writer's input), so that nothing the layers memorise about a name answers for them. What the other options add
+    (decoys, row auto-encoding, several passages a row, the rows that answer) is said by `WriterTrainingArguments`'s
+    fields and by the methods that do it. The choices are drawn from `seed` and the examples' tokens, so that a
+    resumed run draws them again as the uninterrupted one did.
 
     Args:
         base: the collator whose batch this extends.
@@ -121,6 +202,7 @@ class WriterCollator:
         names: each entity id's name (`EntityVocab.names`).
         tokenizer: the model's tokenizer (names are tokenised as they follow `<E_s>` in text).
         config: the model's `EDMemConfig` (marker, end and padding ids).
+        options: `WriterTrainingArguments`, resolved.
     """
 
     base: Callable[[Sequence[dict]], dict[str, torch.Tensor]]
@@ -129,56 +211,45 @@ class WriterCollator:
     names: Sequence[str | None]
     tokenizer: Any
     config: Any
-    written_row_share: float = 0.5
-    written_only_share: float = 0.2
-    max_length: int = 128
-    max_written_rows: int = 32
-    fresh_names: bool = True
-    fresh_names_like_written_only: bool = False
-    fresh_name_share: float = 0.0
-    decoy_rows: int = 0
-    decoys_for_every_entity: bool = False
+    options: WriterTrainingArguments
     seed: int = 0
     written_only_ids: Sequence[int] = ()
-    row_autoencoding_share: float = 0.0
-    row_autoencoding_written_only: bool = False
-    passages_by_mentions: bool = False
-    passages_per_row: int = 1
-    answer_rows: bool = False
-    read_answer_rows: bool = False
-    answer_rows_by_text: bool = False
     _name_ids: dict[int, list[int]] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("written_row_share", "written_only_share", "row_autoencoding_share", "fresh_name_share"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
-        if self.row_autoencoding_written_only and not self.row_autoencoding_share:
-            raise ValueError("row_autoencoding_written_only limits row auto-encoding, which is off: give "
-                             "row_autoencoding_share > 0")  # fmt: skip
-        if self.decoy_rows < 0:
-            raise ValueError(f"decoy_rows must be >= 0, got {self.decoy_rows}")
-        if self.decoy_rows and not self.fresh_names:
-            raise ValueError("decoy_rows are written under fresh names, which are off: give fresh_names=True")
-        if self.decoys_for_every_entity and not self.decoy_rows:
-            raise ValueError("decoys_for_every_entity widens decoy_rows, which are off: give decoy_rows > 0")
-        if self.fresh_name_share and not self.fresh_names:
-            raise ValueError("fresh_name_share renames more entities, but fresh names are off: give fresh_names=True")
-        if self.fresh_names_like_written_only and not self.fresh_names:
-            raise ValueError("fresh_names_like_written_only chooses the words of fresh names, which are off: give "
-                             "fresh_names=True")  # fmt: skip
-        if self.read_answer_rows and not self.answer_rows:
-            raise ValueError("read_answer_rows reads the rows that answer, which are off: give answer_rows=True")
-        if self.answer_rows_by_text and not self.answer_rows:
-            raise ValueError("answer_rows_by_text widens the rows that answer, which are off: give answer_rows=True")
-        if self.passages_per_row < 1:
-            raise ValueError(f"passages_per_row must be >= 1, got {self.passages_per_row}")
-        if self.max_written_rows < 1:
-            raise ValueError(f"max_written_rows must be >= 1, got {self.max_written_rows}")
+            if not 0.0 <= getattr(self.options, name) <= 1.0:
+                raise ValueError(f"--{name} must be in [0, 1], got {getattr(self.options, name)}")
+        if self.options.row_autoencoding_written_only and not self.options.row_autoencoding_share:
+            raise ValueError("--row_autoencoding_written_only limits row auto-encoding, which is off: give "
+                             "--row_autoencoding_share > 0")  # fmt: skip
+        if self.options.writer_decoy_rows < 0:
+            raise ValueError(f"--writer_decoy_rows must be >= 0, got {self.options.writer_decoy_rows}")
+        if self.options.writer_decoy_rows and not self.options.fresh_names:
+            raise ValueError("--writer_decoy_rows are written under fresh names, which are off: give --fresh_names")
+        if self.options.writer_decoys_for_every_entity and not self.options.writer_decoy_rows:
+            raise ValueError("--writer_decoys_for_every_entity widens --writer_decoy_rows, which are off: give it > 0")
+        if self.options.fresh_name_share and not self.options.fresh_names:
+            raise ValueError("--fresh_name_share renames more entities, but fresh names are off: give --fresh_names")
+        if self.options.fresh_names_like_written_only and not self.options.fresh_names:
+            raise ValueError("--fresh_names_like_written_only chooses the words of fresh names, which are off: give "
+                             "--fresh_names")  # fmt: skip
+        if self.options.writer_reads_answer_rows and not self.options.writer_answer_rows:
+            raise ValueError(
+                "--writer_reads_answer_rows reads the rows that answer, which are off: give --writer_answer_rows"
+            )
+        if self.options.writer_answer_rows_by_text and not self.options.writer_answer_rows:
+            raise ValueError(
+                "--writer_answer_rows_by_text widens the rows that answer, which are off: give --writer_answer_rows"
+            )
+        if self.options.writer_passages_per_row < 1:
+            raise ValueError(f"--writer_passages_per_row must be >= 1, got {self.options.writer_passages_per_row}")
+        if self.options.max_written_rows < 1:
+            raise ValueError(f"--max_written_rows must be >= 1, got {self.options.max_written_rows}")
         if len(self.names) != self.config.entity_vocab_size:
             raise ValueError(f"{len(self.names)} entity names for a table of {self.config.entity_vocab_size} rows")
         draws = np.random.default_rng([self.seed, 0x57121]).random(self.config.entity_vocab_size)
-        self.written_only = draws < self.written_only_share
+        self.written_only = draws < self.options.written_only_share
         chosen = np.asarray(list(self.written_only_ids), dtype=np.int64)
         if ((chosen < 0) | (chosen >= self.config.entity_vocab_size)).any():
             raise ValueError(f"written_only_ids outside the table of {self.config.entity_vocab_size} rows")
@@ -187,25 +258,26 @@ class WriterCollator:
         # fresh_names_like_written_only the words of fresh names
         self._decoy_pool = [entity for entity in np.flatnonzero(self.written_only).tolist()
                             if self.names[entity] is not None and len(self.names[entity].split()) > 1]  # fmt: skip
-        named = [self.names[e] for e in self._decoy_pool] if self.fresh_names_like_written_only else self.names
+        named = [self.names[e] for e in self._decoy_pool] if self.options.fresh_names_like_written_only else self.names
         words = [name.split() for name in named if name is not None and len(name.split()) > 1]
         self._name_words = (sorted({w[0] for w in words}), sorted({w[-1] for w in words}))
         self._known_names = {name for name in self.names if name is not None}
 
     @classmethod
-    def from_corpus(cls, base: Callable, corpus_dir: str, model: Any, tokenizer: Any, **settings) -> WriterCollator:
+    def from_corpus(
+        cls, base: Callable, corpus_dir: str, model: Any, tokenizer: Any, options: WriterTrainingArguments, seed: int
+    ) -> WriterCollator:
         """`base` extended with rows written from the train passages of an `edmem build-corpus` folder, its entities
-        matched to the model's by name (fine-tuning; `settings`: the dataclass's options, `written_only_share` 0
-        unless given)."""
+        matched to the model's by name (fine-tuning)."""
         import os
 
         from datasets import load_from_disk
 
-        from .entity_vocab import EntityVocab
+        from ..entity_vocab import EntityVocab
 
-        if settings.get("answer_rows"):
-            raise ValueError("answer_rows reads the entities of the corpus's passages by the corpus's ids, which are "
-                             "the model's in pre-training only")  # fmt: skip
+        if options.writer_answer_rows:
+            raise ValueError("--writer_answer_rows reads the entities of the corpus's passages by the corpus's ids, "
+                             "which are the model's in pre-training only")  # fmt: skip
         if model.entity_vocab is None:
             raise ValueError("writing rows needs the model's entity_vocab: the writer reads names")
         vocab = model.entity_vocab
@@ -213,8 +285,7 @@ class WriterCollator:
         id_map = np.array([vocab.id_of(n) if n is not None and n in vocab else IGNORE_INDEX for n in corpus_names])
         passages = load_from_disk(os.path.join(corpus_dir, "passages"))["train"]
         index = EntityPassages.from_dataset(passages, model.config.entity_vocab_size, id_map)
-        settings.setdefault("written_only_share", 0.0)
-        return cls(base, passages, index, vocab.names, tokenizer, model.config, **settings)
+        return cls(base, passages, index, vocab.names, tokenizer, model.config, options, seed=seed)
 
     def name_ids(self, entity: int) -> list[int]:
         """The tokens of `entity`'s name, as they follow `<E_s>` in running text."""
@@ -236,7 +307,7 @@ class WriterCollator:
         ids = list(row["input_ids"])
         if name_ids is not None:
             ids = renamed(ids, list(row["entity_labels"]), {entity: name_ids}, self.config)[0]
-        return writer_input_ids(name_ids or self.name_ids(entity), ids, self.config, self.max_length,
+        return writer_input_ids(name_ids or self.name_ids(entity), ids, self.config, self.options.writer_max_length,
                                 self.tokenizer.bos_token_id)  # fmt: skip
 
     def choose(self, examples: Sequence[dict]) -> tuple[dict[int, int], dict[int, list[int]]]:
@@ -251,22 +322,24 @@ class WriterCollator:
             if self.names[entity] is None:
                 continue
             written_only = bool(self.written_only[entity])
-            if not (written_only or rng.random() < self.written_row_share):
+            if not (written_only or rng.random() < self.options.written_row_share):
                 continue
-            weights = self.entity_passages.mentions_of(entity) if self.passages_by_mentions else None
+            weights = self.entity_passages.mentions_of(entity) if self.options.writer_passages_by_mentions else None
             passage = _passage_not_read(self.entity_passages.of(entity), read, rng, weights)
             if passage is not None:
                 (first if written_only else then).append((entity, passage))
-        chosen = dict((first + then)[: self.max_written_rows])
+        chosen = dict((first + then)[: self.options.max_written_rows])
         fresh = {}
         for entity in chosen:
             # (no draw where the share is 0: the batches of a run without it are drawn as they always were)
-            renamed = self.written_only[entity] or (self.fresh_name_share and rng.random() < self.fresh_name_share)
-            if self.fresh_names and renamed and len(self.names[entity].split()) > 1:
+            renamed = self.written_only[entity] or (
+                self.options.fresh_name_share and rng.random() < self.options.fresh_name_share
+            )
+            if self.options.fresh_names and renamed and len(self.names[entity].split()) > 1:
                 name = self._fresh_name(rng)
                 if name is not None:
                     fresh[entity] = name
-        if self.decoy_rows:
+        if self.options.writer_decoy_rows:
             self._add_decoys(chosen, fresh, set(entities), read, rng)
         return chosen, {entity: self._tokens_of_name(name) for entity, name in fresh.items()}
 
@@ -274,14 +347,14 @@ class WriterCollator:
         """Up to `passages_per_row - 1` more passages for each entity of `chosen` (`{entity: passage}`), drawn
         uniformly from those that mention it, other than its chosen one and those the batch reads (`{}` when
         `passages_per_row` is 1)."""
-        if self.passages_per_row == 1:
+        if self.options.writer_passages_per_row == 1:
             return {}
         read = _passages_read(examples)
         rng = self._epoch_rng(examples, 0x9001)
         more = {}
         for entity, first in chosen.items():
             more[entity] = _passages_not_read(self.entity_passages.of(entity), read | {first},
-                                              self.passages_per_row - 1, rng)  # fmt: skip
+                                              self.options.writer_passages_per_row - 1, rng)  # fmt: skip
         return more
 
     def _add_decoys(self, chosen: dict[int, int], fresh: dict[int, str], labelled: set[int], read: set[int],
@@ -293,14 +366,14 @@ class WriterCollator:
         firsts, lasts = self._name_words
         taken = set(fresh.values())
         names = list(fresh.values())
-        if self.decoys_for_every_entity:
+        if self.options.writer_decoys_for_every_entity:
             names += [self.names[e] for e in chosen if e not in fresh and len(self.names[e].split()) > 1]
-            order = [(i, name) for i in range(self.decoy_rows) for name in names]
+            order = [(i, name) for i in range(self.options.writer_decoy_rows) for name in names]
         else:
-            order = [(i, name) for name in names for i in range(self.decoy_rows)]
+            order = [(i, name) for name in names for i in range(self.options.writer_decoy_rows)]
         for i, name in order:
             first, last = name.split()[0], name.split()[-1]
-            if len(chosen) >= self.max_written_rows:
+            if len(chosen) >= self.options.max_written_rows:
                 return
             decoy = self._decoy_pool[rng.integers(len(self._decoy_pool))]
             if decoy in labelled or decoy in chosen:
@@ -348,9 +421,9 @@ class WriterCollator:
             for drawn in (passage, *more.get(entity, ())):
                 row = self.passages[int(drawn)]
                 owners.append(entity)
-                if self.answer_rows:  # the entities its passage names, for `_answering`
+                if self.options.writer_answer_rows:  # the entities its passage names, for `_answering`
                     named.append({int(label) for label in row["entity_labels"] if label >= 0})
-                if self.answer_rows_by_text:  # its tokens, for `_answering_by_text`
+                if self.options.writer_answer_rows_by_text:  # its tokens, for `_answering_by_text`
                     sources.append(row["input_ids"])
                 inputs.append(self._writer_input_of(entity, row, fresh.get(entity)))
         width = max(map(len, inputs))
@@ -359,16 +432,16 @@ class WriterCollator:
         batch["writer_input_ids"] = torch.tensor([ids + [pad] * (width - len(ids)) for ids in inputs])
         batch["writer_attention_mask"] = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids in inputs])
         batch["written_read_entity_ids"] = self._masked_names(batch, batch["written_entity_ids"])
-        if self.row_autoencoding_share > 0:
+        if self.options.row_autoencoding_share > 0:
             self._autoencode(batch, examples)
-        if self.answer_rows:
+        if self.options.writer_answer_rows:
             batch["written_rows_answering"] = self._answering(batch, owners, named)
-            if self.answer_rows_by_text:
+            if self.options.writer_answer_rows_by_text:
                 passages = sum("labels" not in example for example in examples)  # stacked before the questions
                 batch["written_rows_answering"] |= self._answering_by_text(batch, passages, sources)
-            if self.read_answer_rows:
+            if self.options.writer_reads_answer_rows:
                 batch["read_answering_rows"] = True
-        return batch
+        return packed(batch)
 
     def _answering(self, batch: dict[str, torch.Tensor], owners: list[int], named: list[set[int]]) -> torch.Tensor:
         """`(batch, K)` bool: whether the passage that entity `owners[k]`'s row is written from (naming the entities
@@ -415,7 +488,7 @@ class WriterCollator:
         rng = self._batch_rng(examples, 0xAE)
         input_ids, labels = batch["input_ids"], batch["entity_labels"]
         start, written = self.config.entity_start_token_id, batch["written_entity_ids"]
-        if self.row_autoencoding_written_only:
+        if self.options.row_autoencoding_written_only:
             written = written[torch.from_numpy(self.written_only)[written]]
         handed = batch["written_read_entity_ids"]
         alone = [self.tokenizer.bos_token_id, start, self.tokenizer.mask_token_id,
@@ -423,7 +496,7 @@ class WriterCollator:
         passages = sum("labels" not in example for example in examples)  # stacked first, before any question
         for row in range(passages):
             mentions = ((input_ids[row] == start) & torch.isin(labels[row], written)).nonzero()
-            if not len(mentions) or rng.random() >= self.row_autoencoding_share:
+            if not len(mentions) or rng.random() >= self.options.row_autoencoding_share:
                 continue
             entity = int(labels[row, mentions[0, 0]])
             input_ids[row] = self.config.pad_token_id
@@ -463,10 +536,10 @@ class WriterCollator:
         `passages_by_mentions` those that mention it most): the written-only entities that have passages, or with
         `every_entity` every entity that has passages and a name (the table written from text)."""
         ids, inputs = [], []
-        max_passages = max_passages or max(4, self.passages_per_row)
+        max_passages = max_passages or max(4, self.options.writer_passages_per_row)
         entities = range(len(self.names)) if every_entity else np.flatnonzero(self.written_only).tolist()
         for entity in entities:
-            if self.passages_by_mentions:
+            if self.options.writer_passages_by_mentions:
                 passages = self.entity_passages.most_mentioning(entity, max_passages)
             else:
                 passages = self.entity_passages.of(entity)[:max_passages]

@@ -1,0 +1,87 @@
+"""`edmem add-entities`: new entities of a MediaWiki dump written into a trained model's memory
+(`entity_growth.add_entities`, or `row_fitting.fit_new_entities` with `--estimator fitted`), the grown model saved."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+
+from ..dump import iter_parsed_pages
+from ..modeling_edmem import MODEL_WITH_HEADS
+from .entity_growth import ESTIMATORS, add_entities, default_estimator
+from .new_entity_text import TEXTS, new_entity_passages, own_page_sentences
+from .row_fitting import fit_new_entities
+
+
+def cli_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="edmem add-entities", description=__doc__)
+    parser.add_argument("--model", required=True, help="a trained EDMem or EncMem folder")
+    parser.add_argument("--dump", required=True, help="a MediaWiki XML dump (.xml or .xml.bz2) of the new pages")
+    parser.add_argument("--out", required=True, help="where the grown model (and its tokenizer) is written")
+    parser.add_argument("--tokenizer", help="defaults to --model")
+    parser.add_argument("--batch_size", type=int, default=32,
+                        help="passages encoded at once to read the memory's queries (default: 32)")  # fmt: skip
+    parser.add_argument("--max_passages", type=int, default=32, help="passages (or sentences) read per entity")
+    parser.add_argument("--estimator", choices=(*ESTIMATORS, "fitted"),
+                        help="writer (the default for a model with a writer of entity rows): the mean of the rows it "
+                             "writes from each text (--texts), no gradient step; mean_query (the default otherwise): the "
+                             "scaled mean memory query at the mentions; fitted: the mean-query rows trained alone on "
+                             "the pre-training objective (fit_new_entities), about 50 times slower and no better on "
+                             "docs/evidence.md's toy world")  # fmt: skip
+    parser.add_argument("--texts", choices=TEXTS,
+                        help="writer: what rows are written from; own_sentences (the writer's default): each sentence "
+                             "of the entity's own page (its passages where its page has none); passages: the text "
+                             "around each of its mentions (the only choice of the other estimators)")  # fmt: skip
+    parser.add_argument("--rows_apart", action=argparse.BooleanOptionalAction,
+                        help="writer: also keep the row of each passage apart, each read as a row of its entity "
+                             "(default: where the model was trained with a row a passage, writer_pools_texts false)")  # fmt: skip
+    parser.add_argument("--fit_steps", type=int, default=300, help="fitted: optimisation steps")
+    parser.add_argument("--fit_learning_rate", type=float, default=3e-2, help="fitted: Adam's learning rate")
+    parser.add_argument("--negatives", type=int, default=64,
+                        help="fitted: trained entities of the dump whose passages are negatives")  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0, help="fitted: seed of the batches and dropout")
+    args = parser.parse_args(argv)
+    from transformers import AutoTokenizer
+
+    from ..configuration_edmem import EDMemConfig
+
+    model = MODEL_WITH_HEADS[EDMemConfig.from_pretrained(args.model).variant].from_pretrained(args.model)
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
+    if model.entity_vocab is None:
+        print(f"edmem add-entities: {args.model} has no entity_vocab.json", file=sys.stderr)
+        return 1
+    known = [name for name in model.entity_vocab.names if name is not None]
+    pages = list(iter_parsed_pages(args.dump))
+    passages, without = new_entity_passages(pages, known, max_passages=args.max_passages)
+    names = sorted(passages)
+    estimator = args.estimator or default_estimator(model)
+    texts_from = args.texts or ("own_sentences" if estimator == "writer" else "passages")
+    if texts_from == "own_sentences" and estimator != "writer":
+        print(f"edmem add-entities: --texts own_sentences is the writer's; {estimator} reads marked mentions",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    sentences = own_page_sentences(pages, names, args.max_passages) if texts_from == "own_sentences" else {}
+    texts = [sentences.get(name) or passages[name] for name in names]
+    if args.estimator == "fitted" and names:
+        everyone, _ = new_entity_passages(pages, known=(), max_passages=4)
+        trained = sorted(name for name in everyone if name in model.entity_vocab)
+        chosen = random.Random(args.seed).sample(trained, min(args.negatives, len(trained)))
+        ids = fit_new_entities(model, names, texts, tokenizer, {name: everyone[name] for name in chosen},
+                               steps=args.fit_steps, learning_rate=args.fit_learning_rate, seed=args.seed)  # fmt: skip
+    else:
+        ids = add_entities(model, names, texts, tokenizer, estimator=estimator, rows_apart=args.rows_apart,
+                           batch_size=args.batch_size)  # fmt: skip
+    os.makedirs(args.out, exist_ok=True)
+    model.save_pretrained(args.out)
+    tokenizer.save_pretrained(args.out)
+    print(f"added {len(ids)} entities (ids {ids[0]}..{ids[-1]})" if ids else "added no entity")
+    if without:
+        print(f"skipped {len(without)} new pages never mentioned (first: {', '.join(without[:5])})")
+    print(f"{model.config.entity_vocab_size} entities in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli_main())
