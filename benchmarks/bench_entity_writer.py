@@ -24,8 +24,9 @@ import time
 import torch
 
 from edmem_hf import EDMemForConditionalGeneration, EntityVocab
-from edmem_hf.entity_growth import add_entities
 from edmem_hf.pretraining import PretrainingArguments, build_config
+from edmem_hf.research.entity_growth import add_entities
+from edmem_hf.research.writer_training import WriterTrainingArguments
 from edmem_hf.tokenization import train_tokenizer
 
 TABLE_ROWS = 1_000_010  # the authors' table (presets.py)
@@ -36,8 +37,8 @@ SENTENCE = "<E_s> {name} <E_e> was born in 1931. She studied history at a univer
 def base_shape_model(tokenizer) -> EDMemForConditionalGeneration:
     """A model of the `edmem-base` preset's shape with a writer of entity rows: random weights, 1,000,010 rows."""
     with tempfile.TemporaryDirectory() as scratch:
-        arguments = PretrainingArguments(output_dir=scratch, preset="edmem-base", entity_row_writer=True)
-        config = build_config(arguments, tokenizer, TABLE_ROWS)
+        arguments = PretrainingArguments(output_dir=scratch, preset="edmem-base")
+        config = build_config(arguments, tokenizer, TABLE_ROWS, WriterTrainingArguments(entity_row_writer=True))
     model = EDMemForConditionalGeneration(config).eval()
     model.entity_vocab = EntityVocab([f"Entity {i}" for i in range(TABLE_ROWS)])
     return model

@@ -34,7 +34,8 @@ BASE = qa.Settings(pretrain_steps=30_000, questions_in_batches=True, finetune_ep
                    encdec_matched=False, single_biography_ablation=False, memory_hidden_in_finetuning=False,
                    pretrain_jobs=1, read_test=False)  # fmt: skip
 
-# name -> (changes to the experiment's Settings, more `PretrainingArguments`). "default" is the headline's EncDec.
+# name -> (changes to the experiment's Settings, more pre-training options by name: `pretraining_options`). "default"
+# is the headline's EncDec.
 SETTINGS: dict[str, tuple[dict, dict]] = {
     "default": ({}, {}),  # run by toy_world_qa.py in the headline: its validation figures are read from there
     "lr_1e-3": ({"pretrain_learning_rate": 1e-3}, {}),

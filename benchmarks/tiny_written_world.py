@@ -61,8 +61,8 @@ from datasets import Dataset, DatasetDict
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from edmem_hf import EDMemForConditionalGeneration, EntityVocab  # noqa: E402
-from edmem_hf.entity_growth import add_entities  # noqa: E402
-from edmem_hf.pretraining import PretrainingArguments, pretrain  # noqa: E402
+from edmem_hf.pretraining import pretrain, pretraining_options  # noqa: E402
+from edmem_hf.research.entity_growth import add_entities  # noqa: E402
 from edmem_hf.tasks import EDMemSeq2SeqCollator, encode_qa_record, read_qa  # noqa: E402
 from tiny_models import make_word_tokenizer, make_words  # noqa: E402
 
@@ -223,16 +223,17 @@ def pretraining_arguments(
     answer_rows: bool = False,
     batch_size: int = BATCH_SIZE,
     questions: bool = False,
-) -> PretrainingArguments:
-    """The tiny model (two layers a stack, d_model 64, `positions` tokens a passage or writer input) with a writer,
-    trained `steps` steps on `corpus`; no token masked at random and no dropout unless asked (the knowledge world's
+) -> dict:
+    """`pretrain`'s arguments (`pretraining_options`: `args`, `writer`, `mixing`; `pretrain(**arguments)`) of the
+    tiny model (two layers a stack, d_model 64, `positions` tokens a passage or writer input) with a writer, trained
+    `steps` steps on `corpus`; no token masked at random and no dropout unless asked (the knowledge world's
     pre-training has both: 0.3 and 0.1). With `rows_apart` P, a written entity is read through the rows of up to P
     passages, each a row of its own (with `answer_rows`, those that name what the passage hides its gold). With
     `questions`, the corpus's questions are a quarter of the examples (`--mixed_questions_file`)."""
     practice = corpus / "practice.txt"
     apart = dict(writer_pools_texts=False, writer_passages_per_row=rows_apart, writer_answer_rows=answer_rows)
     mixed = dict(mixed_questions_file=str(corpus / "questions.jsonl")) if questions else {}
-    return PretrainingArguments(
+    return pretraining_options(
         **(apart if rows_apart else {}),
         **mixed,
         output_dir=str(output_dir), corpus_dir=str(corpus), entity_row_writer=True, written_row_share=0.5,
@@ -444,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
                                               positions, args.random_mask_prob, args.dropout,
                                               rows_apart, args.answer_rows,
                                               args.batch_size, args.questions)  # fmt: skip
-            pretrain(arguments)
+            pretrain(**arguments)
         per_seed[seed] = measure(model_dir, tokenizer, world, args.restated)
         per_seed[seed]["passes"] = passes(per_seed[seed], world)
         print(f"seed {seed}: {per_seed[seed]}", flush=True)

@@ -8,9 +8,9 @@ out people's biographies among its pages, and they are added as `edmem add-entit
 (`new_entity_passages`), each way of writing the rows in turn:
 
 - `mean_query`: `entity_growth.add_entities` (the scaled mean memory query at their mentions, no gradient step);
-- `fitted`: `entity_growth.fit_new_entities` (those rows, then trained alone on the pre-training objective over
+- `fitted`: `row_fitting.fit_new_entities` (those rows, then trained alone on the pre-training objective over
   the new passages, with trained people's passages as negatives; every other weight frozen);
-- `fitted_pretraining`: the mean-query rows trained alone (`entity_growth.fit_rows`) on the full world's
+- `fitted_pretraining`: the mean-query rows trained alone (`row_fitting.fit_rows`) on the full world's
   pre-training passages (`edmem build-corpus` of the new dump: every mention marked and labelled, the places a
   person links to among them), those that mention a new person against the others;
 - `random` (a control with no information, at the trained rows' norm).
@@ -109,20 +109,6 @@ from edmem_hf import EDMemForConditionalGeneration, EntityVocab  # noqa: E402
 from edmem_hf.configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN  # noqa: E402
 from edmem_hf.corpus import build_corpus  # noqa: E402
 from edmem_hf.dump import iter_parsed_pages  # noqa: E402
-from edmem_hf.entity_growth import (  # noqa: E402
-    add_entities,
-    corpus_entity_ids,
-    fit_new_entities,
-    fit_rows,
-    memory_queries,
-    new_entity_passages,
-    own_page_sentences,
-    pretraining_examples,
-    write_rows_as_read,
-    write_rows_into_table,
-    writer_inputs,
-    written_rows,
-)
 from edmem_hf.evaluation import strip_generation  # noqa: E402
 from edmem_hf.knowledge_world import (  # noqa: E402
     FIELDS,
@@ -136,11 +122,22 @@ from edmem_hf.knowledge_world import (  # noqa: E402
     split_people,
     without_people,
 )
-from edmem_hf.pretraining import PretrainingArguments, build_config, load_corpus, pretrain  # noqa: E402
+from edmem_hf.pretraining import PretrainingArguments, build_config, load_corpus, pretrain, pretraining_options  # noqa: E402
+from edmem_hf.research.entity_growth import (  # noqa: E402
+    add_entities,
+    memory_queries,
+    write_rows_as_read,
+    write_rows_into_table,
+    writer_inputs,
+    written_rows,
+)
+from edmem_hf.research.new_entity_text import new_entity_passages, own_page_sentences  # noqa: E402
+from edmem_hf.research.row_fitting import corpus_entity_ids, fit_new_entities, fit_rows, pretraining_examples  # noqa: E402
+from edmem_hf.research.writer_batches import EntityPassages, WriterCollator  # noqa: E402
+from edmem_hf.research.writer_training import WriterTrainingArguments  # noqa: E402
 from edmem_hf.task_features import in_running_text  # noqa: E402
 from edmem_hf.tasks import EDMemSeq2SeqCollator, encode_qa_record, exact_match, read_jsonl, read_qa  # noqa: E402
 from edmem_hf.toy_world import write_mediawiki_dump  # noqa: E402
-from edmem_hf.writer_batches import EntityPassages, WriterCollator  # noqa: E402
 
 logger = logging.getLogger("toy_world_growth")
 ESTIMATORS = ("mean_query", "fitted", "fitted_pretraining", "random")  # of the default EDMem
@@ -373,12 +370,12 @@ def continue_pretraining(pretrained: Path, new_dump: str, out: Path, settings: G
     model = EDMemForConditionalGeneration.from_pretrained(grown)
     tokenizer = AutoTokenizer.from_pretrained(grown)
     datasets = corpus_in_model_ids(new_world_corpus(new_dump, out.parent, grown, seed), model.entity_vocab)
-    args = PretrainingArguments(
+    options = pretraining_options(
         output_dir=str(out), decoder_target=RECIPES[settings.recipe].decoder_target,
         mixed_questions_file=questions and str(questions),
         **pretraining_schedule(settings.qa, settings.continued_steps, seed),
     )  # fmt: skip
-    pretrain(args, model=model, tokenizer=tokenizer, datasets=datasets, entity_vocab=model.entity_vocab)
+    pretrain(**options, model=model, tokenizer=tokenizer, datasets=datasets, entity_vocab=model.entity_vocab)
     return out
 
 
@@ -430,8 +427,8 @@ def _model_to_grow(model_dir: Path, shape: str, writer: bool = False):
         return EDMemForConditionalGeneration.from_pretrained(model_dir), tokenizer
     size = 1_000_010
     with tempfile.TemporaryDirectory() as scratch:
-        arguments = PretrainingArguments(output_dir=scratch, preset="edmem-base", entity_row_writer=writer or None)
-        config = build_config(arguments, tokenizer, size)
+        arguments = PretrainingArguments(output_dir=scratch, preset="edmem-base")
+        config = build_config(arguments, tokenizer, size, WriterTrainingArguments(entity_row_writer=writer or None))
     model = EDMemForConditionalGeneration(config)
     model.entity_vocab = EntityVocab([f"Entity {i}" for i in range(size)], [[] for _ in range(size)], [0] * size)
     return model, tokenizer
@@ -832,15 +829,17 @@ def name_shape(model_dir: Path, corpus: Path, practice_people: Path, data_file: 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     vocab = model.entity_vocab
     practice = [vocab.id_of(line.strip()) for line in practice_people.read_text(encoding="utf-8").splitlines()]
+    options = WriterTrainingArguments(written_row_share=0.0, written_only_share=0.0,
+                                      writer_passages_per_row=passages_per_row)  # fmt: skip
     written = WriterCollator.from_corpus(EDMemSeq2SeqCollator(tokenizer.pad_token_id), str(corpus), model, tokenizer,
-                                         written_row_share=0.0, written_only_ids=practice, seed=seed,
-                                         passages_per_row=passages_per_row)  # fmt: skip
+                                         options, seed)  # fmt: skip
+    written = replace(written, written_only_ids=practice)
     features = [encode_qa_record(row, tokenizer) for row in read_qa(str(data_file), vocab)]
     namings = {"own_name": dict(fresh_names=False), "fresh_any_words": {},
                "fresh_people_words": dict(fresh_names_like_written_only=True)}  # fmt: skip
     figures = {}
-    for naming, options in namings.items():
-        collator = replace(written, **options)
+    for naming, changes in namings.items():
+        collator = replace(written, options=replace(options, **changes))
         whole = []
         for start in range(0, len(features), 16):
             batch = collator(features[start : start + 16])

@@ -63,7 +63,7 @@ from edmem_hf.knowledge_world import (  # noqa: E402
     generate_knowledge_world,
     split_people,
 )
-from edmem_hf.pretraining import PretrainingArguments, pretrain  # noqa: E402
+from edmem_hf.pretraining import pretrain, pretraining_options  # noqa: E402
 from edmem_hf.task_features import in_running_text  # noqa: E402
 from edmem_hf.tasks import IGNORE_INDEX, EDMemSeq2SeqCollator, exact_match, read_jsonl, read_qa  # noqa: E402
 from edmem_hf.toy_world import QAPair, ToyEntity, ToyWorld, write_mediawiki_dump  # noqa: E402
@@ -244,8 +244,9 @@ def pretrain_variant(variant: str, corpus: Path, out: Path, settings: Settings, 
                      ffn_dim: int | None = None, recipe: Recipe = PAPER, questions: Path | None = None,
                      **options) -> Path:  # fmt: skip
     """`edmem pretrain` of `variant` at the settings' widths and schedule, with `questions` (a QA file) mixed into
-    its batches when given (`options`: more `PretrainingArguments`). A folder that holds a finished pre-training of
-    other steps is refused (resumed, it would go on with a schedule that is neither run's)."""
+    its batches when given (`options`: more of `edmem pretrain`'s options by name, the writer's and the mixing's
+    too, as `pretraining_options` takes them). A folder that holds a finished pre-training of other steps is refused
+    (resumed, it would go on with a schedule that is neither run's)."""
     finished = out / "trainer_state.json"
     steps = json.loads(finished.read_text())["max_steps"] if finished.exists() else settings.pretrain_steps
     if steps != settings.pretrain_steps:
@@ -257,7 +258,7 @@ def pretrain_variant(variant: str, corpus: Path, out: Path, settings: Settings, 
     linking = {} if variant == "encdec" else dict(entity_loss_weight=recipe.entity_loss_weight,
                                                   entity_loss_reduction=recipe.entity_loss_reduction)  # fmt: skip
     pretrain(
-        PretrainingArguments(
+        **pretraining_options(
             output_dir=str(out),
             corpus_dir=str(corpus),
             variant=variant,
@@ -307,7 +308,7 @@ def matched_ffn_dim(edmem: Path, encdec: Path, settings: Settings) -> int:
 
 
 def pretraining_schedule(settings: Settings, steps: int, seed: int) -> dict:
-    """The `PretrainingArguments` of the training loop: batch, learning rate, `steps`, a save every 500 steps
+    """The pre-training options of the training loop: batch, learning rate, `steps`, a save every 500 steps
     and at the end, resumed on a rerun."""
     return dict(per_device_train_batch_size=settings.pretrain_batch_size, learning_rate=settings.pretrain_learning_rate,
                 max_steps=steps, eval_steps=0, save_steps=min(steps, 500), save_total_limit=1,

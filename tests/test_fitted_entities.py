@@ -1,4 +1,4 @@
-"""`entity_growth.fit_new_entities`: new rows trained alone on the pre-training objective, every other weight
+"""`row_fitting.fit_new_entities`: new rows trained alone on the pre-training objective, every other weight
 frozen; deterministic under a seed; bad input named."""
 
 from __future__ import annotations
@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from edmem_hf.entity_growth import add_entities, fit_new_entities
+from edmem_hf.research.entity_growth import add_entities
+from edmem_hf.research.row_fitting import fit_new_entities
 from tiny_models import saved_model_and_unknown_people, tiny_model_with_entities
 
 
@@ -55,7 +56,7 @@ def test_only_the_new_rows_change(setup):
 def test_the_fit_lowers_the_pretraining_loss_of_the_new_passages(setup):
     model, tokenizer, new, passages, _ = setup
     from edmem_hf.collator import EDMemMaskingCollator
-    from edmem_hf.entity_growth import _labelled_passage
+    from edmem_hf.research.row_fitting import _labelled_passage
 
     grown, _, _, _ = tiny_model_with_entities(20)
     grown.load_state_dict(model.state_dict())
@@ -88,7 +89,7 @@ def test_the_fit_is_deterministic_under_a_seed(setup):
 
 def test_initial_rows_may_be_given(setup):
     """`rows=` is where the fit starts: the result is `fit_rows` run from those rows, not from the mean queries."""
-    from edmem_hf.entity_growth import _labelled_passage, fit_rows
+    from edmem_hf.research.row_fitting import _labelled_passage, fit_rows
 
     model, tokenizer, new, passages, _ = setup
     state = _state(model)
@@ -167,7 +168,7 @@ def _labelled(tokenizer, text: str, labels: list[int]) -> dict:
 
 
 def test_fit_rows_on_pretraining_examples_moves_the_new_rows_only(setup):
-    from edmem_hf.entity_growth import fit_rows
+    from edmem_hf.research.row_fitting import fit_rows
 
     model, tokenizer, new, passages, negatives = setup
     names = model.entity_vocab.names
@@ -194,7 +195,7 @@ def test_fit_rows_on_pretraining_examples_moves_the_new_rows_only(setup):
 
 
 def test_fit_rows_names_bad_input(setup):
-    from edmem_hf.entity_growth import fit_rows
+    from edmem_hf.research.row_fitting import fit_rows
 
     model, tokenizer, new, passages, _ = setup
     ids = add_entities(model, new, passages, tokenizer)

@@ -16,7 +16,7 @@ from transformers import AutoTokenizer
 
 from edmem_hf import EDMemForConditionalGeneration, EntityVocab
 from edmem_hf.dump import iter_parsed_pages
-from edmem_hf.entity_growth import add_entities
+from edmem_hf.research.entity_growth import add_entities
 from edmem_hf.task_features import in_running_text
 from edmem_hf.tasks import exact_match, read_jsonl, read_qa
 from tiny_models import load_benchmark, tiny_model, tiny_model_with_entities

@@ -301,7 +301,7 @@ def test_memory_finds_the_person_reads_the_top_entity_at_the_first_mention(bench
     model = tiny_model(vocab_size=len(tokenizer), entity_vocab_size=len(names), entity_start_token_id=start,
                        entity_end_token_id=end, max_position_embeddings=1024).eval()  # fmt: skip
     model.entity_vocab = EntityVocab(names)
-    from edmem_hf.entity_growth import memory_queries
+    from edmem_hf.research.entity_growth import memory_queries
 
     queries = memory_queries(model, [[bench.PERSON_CONTEXTS["name_alone"](world, p)] for p in people], tokenizer)
     with torch.no_grad():

@@ -27,7 +27,7 @@ def trained(tmp_path_factory):
     tokenizer = make_word_tokenizer(bart_template=True)
     world = world_module.tiny_world(tokenizer)
     corpus = world_module.write_corpus(tokenizer, world, folder / "corpus")
-    world_module.pretrain(world_module.pretraining_arguments(corpus, folder / "model", seed=0))
+    world_module.pretrain(**world_module.pretraining_arguments(corpus, folder / "model", seed=0))
     torch.set_num_threads(threads)
     return folder / "model", tokenizer, world
 
@@ -81,10 +81,10 @@ def test_a_second_fact_gives_each_passage_one_of_two_facts_and_leaves_the_one_fa
         labelled = [names[label] for label in row["entity_labels"] if label >= 0]
         fact = two["home"][person] if k < 3 else employer["of"][person]
         assert sorted(labelled) == sorted([person, fact]), (k, labelled)
-    arguments = world_module.pretraining_arguments(corpus, tmp_path / "model", seed=0, rows_apart=5, answer_rows=True)
-    assert (arguments.writer_pools_texts, arguments.writer_passages_per_row, arguments.writer_answer_rows) == (
-        False, 5, True
-    )  # fmt: skip
+    writer = world_module.pretraining_arguments(corpus, tmp_path / "model", seed=0, rows_apart=5, answer_rows=True)[
+        "writer"
+    ]
+    assert (writer.writer_pools_texts, writer.writer_passages_per_row, writer.writer_answer_rows) == (False, 5, True)
     with pytest.raises(SystemExit):
         world_module.main(["--answer-rows", "--out", "unused"])
 
@@ -155,8 +155,8 @@ def test_questions_ask_each_fact_of_each_person_and_leave_the_world_as_it_was(tm
     assert person in row["question"] and row["mention_entities"] == [vocab.id_of(person)]
     assert row["answers"] == [employer["of"][person]] and row["answer_entity"] == vocab.id_of(employer["of"][person])
     arguments = world_module.pretraining_arguments(corpus, tmp_path / "model", seed=0, questions=True, batch_size=8)
-    assert arguments.mixed_questions_file == str(corpus / "questions.jsonl")
-    assert arguments.per_device_train_batch_size == 8
+    assert arguments["mixing"].mixed_questions_file == str(corpus / "questions.jsonl")
+    assert arguments["args"].per_device_train_batch_size == 8
 
 
 def test_a_question_counts_as_found_at_the_name_s_top_entity_and_answered_at_every_answer_token():
