@@ -20,7 +20,7 @@ import re
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,9 +29,6 @@ from ..configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN, IGNORE_I
 from ..entity_attention import WrittenRows
 from ..entity_writer import RowsToWrite, writer_input_ids
 from ..input_checks import check_entity_labels
-
-if TYPE_CHECKING:
-    from .writer_training import WriterTrainingArguments
 
 LISTED_PASSAGES = 4096
 """An entity mentioned in more passages than this has its passages drawn from the whole list, not from a copy of it
@@ -211,7 +208,7 @@ class WriterCollator:
     names: Sequence[str | None]
     tokenizer: Any
     config: Any
-    options: WriterTrainingArguments
+    options: Any  # a `writer_training.WriterTrainingArguments`, resolved (this module does not import it)
     seed: int = 0
     written_only_ids: Sequence[int] = ()
     _name_ids: dict[int, list[int]] = field(init=False, repr=False, default_factory=dict)
@@ -265,7 +262,7 @@ class WriterCollator:
 
     @classmethod
     def from_corpus(
-        cls, base: Callable, corpus_dir: str, model: Any, tokenizer: Any, options: WriterTrainingArguments, seed: int
+        cls, base: Callable, corpus_dir: str, model: Any, tokenizer: Any, options: Any, seed: int
     ) -> WriterCollator:
         """`base` extended with rows written from the train passages of an `edmem build-corpus` folder, its entities
         matched to the model's by name (fine-tuning)."""
