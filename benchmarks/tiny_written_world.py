@@ -51,20 +51,17 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
 from datasets import Dataset, DatasetDict
+from experiments.word_tokenizer import make_word_tokenizer, make_words
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from edmem_hf import EDMemForConditionalGeneration, EntityVocab  # noqa: E402
-from edmem_hf.pretraining import pretrain, pretraining_options  # noqa: E402
-from edmem_hf.research.entity_growth import add_entities  # noqa: E402
-from edmem_hf.tasks import EDMemSeq2SeqCollator, encode_qa_record, read_qa  # noqa: E402
-from tiny_models import make_word_tokenizer, make_words  # noqa: E402
+from edmem_hf import EDMemForConditionalGeneration, EntityVocab
+from edmem_hf.pretraining import pretrain, pretraining_options
+from edmem_hf.research.entity_growth import add_entities
+from edmem_hf.tasks import EDMemSeq2SeqCollator, encode_qa_record, read_qa
 
 SIZES = dict(firsts=12, lasts=12, cities=4, unseen=4, trained=12, practice=100, tag_words=11)
 STEPS = 6000

@@ -1,23 +1,28 @@
 """Tiny EDMem configurations, batches and tokenizers shared by the tests (CPU, seconds), and the benchmark scripts
-as modules."""
+as modules. The made-up words and their tokenizer are the benchmarks' (`benchmarks/experiments/word_tokenizer.py`,
+re-exported here): the tests import what they share with the benchmarks, and the benchmarks import nothing of the
+tests."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
-import random
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import PreTrainedTokenizerFast
 
 from edmem_hf import EDMemConfig, EDMemForConditionalGeneration, EntityVocab
 from edmem_hf.modeling_edmem import MODEL_WITH_HEADS
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+if str(BENCHMARKS) not in sys.path:  # as `python benchmarks/<script>.py` has it: its scripts import each other
+    sys.path.insert(0, str(BENCHMARKS))
+
+from experiments.word_tokenizer import make_word_tokenizer, make_words  # noqa: E402
 
 PAD, BOS, EOS, ES, EE = 1, 0, 2, 5, 6
 VOCAB = 64
@@ -82,51 +87,6 @@ def tiny_batch(seed: int = 0) -> dict[str, torch.Tensor]:
         "labels": labels,
         "decoder_entity_labels": decoder_entity_labels,
     }
-
-
-SYLLABLES = ["ba", "ro", "ki", "ta", "lun", "mer", "vo", "sen", "dra", "pol", "is", "an", "gor", "eth", "ul", "zin"]
-
-
-def make_words(n: int, seed: int = 0) -> list[str]:
-    """`n` distinct made-up words, some capitalised, deterministic in `seed`."""
-    rng = random.Random(seed)
-    out: set[str] = set()
-    while len(out) < n:
-        word = "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(1, 3)))
-        out.add(word.capitalize() if rng.random() < 0.5 else word)
-    return sorted(out)
-
-
-def make_word_tokenizer(
-    vocab_size: int = 600, markers: bool = True, bart_template: bool = False
-) -> PreTrainedTokenizerFast:
-    """A tiny byte-level BPE over `make_words(400)` with BART's specials (and `<E_s>`/`<E_e>`), trained locally;
-    with `bart_template`, encoding adds `<s> ... </s>` as BART's tokenizer does."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"] + (["<E_s>", "<E_e>"] if markers else [])
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    words = make_words(400)
-    tok.train_from_iterator([" ".join(words[i : i + 8]) for i in range(0, len(words), 8)], trainer)
-    if bart_template:
-        tok.post_processor = processors.TemplateProcessing(
-            single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", 0), ("</s>", 2)]
-        )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token="<s>",
-        eos_token="</s>",
-        pad_token="<pad>",
-        unk_token="<unk>",
-        mask_token="<mask>",
-        additional_special_tokens=["<E_s>", "<E_e>"] if markers else [],
-    )
 
 
 def run_without_the_package(script: str, tmp_path: Path, stdin: str | None = None) -> subprocess.CompletedProcess:
@@ -201,12 +161,9 @@ def saved_model_and_unknown_people(
 
 
 def load_benchmark(name: str):
-    """`benchmarks/<name>.py` as a module, registered in `sys.modules` (its dataclasses look their module up) with
-    `benchmarks/` on the path (one script imports another)."""
-    folder = Path(__file__).resolve().parents[1] / "benchmarks"
-    if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))
-    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
+    """`benchmarks/<name>.py` as a module, registered in `sys.modules` (its dataclasses look their module up);
+    `benchmarks/` is on the path (one script imports another)."""
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
