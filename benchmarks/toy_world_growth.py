@@ -44,9 +44,11 @@ adding. *Memory recall* is how often the memory's top entity at the question's m
 *floor* is the majority answer of each question form. The ceiling is continued pre-training: the grown pre-trained
 model pre-trained further on the full world (`--continued-steps`, with the questions the pre-training mixed in), then
 fine-tuned as before (skipped in `--quick`). Where each model keeps what it knows (`diagnostics`, for the default
-EDMem with mean-query rows and for the writer): *row swap*, two trained people's rows swapped, the share of their
-answers that follow the row; *oracle read*, the added people's questions
-with the encoder's memory read forced onto the subject's new row (EM with finding solved); *rewrite*, the trained
+EDMem with mean-query rows and for the writer; `edmem_hf.research.diagnostics`): *row swap*, trained people in
+pairs, each one's questions answered with the encoder's memory read forced onto the partner's row, the share of
+their answers that follow the row (`row_swap_read`; `row_swap`, the committed figure, swaps the table's rows, which
+moves no answer: `table_row_swap`); *oracle read*, the added people's questions with the encoder's memory read forced
+onto the subject's new row (EM with finding solved); *rewrite*, the trained
 people's rows replaced by rows written from their passages (their EM kept); *row content*, a linear probe fitted on
 the trained people's rows reading the added people's occupation and field from theirs; for the writer, *written
 facts*, the shares of its rows' variance that a sentence's name and its fact explain, and a probe at the fact, and
@@ -106,10 +108,8 @@ from toy_world_qa import (  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
 from edmem_hf import EDMemForConditionalGeneration, EntityVocab  # noqa: E402
-from edmem_hf.configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN  # noqa: E402
 from edmem_hf.corpus import build_corpus  # noqa: E402
 from edmem_hf.dump import iter_parsed_pages  # noqa: E402
-from edmem_hf.evaluation import strip_generation  # noqa: E402
 from edmem_hf.knowledge_world import (  # noqa: E402
     FIELDS,
     OCCUPATIONS,
@@ -123,10 +123,20 @@ from edmem_hf.knowledge_world import (  # noqa: E402
     without_people,
 )
 from edmem_hf.pretraining import PretrainingArguments, build_config, load_corpus, pretrain, pretraining_options  # noqa: E402
+from edmem_hf.research.diagnostics import (  # noqa: E402
+    answer_questions,
+    answers_that_follow,
+    exact_match_percent,
+    facts_by_subject,
+    oracle_read,
+    pair_up,
+    row_content,
+    row_swap,
+    written_facts,
+)
+from edmem_hf.research.diagnostics import rewrite as rewrite_rows  # noqa: E402
 from edmem_hf.research.entity_growth import (  # noqa: E402
     add_entities,
-    memory_queries,
-    write_rows_as_read,
     write_rows_into_table,
     writer_inputs,
     written_rows,
@@ -136,7 +146,7 @@ from edmem_hf.research.row_fitting import corpus_entity_ids, fit_new_entities, f
 from edmem_hf.research.writer_batches import EntityPassages, WriterCollator  # noqa: E402
 from edmem_hf.research.writer_training import WriterTrainingArguments  # noqa: E402
 from edmem_hf.task_features import in_running_text  # noqa: E402
-from edmem_hf.tasks import EDMemSeq2SeqCollator, encode_qa_record, exact_match, read_jsonl, read_qa  # noqa: E402
+from edmem_hf.tasks import EDMemSeq2SeqCollator, encode_qa_record, read_jsonl, read_qa  # noqa: E402
 from edmem_hf.toy_world import write_mediawiki_dump  # noqa: E402
 
 logger = logging.getLogger("toy_world_growth")
@@ -493,55 +503,21 @@ def rows_alone_ceiling(model_dir: Path, files: dict[str, Path]) -> dict[str, flo
 # --- where the knowledge is: the diagnostics ----------------------------------------------------------------------
 
 
-@torch.no_grad()
-def answer_questions(model, tokenizer, data_file: Path, subjects_only: bool = False) -> dict[str, str]:
-    """Free greedy answers `{id: text}` to the questions of `data_file`, as `predict` makes them (the question
-    encoded by `encode_qa_record`, 17 tokens at most, the markers kept). With `subjects_only`, the encoder's memory
-    reads each question's subject's row and nothing else (the oracle read: the decoder's memory and the linking head
-    see the whole table), one subject at a time."""
-    rows = read_qa(data_file, model.entity_vocab)
-    collator = EDMemSeq2SeqCollator(tokenizer.pad_token_id)
-    encoder = model.get_encoder()
-    groups: dict[int, list[int]] = {}
-    for i, entities in enumerate(rows["mention_entities"]):
-        groups.setdefault(entities[0] if subjects_only else -1, []).append(i)
-    answers = {}
-    model.eval()
-    try:
-        for subject, members in groups.items():
-            if subjects_only:
-                encoder._entity_mask = torch.arange(model.config.entity_vocab_size) == subject
-            for begin in range(0, len(members), 64):
-                chosen = members[begin : begin + 64]
-                batch = collator(
-                    [{"input_ids": encode_qa_record(rows[i], tokenizer, 64)["input_ids"]} for i in chosen]
-                )
-                generated = model.generate(**batch, max_length=17, num_beams=1, entity_decoding="free")
-                for i, text in zip(chosen, tokenizer.batch_decode(generated)):
-                    answers[rows[i]["id"]] = strip_generation(text, tokenizer)
-    finally:
-        encoder._entity_mask = model._get_entity_mask("cpu")
-    return answers
+def _loaded(model_dir: Path):
+    """The model saved in `model_dir` and its tokenizer, as every diagnostic reads them: afresh."""
+    return EDMemForConditionalGeneration.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)
 
 
-def em_of(answers: dict[str, str], data_file: Path) -> float:
-    """Exact match in percent of `answers` on the questions of `data_file`."""
+def table_row_swap(model_dir: Path, data_file: Path, seed: int) -> dict[str, float]:
+    """The committed results' `row_swap`: the trained people of `data_file` in random pairs, each pair's table rows
+    swapped, then answered as usual; `follow`, `kept` and `questions` as `diagnostics.row_swap` counts them. It
+    cannot move an answer: the memory finds a row by its content, and a table with two rows swapped is the same set
+    of rows, read the same at every mention; its `follow` is the share of answers that are the partner's by chance.
+    Kept so that the committed figures are reproduced; `row_swap_read` (`diagnostics.row_swap`) forces the read onto
+    the partner's row instead."""
+    model, tokenizer = _loaded(model_dir)
     records = list(read_jsonl(data_file))
-    return round(100 * sum(exact_match(answers[r["id"]], r["answer"]) for r in records) / len(records), 2)
-
-
-def row_swap(model_dir: Path, data_file: Path, seed: int) -> dict[str, float]:
-    """The trained people of `data_file` in random pairs, each pair's rows swapped: of their questions whose two
-    answers differ, the share answered with the partner's answer (`follow`: the fact is read from the row) and with
-    their own (`kept`: the fact is in the layers, keyed by the name)."""
-    model = EDMemForConditionalGeneration.from_pretrained(model_dir)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    records = list(read_jsonl(data_file))
-    people = sorted({r["link_target"][0] for r in records})
-    random.Random(seed).shuffle(people)
-    partner = {}
-    for a, b in zip(people[0::2], people[1::2]):
-        partner[a], partner[b] = b, a
+    partner = pair_up(sorted({r["link_target"][0] for r in records}), seed)
     table = model.get_encoder().entity_embeddings
     ids = torch.tensor([model.entity_vocab.id_of(p) for p in partner])
     partner_ids = torch.tensor([model.entity_vocab.id_of(partner[p]) for p in partner])
@@ -550,50 +526,16 @@ def row_swap(model_dir: Path, data_file: Path, seed: int) -> dict[str, float]:
     if getattr(table, "written_rows", None) is not None:  # rows kept apart change owners too
         owner = dict(zip(partner_ids.tolist(), ids.tolist()))
         table.written_row_entity_ids = torch.tensor([owner.get(i, i) for i in table.written_row_entity_ids.tolist()])
-    answers = answer_questions(model, tokenizer, data_file)
-    gold = {(r["link_target"][0], r["relation"]): r["answer"] for r in records}
-    follow = kept = counted = 0
-    for r in records:
-        person = r["link_target"][0]
-        if person not in partner or exact_match(gold[(partner[person], r["relation"])][0], r["answer"]):
-            continue
-        counted += 1
-        follow += exact_match(answers[r["id"]], gold[(partner[person], r["relation"])])
-        kept += exact_match(answers[r["id"]], r["answer"])
-    return {"follow": round(100 * follow / max(counted, 1), 2), "kept": round(100 * kept / max(counted, 1), 2),
-            "questions": counted}  # fmt: skip
-
-
-def oracle_read(model_dir: Path, data_file: Path) -> dict[str, float]:
-    """EM on the added people's questions as answered (`plain`) and with the encoder's memory read forced onto the
-    subject's row (`oracle`): with finding solved, a miss is the row's content or its reading."""
-    model = EDMemForConditionalGeneration.from_pretrained(model_dir)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    return {"plain": em_of(answer_questions(model, tokenizer, data_file), data_file),
-            "oracle": em_of(answer_questions(model, tokenizer, data_file, subjects_only=True), data_file)}  # fmt: skip
+    return answers_that_follow(records, partner, answer_questions(model, tokenizer, data_file))
 
 
 def rewrite(model_dir: Path, data_file: Path, new_dump: str, estimator: str, added_texts: str = "passages"
             ) -> dict[str, float]:  # fmt: skip
-    """EM on the trained people's questions of `data_file` as answered (`plain`) and with their rows replaced by
-    rows written from their passages in the full world's dump (`rewritten`), by `estimator` (the writer, from
-    `added_texts`, as the model reads an entity's texts: their mean, or a row each kept apart; or the scaled mean
-    query)."""
-    model = EDMemForConditionalGeneration.from_pretrained(model_dir)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    plain = em_of(answer_questions(model, tokenizer, data_file), data_file)
+    """`diagnostics.rewrite` of the trained people of `data_file`, their rows written from their passages in the
+    full world's dump (the writer's from `added_texts`)."""
     people = sorted({r["link_target"][0] for r in read_jsonl(data_file)})
-    pages = list(iter_parsed_pages(new_dump))
-    texts = writer_texts(pages, people, added_texts if estimator == WRITER else "passages")
-    ids = [model.entity_vocab.id_of(person) for person in people]
-    table = model.get_encoder().entity_embeddings.weight
-    if estimator == WRITER:
-        write_rows_as_read(model, ids, writer_inputs(model, people, texts, tokenizer))
-    else:
-        means = memory_queries(model, texts, tokenizer)
-        with torch.no_grad():
-            table[torch.tensor(ids)] = means / means.norm(dim=-1, keepdim=True) * table.norm(dim=-1).mean()
-    return {"plain": plain, "rewritten": em_of(answer_questions(model, tokenizer, data_file), data_file)}
+    texts = writer_texts(list(iter_parsed_pages(new_dump)), people, added_texts if estimator == WRITER else "passages")
+    return rewrite_rows(*_loaded(model_dir), data_file, dict(zip(people, texts)), estimator)
 
 
 def fact_rows(model_dir: Path, data_file: Path, new_dump: str) -> dict[str, float]:
@@ -629,7 +571,7 @@ def fact_rows(model_dir: Path, data_file: Path, new_dump: str) -> dict[str, floa
             answers["oracle"].update(answer_questions(model, tokenizer, asked_file, subjects_only=True))
             with torch.no_grad():
                 table.copy_(rows_as_grown)
-    figures = {mode: em_of(given, data_file) for mode, given in answers.items()}
+    figures = {mode: exact_match_percent(given, data_file) for mode, given in answers.items()}
     several = rows_as_entities(model_dir, data_file, fact_texts)
     figures["several"], figures["several_person_found"] = several["em"], several["person_found"]
     asked = [(record["link_target"][0], record["relation"]) for record in records]
@@ -675,7 +617,7 @@ def rows_as_entities(model_dir: Path, data_file: Path, texts: dict[tuple[str, st
     mask = torch.ones(model.config.entity_vocab_size, dtype=torch.bool)
     mask[people_ids] = False
     model.set_entity_mask(mask)
-    em = em_of(answer_questions(model, tokenizer, data_file), data_file)
+    em = exact_match_percent(answer_questions(model, tokenizer, data_file), data_file)
     key_of = dict(zip(entity_names, keys))
     found = [key_of.get(name) for name in memory_top_names(model.eval(), tokenizer, data_file)]
     subjects = [record["link_target"][0] for record in records]
@@ -685,56 +627,8 @@ def rows_as_entities(model_dir: Path, data_file: Path, texts: dict[tuple[str, st
 
 # Literal facts of 16 values each: enough people share a value for a linear probe to be fitted on 80 people.
 PROBED_RELATIONS = {"occupation": OCCUPATIONS, "field": FIELDS}
-
-
-def _facts_by_person(data_files: list[Path], relation: str) -> dict[str, str]:
-    return {
-        r["link_target"][0]: r["answer"][0] for f in data_files for r in read_jsonl(f) if r["relation"] == relation
-    }
-
-
-def linear_probe(x: torch.Tensor, y: torch.Tensor, x_score: torch.Tensor, classes: int) -> torch.Tensor:
-    """The classes a multinomial logistic regression fitted on `(x, y)` (standardised, L2-regularised) predicts for
-    `x_score`."""
-    mean, std = x.mean(0), x.std(0) + 1e-6
-    weight = torch.zeros(x.shape[1], classes, requires_grad=True)
-    bias = torch.zeros(classes, requires_grad=True)
-    optimizer = torch.optim.LBFGS([weight, bias], max_iter=200)
-
-    def closure() -> torch.Tensor:
-        optimizer.zero_grad()
-        logits = (x - mean) / std @ weight + bias
-        loss = torch.nn.functional.cross_entropy(logits, y) + 1e-2 * weight.pow(2).sum()
-        loss.backward()
-        return loss
-
-    with torch.enable_grad():
-        optimizer.step(closure)
-    return ((x_score - mean) / std @ weight + bias).argmax(-1)
-
-
-def row_content(grown: Path, fit_files: list[Path], score_file: Path) -> dict[str, float]:
-    """Whether table rows carry facts: for each of `PROBED_RELATIONS`, a linear probe fitted on the rows of the
-    people asked in `fit_files` (the trained people) predicts the value for the people of `score_file` (the added),
-    accuracy %, beside the majority value of the fitted people (`majority_*`). Rows that are only keys of who a
-    person is give the probe nothing to beat the majority with."""
-    model = EDMemForConditionalGeneration.from_pretrained(grown)
-    table = model.get_encoder().entity_embeddings.weight.detach().float()
-    result = {}
-    for relation in PROBED_RELATIONS:
-        fit, score = _facts_by_person(fit_files, relation), _facts_by_person([score_file], relation)
-        values = sorted(set(fit.values()) | set(score.values()))
-        x, x_score = (
-            table[torch.tensor([model.entity_vocab.id_of(person) for person in facts])] for facts in (fit, score)
-        )
-        y, y_score = (torch.tensor([values.index(value) for value in facts.values()]) for facts in (fit, score))
-        predicted = linear_probe(x, y, x_score, len(values))
-        majority = torch.bincount(y, minlength=len(values)).argmax()
-        result[relation] = round(100 * predicted.eq(y_score).float().mean().item(), 2)
-        result[f"majority_{relation}"] = round(100 * y_score.eq(majority).float().mean().item(), 2)
-    result["probe"] = round(statistics.mean(result[r] for r in PROBED_RELATIONS), 2)
-    result["majority"] = round(statistics.mean(result[f"majority_{r}"] for r in PROBED_RELATIONS), 2)
-    return result
+# Their first sentence form and values, as `diagnostics.written_facts` takes them.
+WRITTEN_FACTS = {relation: (TEMPLATES[relation][0], values) for relation, values in PROBED_RELATIONS.items()}
 
 
 def passage_facts(corpus: Path, files: list[Path]) -> dict[str, dict[str, float]]:
@@ -761,59 +655,6 @@ def passage_facts(corpus: Path, files: list[Path]) -> dict[str, dict[str, float]
         result[draw] = {relation: round(100 * statistics.fmean(v), 2) for relation, v in sorted(by_relation.items())}
         result[draw]["all"] = round(statistics.fmean(result[draw].values()), 2)
     return result
-
-
-def variance_shares_and_probe(rows: torch.Tensor) -> dict[str, float]:
-    """`rows` `(names, values, dim)`: rows written about each name with each value of one fact. The shares (%) of
-    the rows' variance explained by the name and by the value (two-way main effects), and a linear probe's accuracy
-    (%) at the value for the last third of the names, fitted on the others, beside chance."""
-    rows = rows.float()
-    names, values, dim = rows.shape
-    total = rows.reshape(-1, dim).var(0, unbiased=False).sum()
-    by_name = rows.mean(1).var(0, unbiased=False).sum() / total
-    by_value = rows.mean(0).var(0, unbiased=False).sum() / total
-    fitted = names - names // 3
-    y = torch.arange(values).repeat(names, 1)
-    predicted = linear_probe(rows[:fitted].reshape(-1, dim), y[:fitted].reshape(-1), rows[fitted:].reshape(-1, dim),
-                             values)  # fmt: skip
-    return {"name_share": round(100 * by_name.item(), 2), "fact_share": round(100 * by_value.item(), 2),
-            "probe": round(100 * predicted.eq(y[fitted:].reshape(-1)).float().mean().item(), 2),
-            "chance": round(100 / values, 2)}  # fmt: skip
-
-
-WRITTEN_FACT_NAMES = 24
-
-
-def written_facts(model_dir: Path, people: set[str], seed: int) -> dict[str, float]:
-    """What a written row is made of: the writer's rows of one sentence, `<E_s> name <E_e>` in the world's first form
-    of a fact (`knowledge_world.TEMPLATES`), for `WRITTEN_FACT_NAMES` names made of the first and last names of
-    `people` (none of them an entity's; fewer when the names allow fewer, at least 3) and each of the fact's 16
-    values, for each of `PROBED_RELATIONS` (`variance_shares_and_probe`, averaged over the relations). A row that
-    says who and not what has a fact share near 0 and a probe at chance, whatever the reader makes of it."""
-    model = EDMemForConditionalGeneration.from_pretrained(model_dir).eval()
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    taken = set(model.entity_vocab.names) | people
-    firsts, lasts = sorted({p.split()[0] for p in people}), sorted({p.split()[-1] for p in people})
-    wanted = min(WRITTEN_FACT_NAMES, sum(f"{first} {last}" not in taken for first in firsts for last in lasts))
-    if wanted < 3:
-        raise ValueError(f"written_facts needs 3 names no entity has; the people's names give {wanted}")
-    rng = random.Random(seed)
-    names: list[str] = []
-    while len(names) < wanted:
-        name = f"{rng.choice(firsts)} {rng.choice(lasts)}"
-        if name not in taken and name not in names:
-            names.append(name)
-    figures: dict[str, float] = {}
-    for relation, values in PROBED_RELATIONS.items():
-        form = TEMPLATES[relation][0]
-        texts = [[form.format(S=f"{ENTITY_START_TOKEN} {name} {ENTITY_END_TOKEN}", V=value)]
-                 for name in names for value in values]  # fmt: skip
-        inputs = writer_inputs(model, [name for name in names for _ in values], texts, tokenizer)
-        shares = variance_shares_and_probe(written_rows(model, inputs).view(len(names), len(values), -1))
-        figures.update({f"{key}_{relation}": value for key, value in shares.items()})
-    for key in ("name_share", "fact_share", "probe", "chance"):
-        figures[key] = round(statistics.mean(figures[f"{key}_{r}"] for r in PROBED_RELATIONS), 2)
-    return figures
 
 
 def name_shape(model_dir: Path, corpus: Path, practice_people: Path, data_file: Path, seed: int,
@@ -858,19 +699,24 @@ def diagnostics(trained: Path, grown: Path, estimator: str, files: dict[str, Pat
     to the file when it lacks it). `practice`: the corpus and the practice people's file, for `name_shape`;
     `added_texts`: what the writer writes rewritten rows from; `passages_per_row`: as the writer's training pooled."""
     result = json.loads(out.read_text()) if out.exists() else {}
-    todo = {"row_swap": lambda: row_swap(trained, files["test"], seed),
-            "oracle_read": lambda: oracle_read(grown, files["added"]),
+    todo = {"row_swap": lambda: table_row_swap(trained, files["test"], seed),
+            "oracle_read": lambda: oracle_read(*_loaded(grown), files["added"]),
             "rewrite": lambda: rewrite(trained, files["test"], new_dump, estimator, added_texts),
-            "row_content": lambda: row_content(grown, [files["train"], files["test"]], files["added"])}  # fmt: skip
+            "row_content": lambda: row_content(_loaded(grown)[0], [files["train"], files["test"]], files["added"],
+                                               tuple(PROBED_RELATIONS))}  # fmt: skip
     if estimator == WRITER:
         todo["fact_rows"] = lambda: fact_rows(grown, files["added"], new_dump)
         todo["sentence_rows"] = lambda: sentence_rows(grown, files["added"], new_dump)
         asked = [files[split] for split in ("train", "test", "added")]
-        todo["written_facts"] = lambda: written_facts(
-            trained, {person for r in PROBED_RELATIONS for person in _facts_by_person(asked, r)}, seed
-        )  # the people are read only when the figure is not kept yet
+        todo["written_facts"] = lambda: written_facts(  # the people are read only when the figure is not kept yet
+            *_loaded(trained),
+            {person for r in PROBED_RELATIONS for person in facts_by_subject(asked, r)},
+            WRITTEN_FACTS,
+            seed,
+        )
         if practice is not None and "practice" in files:
             todo["name_shape"] = lambda: name_shape(trained, *practice, files["practice"], seed, passages_per_row)
+    todo["row_swap_read"] = lambda: row_swap(*_loaded(trained), files["test"], seed)
     for name, measure in todo.items():
         if name not in result:
             result[name] = measure()

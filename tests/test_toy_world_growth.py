@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import bz2
 import json
-import random
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
@@ -207,62 +205,6 @@ def test_writer_more_steps_without_a_writer_to_continue_is_refused(
     assert not any(tmp_path.iterdir())  # refused before any work
 
 
-def test_the_row_probe_reads_a_fact_that_rows_carry_and_not_one_they_do_not(bench, tmp_path):
-    """`row_content`: rows that spell each person's occupation give the probe every added person's; their field,
-    which no row carries, stays near the majority value."""
-    model = tiny_model(entity_vocab_size=48)
-    people = model.entity_vocab.names
-    occupations, fields = ["poet", "pilot", "banker", "lawyer"], ["law", "music", "history"]
-    rng = random.Random(0)
-    facts = {person: (occupations[i % 4], rng.choice(fields)) for i, person in enumerate(people)}
-    with torch.no_grad():
-        table = model.get_encoder().entity_embeddings.weight
-        table.normal_(0.0, 0.1, generator=torch.Generator().manual_seed(0))
-        for i, person in enumerate(people):
-            table[i, occupations.index(facts[person][0])] += 1.0
-    model.save_pretrained(tmp_path / "model")
-
-    def questions(name: str, group: list[str]) -> Path:
-        path = tmp_path / f"{name}.jsonl"
-        path.write_text("".join(json.dumps({"link_target": [person], "relation": relation, "answer": [value]}) + "\n"
-                                for person in group for relation, value in zip(("occupation", "field"), facts[person])))  # fmt: skip
-        return path
-
-    figures = bench.row_content(tmp_path / "model", [questions("fit", people[:36])], questions("added", people[36:]))
-    assert figures["occupation"] == 100.0 and figures["majority_occupation"] <= 50.0
-    assert figures["field"] <= 75.0 and figures["probe"] == pytest.approx(
-        (figures["occupation"] + figures["field"]) / 2, abs=0.01
-    )
-
-
-def test_written_fact_figures_split_a_row_into_name_and_fact(bench):
-    """`variance_shares_and_probe`: rows made of a name code and a fact code give each its share of the variance, and
-    the probe reads the fact for names it was not fitted on only when the rows carry it (at chance otherwise)."""
-    generator = torch.Generator().manual_seed(0)
-    names, facts = torch.randn(12, 1, 32, generator=generator), torch.randn(1, 8, 32, generator=generator)
-    carrying = bench.variance_shares_and_probe(names + 0.5 * facts)  # the fact a quarter of the name's variance
-    assert 70.0 < carrying["name_share"] < 90.0 and carrying["probe"] >= 75.0
-    assert carrying["name_share"] + carrying["fact_share"] == pytest.approx(100.0, abs=0.1)
-    assert carrying["chance"] == 12.5
-    only_names = bench.variance_shares_and_probe(
-        names.expand(12, 8, 32) + 0.01 * torch.randn(12, 8, 32, generator=generator)
-    )
-    assert only_names["fact_share"] < 1.0 and only_names["name_share"] > 99.0 and only_names["probe"] <= 25.0
-
-
-def test_written_facts_says_when_the_names_allow_too_few_new_ones(bench, tmp_path):
-    """`written_facts` makes its names of the people's first and last names, not of other entities' (a lab's last
-    word is no surname); when the combinations are all taken there is nothing to write, and it says so instead of
-    drawing forever."""
-    words = ["Ann", "Lee", "Bob", "Lee", "Acme", "Labs"]
-    model, tokenizer, names, _ = tiny_model_with_entities(num_entities=3, words=words)
-    model.save_pretrained(tmp_path / "model")
-    tokenizer.save_pretrained(tmp_path / "model")
-    people = {"Ann Lee", "Bob Lee"}  # "Acme Labs" is an entity, not a person
-    with pytest.raises(ValueError, match="written_facts needs 3 names no entity has.* give 0"):
-        bench.written_facts(tmp_path / "model", people, seed=0)
-
-
 WRITER_FOLDER = "writer-row-autoencoding-0.5-written-only-by-mentions-rows-2-answer-rows-by-text-read-mean-rows-names-like-written-only-decoys-2-key-8"
 
 
@@ -355,10 +297,11 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     assert torch.equal(second.entity_writer.row_proj.weight, trained.entity_writer.row_proj.weight)
     assert trained.config.entity_key_dim == 8  # the writer's model only
     assert EDMemForConditionalGeneration.from_pretrained(models / "finetune").config.entity_key_dim is None
-    # the three diagnostics, for the default EDMem and for the writer
+    # the diagnostics (edmem_hf.research.diagnostics; tests/test_diagnostics.py), for the default EDMem and the writer
     for system in ("default", "writer"):
         figures = result["runs"][0]["results"]["diagnostics"][system]
         assert figures["row_swap"]["questions"] > 0 and 0 <= figures["row_swap"]["follow"] <= 100
+        assert figures["row_swap_read"]["questions"] == figures["row_swap"]["questions"]
         assert set(figures["oracle_read"]) == {"plain", "oracle"} and set(figures["rewrite"]) == {"plain", "rewritten"}
         assert 0 <= figures["row_content"]["probe"] <= 100 and 0 <= figures["row_content"]["majority"] <= 100
     written = result["runs"][0]["results"]["diagnostics"]["writer"]["written_facts"]

@@ -102,14 +102,14 @@ def row_swap(model: Any, tokenizer: Any, questions_file: PathLike, seed: int = 0
     The read is forced rather than the table's rows swapped: the memory finds a row by its content, so a table with
     two rows swapped is the same set of rows, read the same at every mention, and would move no answer."""
     records = read_jsonl(questions_file)
-    partner = _partners(sorted({r["link_target"][0] for r in records}), seed)
+    partner = pair_up(sorted({r["link_target"][0] for r in records}), seed)
     vocab = model.entity_vocab
     reading = {vocab.id_of(person): vocab.id_of(other) for person, other in partner.items()}
     answers = answer_questions(model, tokenizer, questions_file, reading=reading)
-    return _followed(records, partner, answers)
+    return answers_that_follow(records, partner, answers)
 
 
-def _partners(people: list[str], seed: int) -> dict[str, str]:
+def pair_up(people: list[str], seed: int) -> dict[str, str]:
     """`people` shuffled by `seed` and paired in turn, each mapped to the other of its pair (the last of an odd count
     to none)."""
     random.Random(seed).shuffle(people)
@@ -119,7 +119,9 @@ def _partners(people: list[str], seed: int) -> dict[str, str]:
     return partner
 
 
-def _followed(records: list[dict], partner: Mapping[str, str], answers: Mapping[str, str]) -> dict[str, float]:
+def answers_that_follow(
+    records: list[dict], partner: Mapping[str, str], answers: Mapping[str, str]
+) -> dict[str, float]:
     """`row_swap`'s figures: of the questions about a person of `partner` whose answer differs from the partner's
     answer to the same relation, the share of `answers` that are the partner's (`follow`) and the person's own
     (`kept`), and their count."""
@@ -352,11 +354,13 @@ def memory_diagnostics(
 
 __all__ = [
     "answer_questions",
+    "answers_that_follow",
     "exact_match_percent",
     "facts_by_subject",
     "linear_probe",
     "memory_diagnostics",
     "oracle_read",
+    "pair_up",
     "rewrite",
     "row_content",
     "row_swap",
