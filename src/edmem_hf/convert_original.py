@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from huggingface_hub.errors import StrictDataclassError
 
+from .arguments import CommandParser
 from .configuration_edmem import EDMemConfig
 from .entity_vocab import AUTHORS_FIRST_ENTITY, AUTHORS_ID_SPACE, AUTHORS_NO_ENTITY, ENTITY_VOCAB_NAME, EntityVocab
 from .model_card import save_model_card
@@ -364,7 +365,7 @@ def parse_set_options(items: list[str], parser: argparse.ArgumentParser) -> dict
 
 
 def cli_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="edmem convert-original", description=__doc__)
+    parser = CommandParser(prog="edmem convert-original", description=__doc__)
     parser.add_argument("checkpoint", help="the authors' pytorch_model.bin (or a .safetensors file)")
     parser.add_argument("output_dir", help="the folder to write the converted model (and --tokenizer) to")
     parser.add_argument(

@@ -3,7 +3,6 @@ ROUGE, unigram F1, entity coverage and (when available) BERTScore for entity-int
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import string
@@ -14,6 +13,7 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .arguments import CommandParser
 from .configuration_edmem import MENTION_MARKERS as _MARKERS
 from .task_files import read_jsonl
 
@@ -384,7 +384,7 @@ def load_metric(name: str, **kwargs: Any) -> Any:
 
 
 def cli_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="edmem evaluate", description=__doc__)
+    parser = CommandParser(prog="edmem evaluate", description=__doc__)
     parser.add_argument(
         "--task",
         required=True,

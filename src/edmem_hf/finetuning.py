@@ -37,7 +37,7 @@ from transformers import (
     set_seed,
 )
 
-from .arguments import CommandArgumentParser, CommandHelpFormatter
+from .arguments import CommandArgumentParser, CommandHelpFormatter, missing_model
 from .configuration_edmem import IGNORE_INDEX
 from .evaluation import GENERATION_TASKS, QA_TASKS, generation_scores, qa_scores, strip_generation
 from .generation_edmem import ENTITY_DECODING_MODES
@@ -330,8 +330,8 @@ def parse_arguments(
         ("--tokenizer_name", model_args.tokenizer_name),
         ("--static_linker", model_args.static_linker),
     ):
-        if path is not None and not os.path.isdir(path) and _names_a_folder(path):
-            parser.error(f"{option} {path}: no such model folder")
+        if path is not None and (why := missing_model(path)):
+            parser.error(f"{option} {path}: {why}")
     for option, path in (
         ("--train_file", data_args.train_file),
         ("--validation_file", data_args.validation_file),
@@ -366,16 +366,6 @@ def parse_arguments(
     if training_args.generation_max_length is None:  # the decoder start token and max_target_length tokens
         training_args.generation_max_length = data_args.max_target_length + 1
     return (*parsed, task)
-
-
-def _names_a_folder(path: str) -> bool:
-    """Whether a model path that does not exist can only have meant a local folder (not a Hub id `org/name`)."""
-    return (
-        os.path.isabs(path)
-        or path.startswith((".", "~"))
-        or path.count("/") > 1
-        or os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
-    )
 
 
 class ModelFolderError(ValueError):

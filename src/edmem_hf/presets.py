@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from huggingface_hub.errors import StrictDataclassError
 
+from .arguments import CommandParser
 from .configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN, EDMemConfig
 from .convert_original import AUTHORS_DEFAULTS, entity_names_from_task_files, parse_set_options
 from .entity_vocab import AUTHORS_ID_SPACE, EntityVocab
@@ -219,7 +220,7 @@ def _save_without_weights(model: EDMemForConditionalGeneration, folder: str) -> 
 
 
 def cli_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="edmem write-preset", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("preset", choices=list(PRESETS), help="the authors' model at BART-base or BART-large widths")

@@ -1204,6 +1204,11 @@ def pretrain(
     one state per process: calls in the same process must use the same `mixed_precision` (Accelerate raises a
     ValueError otherwise); `edmem pretrain` starts a fresh process each time.
     """
+    from .arguments import missing_model
+
+    for option in ("model_name_or_path", "tokenizer_name"):  # one line, before anything tries to download it
+        if model is None and getattr(args, option) is not None and (why := missing_model(getattr(args, option))):
+            raise ValueError(f"--{option} {getattr(args, option)}: {why}")
     run = _PretrainingRun(args, model, tokenizer, datasets, entity_vocab, writer, mixing)
     return run.finish(run.train())
 

@@ -8,6 +8,7 @@ import os
 import random
 import sys
 
+from ..arguments import CommandParser, missing_model
 from ..dump import iter_parsed_pages
 from ..modeling_edmem import MODEL_WITH_HEADS
 from .entity_growth import ESTIMATORS, add_entities, default_estimator
@@ -16,7 +17,7 @@ from .row_fitting import fit_new_entities
 
 
 def cli_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="edmem add-entities", description=__doc__)
+    parser = CommandParser(prog="edmem add-entities", description=__doc__)
     parser.add_argument("--model", required=True, help="a trained EDMem or EncMem folder")
     parser.add_argument("--dump", required=True, help="a MediaWiki XML dump (.xml or .xml.bz2) of the new pages")
     parser.add_argument("--out", required=True, help="where the grown model (and its tokenizer) is written")
@@ -43,6 +44,9 @@ def cli_main(argv: list[str] | None = None) -> int:
                         help="fitted: trained entities of the dump whose passages are negatives")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, help="fitted: seed of the batches and dropout")
     args = parser.parse_args(argv)
+    for option, name in (("--model", args.model), ("--tokenizer", args.tokenizer)):
+        if name is not None and (why := missing_model(name)):
+            parser.error(f"{option} {name}: {why}")
     from transformers import AutoTokenizer
 
     from ..configuration_edmem import EDMemConfig

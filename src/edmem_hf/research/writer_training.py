@@ -35,9 +35,13 @@ _HIDDEN = argparse.SUPPRESS  # accepted on the command line, listed in docs/pret
 _DOCS: list[str] = []  # each field's help, in the order of the fields, the hidden ones too (`documented_options`)
 
 
-def _option(default: Any, help: str, shown: bool = False) -> Any:
+def _option(default: Any, help: str, shown: bool = False, switch: bool = False) -> Any:
+    """A field, shown in `--help` or not; a `switch` (a `bool | None`) is also given alone, `--name` for true."""
     _DOCS.append(help)
-    return field(default=default, metadata={"help": help if shown else _HIDDEN})
+    metadata = {"help": help if shown else _HIDDEN}
+    if switch:  # HfArgumentParser makes `--name` alone mean true only for a bool whose default is not None
+        metadata.update(nargs="?", const=True)
+    return field(default=default, metadata=metadata)
 
 
 @dataclass
@@ -49,7 +53,10 @@ class WriterTrainingArguments:
     _argument_group_name = "the writer of entity rows (research; docs/model.md)"
 
     entity_row_writer: bool | None = _option(
-        None, "A writer of entity rows, trained to write rows the memory reads (docs/model.md).", shown=True
+        None,
+        "A writer of entity rows, trained to write rows the memory reads (docs/model.md).",
+        shown=True,
+        switch=True,
     )
     writer_recipe: str | None = _option(
         None,
@@ -67,9 +74,10 @@ class WriterTrainingArguments:
         None,
         "An entity written from several passages in a batch reads the mean of their rows (true, the default) or "
         "each row on its own, scored by their log-sum-exp (false).",
+        switch=True,
     )
     writer_mean_row_probability: bool | None = _option(
-        None, "An entity of several written rows gets the mean of its rows' probabilities, not their sum."
+        None, "An entity of several written rows gets the mean of its rows' probabilities, not their sum.", switch=True
     )
     written_row_share: float | None = _option(
         None, "Share of a batch's entities read through a row written from another passage (default 0.5)."
@@ -78,19 +86,21 @@ class WriterTrainingArguments:
         None, "Share of all entities read through written rows only, as if added later (default 0.2)."
     )
     hide_practice_entities: bool | None = _option(
-        None, "Save the model with the entities of --written_only_entities_file hidden (its entity mask)."
+        None, "Save the model with the entities of --written_only_entities_file hidden (its entity mask).", switch=True
     )
     written_table: bool | None = _option(
-        None, "When training ends, write every entity's table row with the writer, not only the written-only ones'."
+        None,
+        "When training ends, write every entity's table row with the writer, not only the written-only ones'.",
+        switch=True,
     )
     row_autoencoding_share: float | None = _option(
         None, "Share of the passages about a written entity read as its written row alone (default 0)."
     )
     row_autoencoding_written_only: bool | None = _option(
-        None, "Row auto-encoding reads only passages about written-only entities."
+        None, "Row auto-encoding reads only passages about written-only entities.", switch=True
     )
     writer_passages_by_mentions: bool | None = _option(
-        None, "Draw the passage a row is written from in proportion to how often it mentions the entity."
+        None, "Draw the passage a row is written from in proportion to how often it mentions the entity.", switch=True
     )
     writer_passages_per_row: int | None = _option(
         None, "Each written entity read through the rows written from up to this many passages (default 1)."
@@ -99,23 +109,31 @@ class WriterTrainingArguments:
         None,
         "With --writer_pools_texts false: a mention's linking gold among its entity's rows are those written "
         "from a passage that names an entity its passage hides.",
+        switch=True,
     )
     writer_answer_rows_by_text: bool | None = _option(
-        None, "With --writer_answer_rows: a question's rows that answer are also those whose passage holds its answer."
+        None,
+        "With --writer_answer_rows: a question's rows that answer are also those whose passage holds its answer.",
+        switch=True,
     )
     writer_reads_answer_rows: bool | None = _option(
-        None, "With --writer_answer_rows: in training, a mention whose entity has rows that answer reads those alone."
+        None,
+        "With --writer_answer_rows: in training, a mention whose entity has rows that answer reads those alone.",
+        switch=True,
     )
     frozen_writer: bool | None = _option(
         None,
         "The second stage (from a first with --model_name_or_path): the writer, the encoder's lower layers and "
         "the token embeddings stay as loaded, every entity's row written by them and left out of the optimizer.",
+        switch=True,
     )
     writer_max_length: int | None = _option(None, "Tokens of a writer input, name and passage (default 128).")
     max_written_rows: int | None = _option(None, "Written rows a batch at most (default 32).")
-    fresh_names: bool | None = _option(None, "Written-only entities appear under a fresh name each batch (default).")
+    fresh_names: bool | None = _option(
+        None, "Written-only entities appear under a fresh name each batch (default).", switch=True
+    )
     fresh_names_like_written_only: bool | None = _option(
-        None, "Fresh names are made of the words of written-only entities' names only."
+        None, "Fresh names are made of the words of written-only entities' names only.", switch=True
     )
     fresh_name_share: float | None = _option(
         None, "Share of the batch's other written entities renamed as written-only ones are (default 0)."
@@ -126,6 +144,7 @@ class WriterTrainingArguments:
     writer_decoys_for_every_entity: bool | None = _option(
         None,
         "Every written entity of a batch brings --writer_decoy_rows decoys under names sharing a word of its own.",
+        switch=True,
     )
 
     def __post_init__(self) -> None:

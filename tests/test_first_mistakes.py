@@ -1,0 +1,84 @@
+"""A new user's first mistakes get one line each (issue 66): a model folder that does not exist is named before any
+download, offline and online; an option is never guessed from a prefix; every option takes both spellings."""
+
+from __future__ import annotations
+
+import pytest
+
+from edmem_hf import arguments
+from edmem_hf.cli import main as edmem
+
+
+def _one_line_error(argv: list[str], capsys) -> str:
+    """The command's exit code is an error and what it printed is one line naming the problem."""
+    try:
+        code = edmem(argv)
+    except SystemExit as exit_:
+        code = exit_.code
+    assert code == 2
+    captured = capsys.readouterr()
+    lines = [line for line in (captured.out + captured.err).splitlines() if line.strip()]
+    error = [line for line in lines if "error:" in line]
+    assert len(error) == 1 and "Traceback" not in captured.err, lines
+    return error[0]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["finetune", "--task", "wq", "--model_name_or_path", "wq-tyni", "--output_dir", "out", "--do_predict",
+         "--test_file", __file__],
+        ["pretrain", "--output_dir", "out", "--model_name_or_path", "wq-tyni"],
+        ["add-entities", "--model", "wq-tyni", "--dump", "d.xml", "--out", "grown"],
+    ],
+)  # fmt: skip
+def test_a_mistyped_model_folder_is_one_line_offline(argv, capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    assert "wq-tyni: no such folder" in _one_line_error(argv, capsys)
+
+
+def test_online_the_hub_is_asked_once_and_its_answer_is_one_line(monkeypatch, tmp_path):
+    import huggingface_hub
+
+    monkeypatch.setattr(arguments, "hub_offline", lambda: False)
+    asked = []
+    monkeypatch.setattr(huggingface_hub, "repo_exists", lambda name: asked.append(name) or name == "org/model")
+    assert arguments.missing_model("wq-tyni") == "no such folder, and no such model on the Hub"
+    assert arguments.missing_model("org/model") is None and asked == ["wq-tyni", "org/model"]
+    assert arguments.missing_model("./wq-tyni") == "no such folder" and len(asked) == 2  # only a path: not asked
+
+    def unreachable(name):
+        raise ConnectionError("no network")
+
+    monkeypatch.setattr(huggingface_hub, "repo_exists", unreachable)
+    assert "the Hub could not say" in arguments.missing_model("wq-tyni")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "file.txt").write_text("x")
+    assert arguments.missing_model(str(tmp_path / "model")) is None
+    assert arguments.missing_model(str(tmp_path / "file.txt")) == "a file, not a model folder"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["pretrain", "--output_dir", "out", "--learning_rat", "1e-3"],
+        ["finetune", "--task", "wq", "--model_name_or_path", ".", "--output_dir", "out", "--learning_rat", "1e-3"],
+        ["evaluate", "--task", "nq", "--data", "d", "--predictions", "p", "--answer-link", "a"],
+    ],
+)
+def test_an_option_is_never_guessed_from_a_prefix(argv, capsys):
+    error = _one_line_error(argv, capsys)
+    assert argv[-2] in error and ("unrecognized arguments" in error or "not used" in error), error
+
+
+def test_every_option_takes_both_spellings():
+    parser = arguments.CommandParser(prog="x")
+    parser.add_argument("--answer-links")
+    parser.add_argument("--max_passages")
+    assert vars(parser.parse_args(["--answer_links", "a", "--max-passages", "3"])) == {
+        "answer_links": "a",
+        "max_passages": "3",
+    }
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--answer", "a"])
