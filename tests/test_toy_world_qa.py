@@ -8,6 +8,7 @@ import bz2
 import dataclasses
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +19,8 @@ from edmem_hf.finetuning import run as finetune
 from edmem_hf.knowledge_world import KnowledgeWorldSettings, generate_knowledge_world, split_people
 from edmem_hf.tasks import IGNORE_INDEX, read_jsonl, read_qa
 from tiny_models import load_benchmark, make_word_tokenizer, tiny_model
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -81,14 +84,36 @@ def test_mixed_questions_are_on_by_default_and_can_be_turned_off(bench, tmp_path
 
 def test_the_systems_beside_edmem_can_be_switched(bench):
     parser = bench.qa_parser()
-    full = bench.qa_settings(parser.parse_args([]))
+    full = bench.qa_settings(parser.parse_args(["--setup", "paper"]))
     assert full.encmem and full.encdec_matched and full.single_biography_ablation
     lean = bench.qa_settings(
-        parser.parse_args(["--no-encmem", "--no-encdec-matched", "--no-single-biography-ablation"])
+        parser.parse_args(["--setup", "paper", "--no-encmem", "--no-encdec-matched", "--no-single-biography-ablation"])
     )
     assert not (lean.encmem or lean.encdec_matched or lean.single_biography_ablation)
     quick = bench.qa_settings(parser.parse_args(["--quick", "--encdec-matched"]))
     assert quick.encdec_matched and not quick.encmem and quick.num_people == bench.QUICK.num_people
+
+
+FAIR_WORLD = ROOT / "docs" / "images" / "toy_world_qa_fair_world"
+
+
+def test_the_plain_command_runs_the_headline_s_recipe_and_setup_paper_the_paper_s(bench, tmp_path):
+    """Without options, the settings are those the headline's results file records (docs/evidence.md, "The fair
+    world"); `--setup paper` with the switches of its documented command, those of the paper's recipe's file."""
+
+    def recorded(name: str) -> dict:
+        return json.loads((FAIR_WORLD / name).read_text(encoding="utf-8"))["settings"]
+
+    def settings(argv: list[str]) -> dict:
+        return json.loads(json.dumps(dataclasses.asdict(bench.qa_settings(bench.qa_parser().parse_args(argv)))))
+
+    assert settings([]) == recorded("test_3seeds_questions_in_batches_30000_steps_el_per_token.json")
+    lean = ["--no-encmem", "--no-encdec-matched", "--no-single-biography-ablation", "--no-memory-hidden-in-finetuning"]
+    assert settings(["--setup", "paper", *lean]) == recorded("test_3seeds_paper_recipe.json")
+    assert settings(["--setup", "headline", "--pretrain-steps", "100"])["pretrain_steps"] == 100
+    with pytest.raises(SystemExit):  # --quick is the paper's setup, small: refused before any work
+        bench.main(["--quick", "--setup", "headline", "--out", str(tmp_path / "run")])
+    assert not (tmp_path / "run").exists()
 
 
 def test_shuffled_questions_sit_on_pages_of_their_own(bench, tmp_path):
