@@ -303,6 +303,7 @@ def test_hub_files_import_only_each_other():
             "configuration_edmem",
             "modeling_edmem",
             "input_checks",
+            "name_candidates",
             "entity_attention",
             "entity_writer",
             "entity_index",

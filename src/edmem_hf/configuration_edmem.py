@@ -80,6 +80,10 @@ class EDMemConfig(PreTrainedConfig):
             `entity_embeddings.written_row_entity_ids`, whose entity each is): every memory access and the
             entity-linking head read each as a row of its entity, in place of the entity's table row, so that an entity
             may have several (`add_entities(..., rows_apart=True)`, docs/model.md, "A row a passage"). 0 by default.
+        name_guided_read (`bool`): the encoder's memory reads, at a marked mention whose tokens spell the name or
+            an alias of entities of the vocabulary (`name_candidates.NameCandidates`, built with the tokenizer), among
+            those candidates alone, the query's scores ranking them (REL's, ReFinED's and GENRE's candidate
+            generation); elsewhere, and in the decoder, as the paper's. Off: the paper's read.
     """
 
     model_type = "edmem"
@@ -127,6 +131,7 @@ class EDMemConfig(PreTrainedConfig):
     entity_row_writer: bool = False
     writer_pools_texts: bool = True
     writer_mean_row_probability: bool = False
+    name_guided_read: bool = False
     written_entity_rows: int = 0
     use_cache: bool = True
     pad_token_id: int | None = 1

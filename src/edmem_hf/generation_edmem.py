@@ -298,7 +298,8 @@ class EDMemGenerationMixin(GenerationMixin):
                 mention may spell). Defaults to `generation_config.entity_decoding` (`"free"`).
             entity_candidates (`int`, *optional*): k, the candidates per mention. Defaults to
                 `generation_config.entity_candidates` (5).
-            tokenizer: the model's tokenizer, needed once to spell entity names (the prefix tree is then kept).
+            tokenizer: the model's tokenizer, needed once to spell entity names (the prefix tree, and with
+                `config.name_guided_read` the names' lookup, are then kept).
             entity_linker (`EDMemForConditionalGeneration`, *optional*): static decoding takes its candidates from
                 this model's entity-linking head (the authors ran a separately fine-tuned linker) instead of this one's.
             static_linking_input (`str`, *optional*): what the decoder reads before the `<E_s>` placeholder of static
@@ -315,6 +316,8 @@ class EDMemGenerationMixin(GenerationMixin):
         """
         for name in TRAINING_ONLY_FIELDS:
             kwargs.pop(name, None)
+        if getattr(self.config, "name_guided_read", False) and tokenizer is not None:
+            self.name_candidates(tokenizer)  # the names' lookup of the name-guided read, built once
         config = generation_config if generation_config is not None else self.generation_config
         mode = entity_decoding if entity_decoding is not None else getattr(config, "entity_decoding", "free")
         top_k = entity_candidates if entity_candidates is not None else getattr(config, "entity_candidates", 5)

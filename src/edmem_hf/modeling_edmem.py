@@ -48,6 +48,7 @@ from .entity_writer import EntityRowWriter, RowsToWrite
 from .generation_edmem import EDMemGenerationMixin
 from .hub_edmem import EDMemHubMixin
 from .input_checks import check_entity_labels, check_mention_markers
+from .name_candidates import NameCandidatesMixin, candidate_read
 
 logger = logging.get_logger(__name__)
 
@@ -93,6 +94,7 @@ class EntityMemory(nn.Module):
     """
 
     entity_index = None  # an EntityIndex for the top-k at inference, set by model.set_entity_index
+    name_lookup = None  # a NameCandidates for the name-guided read, set by model.set_name_candidates
 
     def __init__(self, config: EDMemConfig):
         super().__init__()
@@ -113,6 +115,7 @@ class EntityMemory(nn.Module):
         entity_mask: torch.Tensor | None = None,
         return_top_k: int | None = None,
         written_rows: WrittenRows | None = None,
+        candidates: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, EntityMemoryAccess]:
         """
         Args:
@@ -123,6 +126,8 @@ class EntityMemory(nn.Module):
             entity_mask: `(N,)` bool, False hides an entity.
             return_top_k: report the best entities of each access.
             written_rows: rows read in place of their entities' table rows (`WrittenRows`).
+            candidates: `(M, C)` each mention's candidate entities (-1 padded; `config.name_guided_read`): a mention
+                with any reads among them alone (`name_candidates.candidate_read`).
 
         Returns:
             `(batch, seq, d_model)` input of the upper layers, and the access.
@@ -149,7 +154,18 @@ class EntityMemory(nn.Module):
             written_rows=written_rows,
             gold_rows=gold_rows,
         )
-        read = result.read
+        read, top_ids, top_scores = result.read, result.top_ids, result.top_scores
+        if candidates is not None and (named := (candidates >= 0).any(-1)).any():
+            by_name, scores = candidate_read(queries, entity_table, candidates, entity_mask, written_rows)
+            read = torch.where(named[:, None], by_name, read)
+            if top_ids is not None:  # the candidates, best first, where a mention has any
+                ranked, order = scores.sort(dim=-1, descending=True)
+                width = min(top_ids.shape[1], ranked.shape[1])
+                top_ids, top_scores = top_ids.clone(), top_scores.clone()
+                top_ids[named] = -1
+                top_scores[named] = float("-inf")
+                top_ids[named, :width] = candidates.gather(1, order)[named, :width].to(top_ids.dtype)
+                top_scores[named, :width] = ranked[named, :width].to(top_scores.dtype)
         if written_rows is not None:
             read = written_rows.read_at_mentions(read, queries, mention_mask, entity_labels)
         update = torch.zeros_like(hidden_states)
@@ -158,8 +174,8 @@ class EntityMemory(nn.Module):
         hidden_states = self.upper_input_dropout(self.layer_norm(hidden_states + update))
         access = EntityMemoryAccess(
             positions=positions,
-            top_entity_ids=result.top_ids,
-            top_entity_scores=result.top_scores,
+            top_entity_ids=top_ids,
+            top_entity_scores=top_scores,
             entity_nll=result.nll,
         )
         return hidden_states, access
@@ -320,7 +336,7 @@ class EDMemEntityLinkingOutput(MaskedLMOutput):
 # ---------------------------------------------------------------------------------------------------------------
 
 
-class EDMemPreTrainedModel(EntityIndexMixin, PreTrainedModel):
+class EDMemPreTrainedModel(EntityIndexMixin, NameCandidatesMixin, PreTrainedModel):
     config_class = EDMemConfig
     config: EDMemConfig
     base_model_prefix = "model"
@@ -424,9 +440,20 @@ class _EntityMemoryStack(EDMemPreTrainedModel):
         finally:
             self.__dict__["entity_embeddings"] = self._modules.pop("entity_embeddings")
 
-    def _read_memory(self, hidden_states, input_ids, entity_labels, output_attended_entities, written_rows=None):
-        """The memory access at each `<E_s>` of `input_ids`."""
+    def _read_memory(
+        self, hidden_states, input_ids, entity_labels, output_attended_entities, written_rows=None, by_name=False
+    ):
+        """The memory access at each `<E_s>` of `input_ids`; `by_name`: among each mention's candidates by name,
+        with `config.name_guided_read` (the encoder's, where a mention's name is written out)."""
         entity_mask = self._get_entity_mask(hidden_states.device)
+        candidates = None
+        if by_name and self.config.name_guided_read:
+            lookup = self.memory.name_lookup
+            if lookup is None or lookup.num_entities != self.config.entity_vocab_size:  # none, or before growth
+                raise ValueError("name_guided_read reads candidates by name: build them (again, after entities were "
+                                 "added) with model.name_candidates(tokenizer), or pass tokenizer=... to generate()")  # fmt: skip
+            start, end = self.config.entity_start_token_id, self.config.entity_end_token_id
+            candidates = lookup.of_mentions(input_ids, start, end).to(hidden_states.device)
         return self.memory(
             hidden_states,
             input_ids == self.config.entity_start_token_id,
@@ -437,6 +464,7 @@ class _EntityMemoryStack(EDMemPreTrainedModel):
             written_rows=self.entity_embeddings.rows_read(
                 written_rows, entity_mask, self.config.writer_mean_row_probability
             ),
+            candidates=candidates,
         )
 
 
@@ -495,7 +523,7 @@ class EDMemEncoder(_EntityMemoryStack):
         if self.memory is not None:
             lower_hidden_state = hidden_states  # before the memory is merged, as in the authors' code
             hidden_states, access = self._read_memory(
-                hidden_states, input_ids, entity_labels, output_attended_entities, written_rows
+                hidden_states, input_ids, entity_labels, output_attended_entities, written_rows, by_name=True
             )
         hidden_states = self._run_layers(self.layers[lower:], hidden_states, attention_mask, **kwargs)
         return EDMemEncoderOutput(

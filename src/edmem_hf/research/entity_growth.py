@@ -242,6 +242,8 @@ def add_entities(
     mask = model._get_entity_mask("cpu")
     if mask is not None:
         model.set_entity_mask(torch.cat([mask, torch.ones(len(names), dtype=torch.bool)]))
+    if getattr(model.config, "name_guided_read", False) and tokenizer is not None:
+        model.name_candidates(tokenizer)  # the new names too
     return list(range(first, first + len(names)))
 
 
