@@ -221,3 +221,49 @@ def test_a_model_loaded_as_hub_code_grows_too(setup, tmp_path):
     assert ids == add_entities(model, new, passages, tokenizer) == [20, 21]
     torch.testing.assert_close(remote.model.entity_embeddings.weight, model.model.entity_embeddings.weight)
     assert remote.entity_vocab.names == model.entity_vocab.names
+
+
+def test_edmem_add_entities_from_a_file_of_names_and_texts(setup, tmp_path, capsys):
+    """`--entities FILE.jsonl` (no dump): each record's texts write its rows, its aliases join the vocabulary, the
+    mean query reads the texts' first mention of the name (marked where the text does not mark it, or put in front);
+    the command says its estimator, the texts an entity, and for a model without a writer the measured caution;
+    a malformed record is one line naming it."""
+    import json
+
+    from edmem_hf.cli import main
+    from edmem_hf.research.add_entities_command import read_entities_file
+
+    _, tokenizer, _, _ = setup
+    model, people, known, _ = saved_model_and_unknown_people(tokenizer, tmp_path)
+    first, second = sorted(people)[:2]
+    entities = tmp_path / "new.jsonl"
+    entities.write_text(
+        json.dumps({"name": first, "texts": [f"{first} was born here.", "A text that names no one."],
+                    "aliases": ["the first"]}) + "\n\n" + json.dumps({"name": second, "text": f"And {second}."}) + "\n"
+    )  # fmt: skip
+    names, texts, aliases = read_entities_file(str(entities), model.entity_vocab, mark=True)
+    assert names == [first, second] and aliases == [["the first"], []]
+    assert texts == [[f"<E_s> {first} <E_e> was born here.", f"<E_s> {first} <E_e> A text that names no one."],
+                     [f"And <E_s> {second} <E_e>."]]  # fmt: skip
+    grow = [
+        "add-entities",
+        "--model",
+        str(tmp_path / "model"),
+        "--entities",
+        str(entities),
+        "--out",
+        str(tmp_path / "g"),
+    ]
+    assert main(grow) == 0
+    out = capsys.readouterr().out
+    assert f"added 2 entities (ids {len(known)}..{len(known) + 1})" in out
+    assert "rows written by mean_query, from 1 to 2 texts an entity (1.5 on average)" in out
+    assert "caution: this model has no writer of entity rows" in out and "7.5 %" in out
+    grown = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "g")
+    assert grown.entity_vocab.names == known + [first, second]
+    assert grown.entity_vocab.aliases[len(known)] == ["the first"]
+    add_entities(model, [first, second], texts, tokenizer)
+    torch.testing.assert_close(grown.model.entity_embeddings.weight, model.model.entity_embeddings.weight)
+    entities.write_text('{"name": "x"}\n')
+    assert main(grow) == 1
+    assert "new.jsonl, line 1: a record needs" in capsys.readouterr().err

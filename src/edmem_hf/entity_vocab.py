@@ -106,11 +106,14 @@ class EntityVocab:
             return authors_id if authors_id < len(self.names) else None
         return None if self.authors_ids is None else self._by_authors_id.get(authors_id)
 
-    def extended(self, names: Sequence[str]) -> EntityVocab:
-        """This vocabulary with entities `names` appended (new rows, without aliases, links or an id of the authors')."""
+    def extended(self, names: Sequence[str], aliases: Sequence[Sequence[str]] | None = None) -> EntityVocab:
+        """This vocabulary with entities `names` appended (new rows, with `aliases` or none, without links or an id of
+        the authors')."""
+        if aliases is not None and len(aliases) != len(names):
+            raise ValueError(f"EntityVocab.extended: {len(aliases)} alias lists for {len(names)} names")
         return type(self)(
             self.names + list(names),
-            self.aliases + [[] for _ in names],
+            self.aliases + ([list(a) for a in aliases] if aliases is not None else [[] for _ in names]),
             self.counts + [0 for _ in names],
             self.id_space,
             None if self.authors_ids is None else self.authors_ids + [None for _ in names],

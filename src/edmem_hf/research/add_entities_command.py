@@ -1,25 +1,82 @@
-"""`edmem add-entities`: new entities of a MediaWiki dump written into a trained model's memory
-(`entity_growth.add_entities`, or `row_fitting.fit_new_entities` with `--estimator fitted`), the grown model saved."""
+"""`edmem add-entities`: new entities written into a trained model's memory, from a JSON Lines file of names and
+texts (`--entities`) or the new pages of a MediaWiki dump (`--dump`), by `entity_growth.add_entities` (or
+`row_fitting.fit_new_entities` with `--estimator fitted`); the grown model is saved.
+
+A line of `--entities`: `{"name": "Ada Lovelace", "texts": ["Ada Lovelace was a mathematician.", ...],
+"aliases": ["Augusta Ada King"]}` (`"text"` for one text; `aliases` optional)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import sys
 
 from ..arguments import CommandParser, missing_model
+from ..configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN
 from ..dump import iter_parsed_pages
 from ..modeling_edmem import MODEL_WITH_HEADS
 from .entity_growth import ESTIMATORS, add_entities, default_estimator
 from .new_entity_text import TEXTS, new_entity_passages, own_page_sentences
 from .row_fitting import fit_new_entities
 
+# Said when rows are added to a model without a writer of entity rows: what docs/evidence.md measured of such rows.
+NO_WRITER_CAUTION = (
+    "caution: this model has no writer of entity rows, and rows written without one are seldom found: on "
+    "docs/evidence.md's toy world the memory found people added by their mean query at 7.5 % of their questions "
+    "(trained people: 96.3 %) and answered 5.8 % of them; docs/model.md, 'Entities written from text', says what "
+    "does better"
+)
+
+
+def read_entities_file(path: str, vocab, mark: bool) -> tuple[list[str], list[list[str]], list[list[str]]]:
+    """The names, texts and aliases of a JSON Lines file of new entities (`{"name", "text" or "texts", "aliases"}`);
+    with `mark`, each text's first mention of the name (or an alias) marked `<E_s> ... <E_e>`, or the name put in
+    front where it names neither (the mean query reads the memory's query at a marked mention). A ValueError names
+    the line of a malformed record, or a name the model knows already."""
+    names, texts, aliases = [], [], []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}, line {number}: not JSON ({error.msg})") from error
+            given = record.get("texts", [record["text"]] if "text" in record else None)
+            if not isinstance(record.get("name"), str) or not record["name"].strip() or not given:
+                raise ValueError(f'{path}, line {number}: a record needs "name" and "text" or "texts"')
+            if record["name"] in vocab:
+                raise ValueError(f"{path}, line {number}: {record['name']!r} is an entity of the model already")
+            others = list(record.get("aliases", []))
+            names.append(record["name"])
+            aliases.append(others)
+            texts.append([_marked(text, [record["name"], *others]) if mark else text for text in given])
+    if not names:
+        raise ValueError(f"{path}: no entity")
+    return names, texts, aliases
+
+
+def _marked(text: str, spellings: list[str]) -> str:
+    """`text` with its first mention of one of `spellings` marked, or the first spelling marked in front of it."""
+    if ENTITY_START_TOKEN in text:
+        return text
+    for spelling in spellings:
+        at = text.find(spelling)
+        if at >= 0:
+            return f"{text[:at]}{ENTITY_START_TOKEN} {spelling} {ENTITY_END_TOKEN}{text[at + len(spelling) :]}"
+    return f"{ENTITY_START_TOKEN} {spellings[0]} {ENTITY_END_TOKEN} {text}"
+
 
 def cli_main(argv: list[str] | None = None) -> int:
     parser = CommandParser(prog="edmem add-entities", description=__doc__)
     parser.add_argument("--model", required=True, help="a trained EDMem or EncMem folder")
-    parser.add_argument("--dump", required=True, help="a MediaWiki XML dump (.xml or .xml.bz2) of the new pages")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--entities", help='a JSON Lines file, a line an entity: {"name", "text" or "texts", "aliases"}'
+    )
+    source.add_argument("--dump", help="a MediaWiki XML dump (.xml or .xml.bz2) of the new pages")
     parser.add_argument("--out", required=True, help="where the grown model (and its tokenizer) is written")
     parser.add_argument("--tokenizer", help="defaults to --model")
     parser.add_argument("--batch_size", type=int, default=32,
@@ -56,31 +113,48 @@ def cli_main(argv: list[str] | None = None) -> int:
     if model.entity_vocab is None:
         print(f"edmem add-entities: {args.model} has no entity_vocab.json", file=sys.stderr)
         return 1
-    known = [name for name in model.entity_vocab.names if name is not None]
-    pages = list(iter_parsed_pages(args.dump))
-    passages, without = new_entity_passages(pages, known, max_passages=args.max_passages)
-    names = sorted(passages)
     estimator = args.estimator or default_estimator(model)
     texts_from = args.texts or ("own_sentences" if estimator == "writer" else "passages")
     if texts_from == "own_sentences" and estimator != "writer":
         print(f"edmem add-entities: --texts own_sentences is the writer's; {estimator} reads marked mentions",
               file=sys.stderr)  # fmt: skip
         return 1
-    sentences = own_page_sentences(pages, names, args.max_passages) if texts_from == "own_sentences" else {}
-    texts = [sentences.get(name) or passages[name] for name in names]
+    aliases = without = None
+    if args.entities:
+        try:
+            names, texts, aliases = read_entities_file(args.entities, model.entity_vocab, mark=estimator != "writer")
+        except ValueError as error:
+            print(f"edmem add-entities: {error}", file=sys.stderr)
+            return 1
+    else:
+        known = [name for name in model.entity_vocab.names if name is not None]
+        pages = list(iter_parsed_pages(args.dump))
+        passages, without = new_entity_passages(pages, known, max_passages=args.max_passages)
+        names = sorted(passages)
+        sentences = own_page_sentences(pages, names, args.max_passages) if texts_from == "own_sentences" else {}
+        texts = [sentences.get(name) or passages[name] for name in names]
     if args.estimator == "fitted" and names:
-        everyone, _ = new_entity_passages(pages, known=(), max_passages=4)
-        trained = sorted(name for name in everyone if name in model.entity_vocab)
-        chosen = random.Random(args.seed).sample(trained, min(args.negatives, len(trained)))
-        ids = fit_new_entities(model, names, texts, tokenizer, {name: everyone[name] for name in chosen},
-                               steps=args.fit_steps, learning_rate=args.fit_learning_rate, seed=args.seed)  # fmt: skip
+        negatives = {}
+        if args.dump:
+            everyone, _ = new_entity_passages(pages, known=(), max_passages=4)
+            trained = sorted(name for name in everyone if name in model.entity_vocab)
+            chosen = random.Random(args.seed).sample(trained, min(args.negatives, len(trained)))
+            negatives = {name: everyone[name] for name in chosen}
+        ids = fit_new_entities(model, names, texts, tokenizer, negatives, steps=args.fit_steps,
+                               learning_rate=args.fit_learning_rate, seed=args.seed)  # fmt: skip
     else:
         ids = add_entities(model, names, texts, tokenizer, estimator=estimator, rows_apart=args.rows_apart,
-                           batch_size=args.batch_size)  # fmt: skip
+                           batch_size=args.batch_size, aliases=aliases)  # fmt: skip
     os.makedirs(args.out, exist_ok=True)
     model.save_pretrained(args.out)
     tokenizer.save_pretrained(args.out)
     print(f"added {len(ids)} entities (ids {ids[0]}..{ids[-1]})" if ids else "added no entity")
+    if ids:
+        counts = [len(t) for t in texts]
+        print(f"rows written by {args.estimator or estimator}, from {min(counts)} to {max(counts)} texts an entity "
+              f"({sum(counts) / len(counts):.1f} on average)")  # fmt: skip
+    if ids and getattr(model, "entity_writer", None) is None:
+        print(NO_WRITER_CAUTION)
     if without:
         print(f"skipped {len(without)} new pages never mentioned (first: {', '.join(without[:5])})")
     print(f"{model.config.entity_vocab_size} entities in {args.out}")

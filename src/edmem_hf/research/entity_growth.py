@@ -157,6 +157,7 @@ def add_entities(
     rows_apart: bool | None = None,
     batch_size: int = 32,
     max_length: int = 128,
+    aliases: list[list[str]] | None = None,
 ) -> list[int]:
     """Appends entities to the memory of a trained model, without gradient steps; returns their ids.
 
@@ -183,6 +184,7 @@ def add_entities(
             (`config.written_entity_rows`): every memory access and the linking head then read an entity's rows,
             each on its own, in place of its table row (the mean), and a query may choose the row of the fact it
             asks. None: apart where the model was trained to read rows so (`config.writer_pools_texts` False).
+        aliases: `aliases[i]`, other names of `names[i]` (kept in `entity_vocab`; the name-guided read finds them).
     """
     table = _entity_table(model)
     if model.entity_vocab is None:
@@ -194,6 +196,8 @@ def add_entities(
         if name in model.entity_vocab or name in seen:
             raise ValueError(f"add_entities: entity {name!r} is already in the vocabulary or named twice")
         seen.add(name)
+    if aliases is not None and len(aliases) != len(names):
+        raise ValueError(f"add_entities: {len(aliases)} alias lists for {len(names)} names")
     weight = table.weight
     if (rows is None) == (passages is None) or (passages is not None and tokenizer is None):
         raise ValueError("add_entities takes either passages with their tokenizer, or rows")
@@ -235,7 +239,7 @@ def add_entities(
     table.num_embeddings = table.weight.shape[0]
     first = model.config.entity_vocab_size
     model.config.entity_vocab_size = first + len(names)
-    model.entity_vocab = model.entity_vocab.extended(names)
+    model.entity_vocab = model.entity_vocab.extended(names, aliases)
     if rows_apart:
         table.keep_rows(owners + first, each)
         model.config.written_entity_rows = table.written_rows.shape[0]
