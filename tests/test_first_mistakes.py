@@ -82,3 +82,29 @@ def test_every_option_takes_both_spellings():
     }
     with pytest.raises(SystemExit):
         parser.parse_args(["--answer", "a"])
+
+
+def test_a_tokenizer_without_a_marker_is_named_in_one_line():
+    """`EDMemConfig.from_tokenizer` and `marked_batch` name the marker a tokenizer lacks (issue 66, item 3), instead of
+    building a model on the unknown token's id or failing later on a count of markers."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from edmem_hf import EDMemConfig
+    from edmem_hf.tasks import marked_batch
+    from tiny_models import make_word_tokenizer
+
+    words = {"<unk>": 0, "<pad>": 1, "<s>": 2, "</s>": 3, "<E_e>": 4, "who": 5}
+    backend = Tokenizer(models.WordLevel(words, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    lacking = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", pad_token="<pad>",
+                                      bos_token="<s>", eos_token="</s>")  # fmt: skip
+    with pytest.raises(ValueError, match="^<E_s> is not in your tokenizer: add both mention markers"):
+        EDMemConfig.from_tokenizer(lacking, entity_vocab_size=3)
+    with pytest.raises(ValueError, match="the tokenizer has no <E_s> token"):
+        marked_batch(["who <E_s> x <E_e>"], lacking)
+    tokenizer = make_word_tokenizer(bart_template=True)
+    config = EDMemConfig.from_tokenizer(tokenizer, entity_vocab_size=7, d_model=32)
+    assert (config.vocab_size, config.entity_vocab_size, config.d_model) == (len(tokenizer), 7, 32)
+    assert config.entity_start_token_id == tokenizer.convert_tokens_to_ids("<E_s>")
+    assert config.decoder_start_token_id == config.eos_token_id == tokenizer.eos_token_id

@@ -148,6 +148,27 @@ class EDMemConfig(PreTrainedConfig):
         self.decoder_layers = self.decoder_lower_layers + self.decoder_upper_layers
         super().__post_init__(**kwargs)
 
+    @classmethod
+    def from_tokenizer(cls, tokenizer, entity_vocab_size: int, **kwargs) -> "EDMemConfig":
+        """A config whose token ids are `tokenizer`'s: `vocab_size`, the mention markers, padding, start and end of
+        sequence (the decoder starts at `</s>`, as BART's); `kwargs` sets the rest. A ValueError in one line names a
+        marker the tokenizer does not have as one token."""
+        ids = {}
+        for token in (ENTITY_START_TOKEN, ENTITY_END_TOKEN):
+            token_id = tokenizer.convert_tokens_to_ids(token)
+            if token_id is None or token_id == tokenizer.unk_token_id:
+                raise ValueError(f"{token} is not in your tokenizer: add both mention markers as special tokens "
+                                 f"(`edmem train-tokenizer` makes a tokenizer with them)")  # fmt: skip
+            ids[token] = int(token_id)
+        eos = tokenizer.eos_token_id
+        ids_of_the_tokenizer = dict(
+            vocab_size=len(tokenizer), entity_vocab_size=int(entity_vocab_size),
+            entity_start_token_id=ids[ENTITY_START_TOKEN], entity_end_token_id=ids[ENTITY_END_TOKEN],
+            pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id, eos_token_id=eos,
+            decoder_start_token_id=eos, forced_eos_token_id=eos,
+        )  # fmt: skip
+        return cls(**{**ids_of_the_tokenizer, **kwargs})
+
     def validate_architecture(self):
         """Checks that the settings describe a model that can be built."""
         if self.variant not in EDMEM_VARIANTS:

@@ -321,10 +321,14 @@ def _architecture(args: PretrainingArguments, writer: Any = None) -> dict[str, A
     return {name: value for name, value in given.items() if value is not None}
 
 
+_TOKENIZER_IDS = ("vocab_size", "entity_vocab_size", "entity_start_token_id", "entity_end_token_id", "pad_token_id",
+                  "bos_token_id", "eos_token_id", "decoder_start_token_id", "forced_eos_token_id")  # fmt: skip
+
+
 def build_config(args: PretrainingArguments, tokenizer: Any, entity_vocab_size: int, writer: Any = None) -> Any:
     """An EDMemConfig from the options: widths from `args` (and the writer's model options from `writer`), N from the
     entity vocabulary, ids from the tokenizer."""
-    from .configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN, EDMemConfig
+    from .configuration_edmem import EDMemConfig
 
     kwargs: dict[str, Any] = {}
     if args.preset:
@@ -337,22 +341,9 @@ def build_config(args: PretrainingArguments, tokenizer: Any, entity_vocab_size: 
         for key in ("model_type", "transformers_version", "architectures", "encoder_layers", "decoder_layers"):
             kwargs.pop(key, None)
     kwargs.update(_architecture(args, writer))
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in (ENTITY_START_TOKEN, ENTITY_END_TOKEN)}
-    if any(i is None or i == tokenizer.unk_token_id for i in ids.values()):
-        raise ValueError("the tokenizer has no <E_s>/<E_e> markers")
-    eos = tokenizer.eos_token_id
-    kwargs.update(
-        vocab_size=len(tokenizer),
-        entity_vocab_size=int(entity_vocab_size),
-        entity_start_token_id=ids[ENTITY_START_TOKEN],
-        entity_end_token_id=ids[ENTITY_END_TOKEN],
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=eos,
-        decoder_start_token_id=eos,
-        forced_eos_token_id=eos,
-    )
-    config = EDMemConfig(**kwargs)
+    for key in _TOKENIZER_IDS:  # the tokenizer's and the vocabulary's, whatever a preset or a config file says
+        kwargs.pop(key, None)
+    config = EDMemConfig.from_tokenizer(tokenizer, entity_vocab_size, **kwargs)
     if hasattr(config, "validate_architecture"):
         config.validate_architecture()
     return config

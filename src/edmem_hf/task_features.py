@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from .configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN, IGNORE_INDEX
+from .entity_decoding import marker_token_ids
 from .entity_vocab import AUTHORS_FIRST_ENTITY, AUTHORS_ID_SPACE, EntityVocab
 from .generation_edmem import static_linking_decoder_input
 from .task_files import mark_mentions
@@ -271,6 +272,7 @@ def marked_batch(
     """
     if isinstance(texts, str) or (targets is not None and isinstance(targets, str)):
         raise TypeError("marked_batch takes a list of texts (and of targets), not one string")
+    marker_token_ids(tokenizer)  # a tokenizer that splits a marker: one line naming it, not a count mismatch later
     if targets is not None and len(targets) != len(texts):
         raise ValueError(f"{len(texts)} texts but {len(targets)} targets")
     features = []
