@@ -302,3 +302,23 @@ def test_the_examples_are_the_command(folders, tmp_path):
     assert example == command
     with pytest.raises(SystemExit, match="--task must name a generation task"):
         finetune_generation.main(_arguments(folders, tmp_path, data))
+
+
+def test_validation_is_scored_with_its_answer_links_as_edmem_evaluate_scores_it(folders, tmp_path, capsys):
+    """`--validation_answer_links` splits the validation figures into entity and non-entity answers, and they are
+    `edmem evaluate`'s on the same predictions (issue 66: no test passed the option, and only the count was read)."""
+    from edmem_hf.evaluation import score_task
+    from edmem_hf.task_files import read_jsonl
+
+    data, links = folders / "qa.jsonl", folders / "answer_links.json"
+    extra = ["--validation_answer_links", str(links), "--test_answer_links", str(links)]
+    metrics = finetune(argv=_arguments(folders, tmp_path, data, extra))
+    validation = json.loads((tmp_path / "eval_results.json").read_text())
+    assert validation["eval_count_entity"] + validation["eval_count_non_entity"] == validation["eval_count"] == 24
+    assert 0 < validation["eval_count_entity"] < 24
+    predictions = json.loads((tmp_path / "free_predictions.json").read_text())
+    _assert_real(predictions, distinct=10)
+    evaluated = score_task("wq", list(read_jsonl(data)), predictions, json.loads(links.read_text()))
+    for name in ("exact_match", "exact_match_entity", "exact_match_non_entity"):
+        assert validation[f"eval_{name}"] == metrics[f"test_{name}"] == evaluated[name], name
+    capsys.readouterr()

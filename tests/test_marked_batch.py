@@ -71,3 +71,32 @@ def test_bad_input_is_named(tiny):
         marked_batch(f"<E_s> {names[1]} <E_e>", tokenizer)
     unlabelled = marked_batch([f"<E_s> {names[1]} <E_e>"], tokenizer)  # no vocabulary, no entities: no labels
     assert (unlabelled["entity_labels"] == IGNORE_INDEX).all()
+
+
+def test_a_batch_is_the_features_built_by_hand(tiny):
+    """`marked_batch` against features written out token by token, not through the code fine-tuning shares with it
+    (issue 66): `<s>`, each word's token, the markers where the text has them, `</s>`; the entity at `<E_s>`; the
+    target the same way; padding to the longest row."""
+    model, tokenizer, names, words = tiny
+    start, end = tokenizer.convert_tokens_to_ids(["<E_s>", "<E_e>"])
+    bos, eos, pad = tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id
+
+    def running(text: str) -> list[int]:  # each word's tokens as it appears after a space in running text
+        return tokenizer(f"{words[0]} {text}", add_special_tokens=False).input_ids[
+            len(tokenizer(words[0], add_special_tokens=False).input_ids) :
+        ]
+
+    name = names[3]
+    batch = marked_batch([f"{words[50]} <E_s> {name} <E_e>", words[51]], tokenizer, targets=[words[52], words[53]],
+                         entity_vocab=model.entity_vocab)  # fmt: skip
+    first = [bos, *running(words[50]), *running("<E_s>"), *running(name), *running("<E_e>"), eos]
+    second = [bos, *running(words[51]), eos]
+    assert start in first and end in first
+    assert batch["input_ids"].tolist() == [first, second + [pad] * (len(first) - len(second))]
+    assert batch["attention_mask"].tolist() == [[1] * len(first), [1] * len(second) + [0] * (len(first) - len(second))]
+    labels = [IGNORE_INDEX] * len(first)
+    labels[first.index(start)] = 3
+    assert batch["entity_labels"][0].tolist() == labels
+    assert (batch["entity_labels"][1] == IGNORE_INDEX).all()
+    target = [*running(words[52]), eos]  # the decoder starts at </s> and writes the target, without <s>
+    assert batch["labels"].tolist()[0][: len(target)] == target

@@ -841,3 +841,20 @@ def test_the_recipe_s_batches_are_those_of_the_code_before_the_options_object(co
         got = {key: [list(value.shape), str(value.dtype), hashlib.sha256(value.contiguous().numpy().tobytes()).hexdigest()]
                for key, value in sorted(batch.items())}  # fmt: skip
         assert got == batch_hashes, step
+
+
+def test_the_written_only_entities_table_rows_are_hidden_while_pre_training(corpus, tmp_path):
+    """While the writer trains, the memory never sees a written-only entity's table row (the entity mask hides them,
+    and only them): else the practice entities would be found through rows the layers wrote, not the writer's
+    (issue 66: a run that never set the mask passed every test, the resume test included)."""
+    from edmem_hf.pretraining import _PretrainingRun
+
+    options = _args(corpus, tmp_path / "run", max_steps=1, entity_row_writer=True, written_only_share=0.3)
+    run = _PretrainingRun(options["args"], None, None, None, None, options["writer"], options["mixing"])
+    shown = run.accelerator.unwrap_model(run.model)._get_entity_mask("cpu")
+    written_only = torch.from_numpy(run.writer_collator.written_only)
+    assert written_only.any() and not written_only.all()
+    assert shown is not None and torch.equal(shown, ~written_only)
+    assert run.finish(run.train())["completed"]
+    saved = EDMemForConditionalGeneration.from_pretrained(tmp_path / "run")
+    assert saved._get_entity_mask("cpu") is None  # their rows written when training ends, and shown again
