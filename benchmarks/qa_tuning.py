@@ -27,6 +27,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import toy_world_qa as qa  # noqa: E402
+from experiments.options import quiet_logging  # noqa: E402
+from experiments.qa_world import make_world  # noqa: E402
+from experiments.scoring import bootstrap, em, question_hits  # noqa: E402
+from experiments.training import PAPER, predict, pretrain_variant  # noqa: E402
 
 # The recipe both systems are compared under (the headline's): questions in the batches, 30,000 steps, no
 # fine-tuning, one pre-training at a time.
@@ -52,16 +56,16 @@ def run_setting(system: str, name: str, seed: int, out: Path) -> dict:
     changes, options = SETTINGS[name]
     settings = replace(BASE, **changes)
     world_dir = out / f"seed-{seed}"
-    data = qa.make_world(settings, seed, world_dir)
+    data = make_world(settings, seed, world_dir)
     model_dir = world_dir / f"pretrain-{system}-{name}"
-    recipe = qa.RECIPES["el_per_token"] if system == "edmem" else qa.PAPER
-    qa.pretrain_variant(system, data["corpus"], model_dir, settings, seed, None, recipe, data["mixed_questions"],
+    recipe = qa.RECIPES["el_per_token"] if system == "edmem" else PAPER
+    pretrain_variant(system, data["corpus"], model_dir, settings, seed, None, recipe, data["mixed_questions"],
                         **options)  # fmt: skip
     files = data["files"]
-    predictions = qa.predict(model_dir, files["validation"], model_dir / "validation-free", "free", settings, seed)
-    hits = qa.question_hits(files["validation"], files["validation_links"], predictions)
+    predictions = predict(model_dir, files["validation"], model_dir / "validation-free", "free", settings, seed)
+    hits = question_hits(files["validation"], files["validation_links"], predictions)
     return {"system": system, "setting": name, "seed": seed, "changes": changes, "options": options,
-            "em": qa.em(hits), "hits": hits}  # fmt: skip
+            "em": em(hits), "hits": hits}  # fmt: skip
 
 
 HEADLINE = (
@@ -92,7 +96,7 @@ def combine(out: Path, system: str, seeds: list[int], samples: int = 1000) -> di
                 if (p := out / f"seed-{seed}" / f"pretrain-{system}-{name}" / "validation.json").exists()]  # fmt: skip
         if not runs:
             continue
-        interval = qa.bootstrap([[tuple(h) for h in run["hits"]] for run in runs], samples)
+        interval = bootstrap([[tuple(h) for h in run["hits"]] for run in runs], samples)
         means = {kind: round(statistics.fmean(run["em"][kind] for run in runs), 2) for kind in ("entity", "literal")}
         settings[name] = {"seeds": [run["seed"] for run in runs], "em": means, "interval": interval,
                           "per_seed": {run["seed"]: run["em"] for run in runs}, "changes": runs[0]["changes"],
@@ -115,11 +119,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worlds-only", action="store_true", help="build the seeds' worlds and stop")
     parser.add_argument("--combine", action="store_true", help="write the results file from the runs done")
     args = parser.parse_args(argv)
-    qa.quiet_logging()
+    quiet_logging()
     out = Path(args.out)
     if args.worlds_only:
         for seed in args.seeds:
-            qa.make_world(BASE, seed, out / f"seed-{seed}")
+            make_world(BASE, seed, out / f"seed-{seed}")
         return 0
     if not args.combine:
         for name in args.settings:

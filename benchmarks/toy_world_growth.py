@@ -82,29 +82,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from toy_world_qa import (  # noqa: E402
-    QUICK as QA_QUICK,
-)
-from toy_world_qa import (  # noqa: E402
-    RECIPES,
-    Settings,
-    em,
-    experiment_parser,
-    finetune_model,
-    hidden_rows,
-    majority_answers,
-    memory_top_names,
-    memory_tops_and_subjects,
-    predict,
-    pretrain_variant,
-    pretraining_schedule,
-    question_hits,
-    quiet_logging,
-    save_entity_mask,
-    with_overrides,
-    with_questions_in_pages,
-    write_released_format,
-)
+from experiments.memory import hidden_rows, memory_top_names, memory_tops_and_subjects, save_entity_mask  # noqa: E402
+from experiments.options import experiment_parser, quiet_logging, with_overrides  # noqa: E402
+from experiments.qa_world import with_questions_in_pages, write_released_format  # noqa: E402
+from experiments.scoring import em, majority_answers, question_hits  # noqa: E402
+from experiments.training import finetune_model, predict, pretrain_variant, pretraining_schedule  # noqa: E402
+from toy_world_qa import QUICK as QA_QUICK  # noqa: E402
+from toy_world_qa import RECIPES, Settings  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
 from edmem_hf import EDMemForConditionalGeneration, EntityVocab  # noqa: E402

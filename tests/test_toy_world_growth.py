@@ -156,11 +156,11 @@ def test_memory_finding_counts_the_misses_that_share_a_word_of_the_name(bench, t
     questions = tmp_path / "questions.jsonl"
     subjects = ["Ada Quill", "Bo Quill", "Di Roe", "Ed Poe"]
     questions.write_text("".join(json.dumps({"link_target": [name]}) + "\n" for name in subjects))
-    qa = sys.modules["toy_world_qa"]  # whose memory_tops_and_subjects reads the tops
+    memory = sys.modules["experiments.memory"]  # whose memory_tops_and_subjects reads the tops
     monkeypatch.setattr(
-        qa, "memory_top_names", lambda model, tokenizer, path: ["Ada Stone", "Bo Quill", "Cy Moe", None]
+        memory, "memory_top_names", lambda model, tokenizer, path: ["Ada Stone", "Bo Quill", "Cy Moe", None]
     )
-    monkeypatch.setattr(qa.AutoTokenizer, "from_pretrained", lambda path: None)
+    monkeypatch.setattr(memory.AutoTokenizer, "from_pretrained", lambda path: None)
     assert bench.memory_finding(tmp_path / "model", questions) == {"recall": 25.0, "misses_sharing_a_name_word": 25.0}
 
 

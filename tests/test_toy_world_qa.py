@@ -20,6 +20,10 @@ from edmem_hf.knowledge_world import KnowledgeWorldSettings, generate_knowledge_
 from edmem_hf.tasks import IGNORE_INDEX, read_jsonl, read_qa
 from tiny_models import load_benchmark, make_word_tokenizer, tiny_model
 
+# isort: split
+# benchmarks/ is on the path (tiny_models)
+from experiments import memory, options, probes, qa_world, scoring, training
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -31,7 +35,7 @@ def bench():
 def test_question_files_read_back_and_score(bench, tmp_path):
     world = generate_knowledge_world(KnowledgeWorldSettings(num_people=10), seed=3)
     test = split_people(world, seed=3)["test"]
-    data, links = bench.write_released_format(test, "test", tmp_path)
+    data, links = qa_world.write_released_format(test, "test", tmp_path)
     vocab = EntityVocab([e.name for e in world.entities])
     rows = read_qa(data, vocab)
     assert len(rows) == len(test)
@@ -44,8 +48,8 @@ def test_question_files_read_back_and_score(bench, tmp_path):
     (tmp_path / "gold.json").write_text(json.dumps(gold))
     scores = evaluate_files("qa", data, tmp_path / "gold.json", answer_links=links)
     assert scores["exact_match_entity"] == scores["exact_match_non_entity"] == 100.0
-    assert bench.em(bench.question_hits(data, links, tmp_path / "gold.json")) == {"all": 100.0, "entity": 100.0,
-                                                                                   "literal": 100.0}  # fmt: skip
+    hits = scoring.question_hits(data, links, tmp_path / "gold.json")
+    assert scoring.em(hits) == {"all": 100.0, "entity": 100.0, "literal": 100.0}
     entity = {row["id"]: f"<E_s> {world.entities[5].name} <E_e>" for row in rows}
     (tmp_path / "entity.json").write_text(json.dumps(entity))
     assert evaluate_files("qa", data, tmp_path / "entity.json", answer_links=links)["exact_match_non_entity"] == 0.0
@@ -53,7 +57,7 @@ def test_question_files_read_back_and_score(bench, tmp_path):
 
 def test_no_validation_or_test_question_is_fine_tuned_on_or_pre_trained_on(bench, tmp_path):
     settings = bench.Settings(num_people=12, mix_qa=True)
-    data = bench.make_world(settings, seed=5, out=tmp_path)
+    data = qa_world.make_world(settings, seed=5, out=tmp_path)
     records = {group: list(read_jsonl(data["files"][group])) for group in ("train", "validation", "test")}
     assert {group: len(rows) for group, rows in records.items()} == {"train": 36, "validation": 18, "test": 18}
     people = {group: {r["link_target"][0] for r in rows} for group, rows in records.items()}
@@ -72,11 +76,11 @@ def test_no_validation_or_test_question_is_fine_tuned_on_or_pre_trained_on(bench
 
 
 def test_mixed_questions_are_on_by_default_and_can_be_turned_off(bench, tmp_path):
-    parser = bench.experiment_parser("test", "out")
-    assert bench.with_overrides(bench.Settings(), parser.parse_args([])).mix_qa is True
-    settings = bench.with_overrides(bench.Settings(num_people=12), parser.parse_args(["--no-mix-qa"]))
+    parser = options.experiment_parser("test", "out")
+    assert options.with_overrides(bench.Settings(), parser.parse_args([])).mix_qa is True
+    settings = options.with_overrides(bench.Settings(num_people=12), parser.parse_args(["--no-mix-qa"]))
     assert settings.mix_qa is False
-    data = bench.make_world(settings, seed=5, out=tmp_path)
+    data = qa_world.make_world(settings, seed=5, out=tmp_path)
     dump = bz2.open(tmp_path / "wiki.xml.bz2", "rt", encoding="utf-8").read()
     train = list(read_jsonl(data["files"]["train"]))
     assert train and not any(r["question"] in dump or r["question"].replace("'", "&apos;") in dump for r in train)
@@ -120,11 +124,11 @@ def test_shuffled_questions_sit_on_pages_of_their_own(bench, tmp_path):
     """`--shuffled-questions`: the fine-tuning group's questions on question pages, people mixed, each subject
     linked (known only by its name there); none on a person's page; no validation or test question anywhere."""
     settings = bench.Settings(num_people=30, shuffled_questions=True)
-    data = bench.make_world(settings, seed=2, out=tmp_path)
+    data = qa_world.make_world(settings, seed=2, out=tmp_path)
     dump = bz2.open(tmp_path / "wiki.xml.bz2", "rt", encoding="utf-8").read()
     assert "== Questions ==" not in dump
     pages = re.findall(r"<title>Questions \d+</title>.*?<text[^>]*>(.*?)</text>", dump, flags=re.S)
-    assert len(pages) == -(-15 * 6 // bench.QUESTIONS_A_PAGE)
+    assert len(pages) == -(-15 * 6 // qa_world.QUESTIONS_A_PAGE)
     train = list(read_jsonl(data["files"]["train"]))
     linked = [re.findall(r"\[\[([^\]|]+)\]\] born\?|\[\[([^\]|]+)\]\]", page) for page in pages]
     assert all(len({a or b for a, b in page}) > 3 for page in linked)  # several people a page
@@ -139,25 +143,25 @@ def test_shuffled_questions_sit_on_pages_of_their_own(bench, tmp_path):
 def test_majority_floor_and_bootstrap(bench, tmp_path):
     world = generate_knowledge_world(KnowledgeWorldSettings(num_people=12), seed=0)
     splits = split_people(world, seed=0)
-    files = {split: bench.write_released_format(pairs, split, tmp_path)[0] for split, pairs in splits.items()}
-    floor = json.loads(bench.majority_answers(files["train"], files["test"], tmp_path / "m.json").read_text())
+    files = {split: qa_world.write_released_format(pairs, split, tmp_path)[0] for split, pairs in splits.items()}
+    floor = json.loads(scoring.majority_answers(files["train"], files["test"], tmp_path / "m.json").read_text())
     train = list(read_jsonl(files["train"]))
     for record in read_jsonl(files["test"]):  # the most common training answer of the question's form
         answers = [r["answer"][0] for r in train if r["relation"] == record["relation"]]
         assert answers.count(floor[record["id"]]) == max(answers.count(a) for a in answers)
     hits = [(True, i % 2 == 0) for i in range(40)] + [(False, False)] * 40
-    low, high = bench.bootstrap([hits], samples=200)["entity"]
+    low, high = scoring.bootstrap([hits], samples=200)["entity"]
     assert low < 50.0 < high and high - low < 50
-    assert bench.bootstrap([hits], samples=200)["literal"] == [0.0, 0.0]
+    assert scoring.bootstrap([hits], samples=200)["literal"] == [0.0, 0.0]
 
 
 def test_the_bootstrap_resamples_seeds(bench):
     """Seeds that disagree widen the interval: one seed right on every question and one wrong on every question
     give an interval from 0 to 100 (resampling the questions alone would give 50 to 50)."""
     right, wrong = [(True, True)] * 60 + [(False, True)] * 60, [(True, False)] * 60 + [(False, False)] * 60
-    low, high = bench.bootstrap([right, wrong], samples=400)["entity"]
+    low, high = scoring.bootstrap([right, wrong], samples=400)["entity"]
     assert low == 0.0 and high == 100.0
-    assert bench.bootstrap([right, right], samples=100)["all"] == [100.0, 100.0]
+    assert scoring.bootstrap([right, right], samples=100)["all"] == [100.0, 100.0]
 
 
 def test_validity_needs_one_system_over_both_bars(bench):
@@ -168,11 +172,11 @@ def test_validity_needs_one_system_over_both_bars(bench):
         scores = {name: {"em": {"entity": entity, "literal": literal}} for name, (entity, literal) in systems.items()}
         return {"test": {**scores, "majority_answer": {"em": {"entity": 1.0, "literal": 4.0}}}}
 
-    split = bench.validity(summary(edmem_free=(80.0, 5.0), encdec=(40.0, 30.0)), settings)
+    split = scoring.validity(summary(edmem_free=(80.0, 5.0), encdec=(40.0, 30.0)), settings)
     assert not split["valid"] and split["valid_system"] is None
-    both = bench.validity(summary(edmem_free=(80.0, 5.0), encdec=(60.0, 30.0)), settings)
+    both = scoring.validity(summary(edmem_free=(80.0, 5.0), encdec=(60.0, 30.0)), settings)
     assert both["valid"] and both["valid_system"] == "encdec" and both["group"] == "test"
-    chosen = bench.validity({"validation": summary(encdec=(60.0, 30.0))["test"]}, settings)
+    chosen = scoring.validity({"validation": summary(encdec=(60.0, 30.0))["test"]}, settings)
     assert chosen["group"] == "validation"
 
 
@@ -180,7 +184,7 @@ def test_recipes_share_what_they_can(bench):
     """A recipe's models sit in folders named by what sets them apart from the paper's: EncDec has no linking loss,
     so the linking levers leave its pre-training the paper's; the masking lever does not."""
     recipes = bench.RECIPES
-    assert recipes["paper"] == bench.Recipe() and recipes["paper"].pretraining_suffix("edmem") == ""
+    assert recipes["paper"] == training.Recipe() and recipes["paper"].pretraining_suffix("edmem") == ""
     assert recipes["el_per_token"].pretraining_suffix("encdec") == ""
     assert recipes["el_per_token"].pretraining_suffix("edmem") == "-entity_loss_reduction=per_lm_token"
     assert recipes["salient_numbers"].pretraining_suffix("encdec") == "-number_mask_prob=0.5"
@@ -193,22 +197,22 @@ def test_recipes_share_what_they_can(bench):
 
 def test_hidden_rows_mask_the_named_entities(bench):
     vocab = EntityVocab(["a", "b", "c", "d"])
-    assert bench.hidden_rows(4, ["b", "d"], vocab).tolist() == [0, 1, 0, 1]
-    assert bench.hidden_rows(4, None, vocab).tolist() == [1, 1, 1, 1]
+    assert memory.hidden_rows(4, ["b", "d"], vocab).tolist() == [0, 1, 0, 1]
+    assert memory.hidden_rows(4, None, vocab).tolist() == [1, 1, 1, 1]
 
 
 def test_entity_mask_file_is_the_authors_format(bench, tmp_path):
     """The authors' get_memory_mask.py format (a long tensor, 1 = hidden), read by the fine-tuning script's
     `--entity_mask_file`: constrained decoding then spells only the entities the file leaves visible."""
-    path = bench.write_entity_mask(1000, 0.1, seed=0, path=tmp_path / "mask.pt")
+    path = memory.write_entity_mask(1000, 0.1, seed=0, path=tmp_path / "mask.pt")
     hidden = torch.load(path, weights_only=True)
     assert hidden.dtype == torch.long and hidden.shape == (1000,) and set(hidden.unique().tolist()) == {0, 1}
     assert 50 < int((hidden == 0).sum()) < 150  # about a tenth visible
-    assert torch.equal(torch.load(bench.write_entity_mask(1000, 0.1, 0, tmp_path / "again.pt")), hidden)  # seeded
+    assert torch.equal(torch.load(memory.write_entity_mask(1000, 0.1, 0, tmp_path / "again.pt")), hidden)  # seeded
 
     world = generate_knowledge_world(KnowledgeWorldSettings(num_people=20), seed=3)
     names = [e.name for e in world.entities]
-    data, _ = bench.write_released_format(split_people(world, seed=3)["test"], "test", tmp_path)
+    data, _ = qa_world.write_released_format(split_people(world, seed=3)["test"], "test", tmp_path)
     tokenizer = make_word_tokenizer(bart_template=True)
     start, end = tokenizer.convert_tokens_to_ids(["<E_s>", "<E_e>"])
     model = tiny_model(vocab_size=len(tokenizer), entity_vocab_size=len(names), entity_start_token_id=start,
@@ -219,7 +223,7 @@ def test_entity_mask_file_is_the_authors_format(bench, tmp_path):
         model.final_logits_bias[0, tokenizer.eos_token_id] = -12.0
     model.save_pretrained(tmp_path / "model")
     tokenizer.save_pretrained(tmp_path / "model")
-    mask = bench.write_entity_mask(len(names), 0.25, seed=0, path=tmp_path / "memory_mask.pt")
+    mask = memory.write_entity_mask(len(names), 0.25, seed=0, path=tmp_path / "memory_mask.pt")
     visible = {names[i] for i in (torch.load(mask, weights_only=True) == 0).nonzero().flatten().tolist()}
     assert 0 < len(visible) < len(names) // 2
 
@@ -275,9 +279,9 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     summary = result["summary"]["test"]
     assert {"edmem_free", "edmem_static", "edmem_dynamic", "encdec", "majority_answer",
             "edmem_free_every_row_hidden_at_test", "edmem_free_subject_rows_hidden_at_test"} <= set(summary)  # fmt: skip
-    hits = bench.question_hits(seed / "edmem_toy-test.jsonl", seed / "sling_invocab-test.json",
+    hits = scoring.question_hits(seed / "edmem_toy-test.jsonl", seed / "sling_invocab-test.json",
                                seed / "finetune-encdec" / "free" / "free_predictions.json")  # fmt: skip
-    assert summary["encdec"]["em"] == bench.em(hits)
+    assert summary["encdec"]["em"] == scoring.em(hits)
     right = [text for text, (_, hit) in zip(texts, hits) if hit]
     assert all(text.lower() in {r["answer"][0].lower() for r in test} for text in right)
     for scores in summary.values():
@@ -328,11 +332,11 @@ def test_memory_finds_the_person_reads_the_top_entity_at_the_first_mention(bench
     model.entity_vocab = EntityVocab(names)
     from edmem_hf.research.entity_growth import memory_queries
 
-    queries = memory_queries(model, [[bench.PERSON_CONTEXTS["name_alone"](world, p)] for p in people], tokenizer)
+    queries = memory_queries(model, [[probes.PERSON_CONTEXTS["name_alone"](world, p)] for p in people], tokenizer)
     with torch.no_grad():
         for person, query in zip(people, queries):
             model.model.entity_embeddings.weight[model.entity_vocab.id_of(person)] = 50 * query / query.norm()
-    found = bench.memory_finds_the_person(model, tokenizer, world, people)
+    found = probes.memory_finds_the_person(model, tokenizer, world, people)
     assert found["name_alone"] == 100.0 and set(found) == {"name_alone", "question", "first_biography"}
 
 
@@ -356,33 +360,35 @@ def test_probes_ask_a_masked_spans_model_for_its_own_target(bench):
         masked[0, inside] = True
         labels = torch.full((1, len(ids)), IGNORE_INDEX)
         expected, _, scored, _ = collator._masked_span_targets(ids_t[None], masked, labels, masked, [len(ids)])
-        target, filled = bench._probe_target(collator, ids_t, inside)
+        target, filled = probes._probe_target(collator, ids_t, inside)
         assert target.tolist() == expected[0].tolist() and filled == scored[0].nonzero()[:, 0].tolist()
         assert target[filled].tolist() == ids_t[inside].tolist() and len(filled) >= 1
         assert (start in target.tolist()) == is_entity
         markers = ([start], [end]) if is_entity else ([], [])
         run = ids_t[inside].tolist()
         assert target.tolist() == [tokenizer.mask_token_id, *markers[0], *run, *markers[1], tokenizer.eos_token_id]
-        assert bench._probe_target(None, ids_t, inside) == (ids_t, inside)
-    assert isinstance(bench._span_collator(tokenizer, "masked_spans"), EDMemMaskingCollator)
-    assert bench._span_collator(tokenizer, "passage") is None
+        assert probes._probe_target(None, ids_t, inside) == (ids_t, inside)
+    assert isinstance(probes._span_collator(tokenizer, "masked_spans"), EDMemMaskingCollator)
+    assert probes._span_collator(tokenizer, "passage") is None
 
 
 def test_no_finetuning_asks_the_pretrained_model(bench, tmp_path):
     """`--finetune-epochs 0` (the study's mixed training): the model asked is the pre-trained one, untouched."""
-    settings = bench.with_overrides(
-        bench.Settings(), bench.experiment_parser("t", "o").parse_args(["--finetune-epochs", "0"])
+    settings = options.with_overrides(
+        bench.Settings(), options.experiment_parser("t", "o").parse_args(["--finetune-epochs", "0"])
     )
     assert settings.finetune_epochs == 0
     pretrained = tmp_path / "pretrained"
-    assert bench.finetune_model(pretrained, tmp_path / "train.jsonl", tmp_path / "ft", settings, 0) == pretrained
+    assert training.finetune_model(pretrained, tmp_path / "train.jsonl", tmp_path / "ft", settings, 0) == pretrained
     assert not (tmp_path / "ft").exists()
     with pytest.raises(ValueError, match="finetune-epochs"):
-        bench.finetune_model(pretrained, tmp_path / "train.jsonl", tmp_path / "ft", settings, 0, tmp_path / "mask.pt")
+        training.finetune_model(
+            pretrained, tmp_path / "train.jsonl", tmp_path / "ft", settings, 0, tmp_path / "mask.pt"
+        )
 
 
 def test_a_folder_of_a_finished_pre_training_of_other_steps_is_refused(bench, tmp_path):
     (tmp_path / "trainer_state.json").write_text(json.dumps({"max_steps": 3000}))
     settings = dataclasses.replace(bench.QUICK, pretrain_steps=15000)
     with pytest.raises(ValueError, match="holds a pre-training of 3000 steps and this run asks 15000"):
-        bench.pretrain_variant("edmem", tmp_path / "corpus", tmp_path, settings, seed=0)
+        training.pretrain_variant("edmem", tmp_path / "corpus", tmp_path, settings, seed=0)
