@@ -40,7 +40,9 @@ def _mentions(tokenizer, texts: list[str]) -> torch.Tensor:
 
 def test_a_mention_s_candidates_are_the_entities_it_spells(tokenizer, words):
     vocab = _vocab(words)
+    tokenizer(["a", "a b c"], padding=True)  # leaves padding on the fast tokenizer's backend: the lookup ignores it
     lookup = NameCandidates.build(vocab, tokenizer, max_candidates=4)
+    assert tokenizer.backend_tokenizer.padding is not None
     start, end = tokenizer.convert_tokens_to_ids(["<E_s>", "<E_e>"])
     ids = _mentions(tokenizer, [
         f"{words[60]} <E_s> {vocab.names[0]} <E_e> and <E_s> {vocab.names[1].upper()} <E_e>",

@@ -12,6 +12,7 @@ Hub as custom code with `modeling_edmem.py`.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,9 +31,11 @@ def _hashes(sequences: Sequence[Sequence[int]]) -> np.ndarray:
     """`(len(sequences),)` uint64: the hash of each token sequence."""
     lengths = np.fromiter(map(len, sequences), dtype=np.int64, count=len(sequences))
     width = int(lengths.max()) if len(lengths) else 0
+    flat = np.fromiter(itertools.chain.from_iterable(sequences), dtype=np.uint64, count=int(lengths.sum()))
+    rows = np.repeat(np.arange(len(sequences)), lengths)
+    columns = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
     tokens = np.zeros((len(sequences), width), dtype=np.uint64)
-    for row, sequence in enumerate(sequences):
-        tokens[row, : len(sequence)] = sequence
+    tokens[rows, columns] = flat
     hashes = lengths.astype(np.uint64) * _LENGTH_SALT
     with np.errstate(over="ignore"):
         for column in range(width):
@@ -68,7 +71,19 @@ class NameCandidates:
                 owners.append(entity)
         hashes = np.zeros(0, dtype=np.uint64)
         if texts:  # the tokens between the markers, as a mention's are in running text
-            ids = tokenizer(texts, add_special_tokens=False, return_attention_mask=False)["input_ids"]
+            backend = getattr(tokenizer, "backend_tokenizer", None)  # a fast tokenizer's, without the wrapper's cost
+            if backend is not None:
+                padding, truncation = backend.padding, backend.truncation  # left on by an earlier padded call
+                backend.no_padding(), backend.no_truncation()
+                try:
+                    ids = [encoding.ids for encoding in backend.encode_batch(texts, add_special_tokens=False)]
+                finally:
+                    if padding is not None:
+                        backend.enable_padding(**padding)
+                    if truncation is not None:
+                        backend.enable_truncation(**truncation)
+            else:
+                ids = tokenizer(texts, add_special_tokens=False, return_attention_mask=False)["input_ids"]
             hashes = _hashes([tokens[1:-1] for tokens in ids])
         pairs = np.unique(np.stack([hashes, np.asarray(owners, dtype=np.uint64)]), axis=1)  # each once
         return cls(pairs[0], pairs[1].astype(np.int64), len(entity_vocab), max_candidates)
