@@ -108,3 +108,25 @@ def test_a_tokenizer_without_a_marker_is_named_in_one_line():
     assert (config.vocab_size, config.entity_vocab_size, config.d_model) == (len(tokenizer), 7, 32)
     assert config.entity_start_token_id == tokenizer.convert_tokens_to_ids("<E_s>")
     assert config.decoder_start_token_id == config.eos_token_id == tokenizer.eos_token_id
+
+
+def test_a_corpus_is_named_where_a_model_is_expected_and_a_corpus_needs_its_vocabulary(tmp_path, capsys):
+    """A corpus folder passed as a model, a corpus without `entity_vocab.json` and `--writer_corpus` with a model
+    that has no writer are one line each, before anything loads (issue 66, item 6)."""
+    from edmem_hf.finetuning import ModelFolderError, check_model_folder
+    from edmem_hf.pretraining import load_corpus
+
+    corpus = tmp_path / "corpus"
+    (corpus / "passages").mkdir(parents=True)
+    (corpus / "entity_vocab.json").write_text('{"names": ["x"]}')
+    with pytest.raises(ModelFolderError, match="is a corpus .* not a model: pre-train on it"):
+        check_model_folder(str(corpus))
+    (corpus / "entity_vocab.json").unlink()
+    with pytest.raises(ValueError, match="no entity_vocab.json"):
+        load_corpus(str(corpus))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "edmem"}')
+    error = _one_line_error(["finetune", "--task", "wq", "--model_name_or_path", str(model), "--output_dir",
+                             str(tmp_path / "out"), "--writer_corpus", str(corpus)], capsys)  # fmt: skip
+    assert "has no writer of entity rows" in error

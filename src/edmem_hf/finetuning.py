@@ -350,6 +350,10 @@ def parse_arguments(
         parser.error("--writer_passages_per_row pools rows written from a corpus: give --writer_corpus")
     if model_args.writer_corpus is not None and not os.path.isdir(os.path.join(model_args.writer_corpus, "passages")):
         parser.error(f"--writer_corpus {model_args.writer_corpus}: not an edmem build-corpus folder (no passages/)")
+    saved = Path(model_args.model_name_or_path) / "config.json"
+    if model_args.writer_corpus is not None and saved.is_file():  # before a model is loaded
+        if not json.loads(saved.read_text(encoding="utf-8")).get("entity_row_writer", False):
+            parser.error(f"--writer_corpus: {model_args.model_name_or_path} has no writer of entity rows")
     if not task.reads_answer_links:
         for option in ("validation_answer_links", "test_answer_links"):
             if getattr(data_args, option) is not None:
@@ -379,6 +383,11 @@ def check_model_folder(model_name_or_path: str, tokenizer_name: str | None = Non
     if not folder.is_dir():
         return
     names = {path.name for path in folder.iterdir()}
+    if {"passages", "entity_vocab.json"} <= names and "config.json" not in names:
+        raise ModelFolderError(
+            f"{folder} is a corpus (`edmem build-corpus`), not a model: pre-train on it with `edmem pretrain "
+            f"--corpus_dir {folder}`, and fine-tune the model that writes"
+        )
     if tokenizer_name is None and not names & {"tokenizer.json", "tokenizer_config.json"}:
         raise ModelFolderError(
             f"{folder} has no tokenizer (tokenizer.json): pass --tokenizer_name, or write the folder with its "

@@ -276,6 +276,8 @@ def load_corpus(corpus_dir: str) -> tuple[Any, Any, Any]:
     passages_dir = os.path.join(corpus_dir, "passages")
     if not os.path.isdir(passages_dir):
         raise ValueError(f"{corpus_dir} is not an EDMem corpus: no passages/ directory (run `edmem build-corpus`)")
+    if not os.path.isfile(os.path.join(corpus_dir, "entity_vocab.json")):
+        raise ValueError(f"{corpus_dir} is not a whole EDMem corpus: no entity_vocab.json (run `edmem build-corpus`)")
     passages = load_from_disk(passages_dir)
     if "train" not in passages:
         raise ValueError(f"{passages_dir} has no 'train' split (splits: {list(passages)})")
