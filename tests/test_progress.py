@@ -147,3 +147,26 @@ def test_no_transformers_or_datasets_bars_in_a_log():
     finally:
         transformers_logging.enable_progress_bar()
         datasets.enable_progress_bars()
+
+
+def test_a_terminal_of_no_width_gets_progress_lines():
+    """A pseudo-terminal of 0 columns (a terminal of unknown width) would show a tqdm bar as nothing at all: it gets
+    the lines a log gets (issue 66)."""
+    import os
+    import pty
+
+    from edmem_hf.progress import TrainingProgress, is_terminal
+
+    controller, terminal = pty.openpty()
+    try:
+        with os.fdopen(terminal, "w", closefd=False) as stream:
+            assert stream.isatty() and os.get_terminal_size(terminal).columns == 0
+            assert not is_terminal(stream)
+            with TrainingProgress(10, "pretrain", stream=stream) as progress:
+                assert progress.bar is None
+                progress.update(10, loss=1.5)
+        shown = os.read(controller, 4096).decode()
+        assert "pretrain: 10 steps to go" in shown and "step 10/10" in shown
+    finally:
+        os.close(controller)
+        os.close(terminal)

@@ -6,6 +6,7 @@ dict with its numbers formatted as strings).
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Any, TextIO
@@ -17,8 +18,15 @@ PROGRESS_LINE_SECONDS = 10.0  # off a terminal: a progress line at most this oft
 
 
 def is_terminal(stream: TextIO) -> bool:
+    """Whether `stream` is a terminal a bar can be drawn on: one of unknown or no width (a pseudo-terminal of 0
+    columns, which tqdm draws nothing on) gets progress lines instead."""
     isatty = getattr(stream, "isatty", None)
-    return bool(isatty and isatty())
+    if not (isatty and isatty()):
+        return False
+    try:
+        return os.get_terminal_size(stream.fileno()).columns > 0
+    except (AttributeError, OSError, ValueError):  # a stream without a file (a test's), or no size to read
+        return True
 
 
 def _clock(seconds: float) -> str:
