@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import bz2
 import json
-import sys
 from dataclasses import replace
 
 import pytest
@@ -19,6 +18,10 @@ from edmem_hf.task_features import in_running_text
 from edmem_hf.tasks import exact_match, read_jsonl, read_qa
 from tiny_models import load_benchmark, tiny_model, tiny_model_with_entities
 
+# isort: split
+# benchmarks/ is on the path (tiny_models)
+from experiments import growth, memory
+
 
 @pytest.fixture(scope="module")
 def bench():
@@ -27,7 +30,7 @@ def bench():
 
 def test_the_held_out_people_are_only_in_the_new_pages(bench, tmp_path):
     settings = bench.GrowthSettings(qa=bench.Settings(num_people=20))
-    data = bench.make_worlds(settings, seed=1, out=tmp_path)
+    data = growth.make_worlds(settings, seed=1, out=tmp_path)
     held = data["held"]
     assert len(held) == 4
     assert not set(held) & set(EntityVocab.load(data["corpus"] / "entity_vocab.json").names)
@@ -41,25 +44,25 @@ def test_the_held_out_people_are_only_in_the_new_pages(bench, tmp_path):
     assert {record["link_target"][0] for record in added} == set(held) and len(added) == 6 * len(held)
     # each added person's own page cut into sentences, one fact each: every fact asked is stated by some sentence
     pages = list(iter_parsed_pages(data["new_dump"]))
-    sentences = dict(zip(held, bench.writer_texts(pages, held, "own-sentences")))
+    sentences = dict(zip(held, growth.writer_texts(pages, held, "own-sentences")))
     for name, texts in sentences.items():
         assert len(texts) == 6 * settings.qa.biographies and all(text.endswith(".") for text in texts)
         answers = [record["answer"][0] for record in added if record["link_target"][0] == name]
         assert all(sum(a.lower() in t.lower() for t in texts) >= settings.qa.biographies for a in answers), name
-    passages = bench.writer_texts(pages, held, "passages")
+    passages = growth.writer_texts(pages, held, "passages")
     assert [len(texts) for texts in passages] != [len(texts) for texts in sentences.values()]
     with pytest.raises(ValueError, match="no page with a sentence to write from for"):
-        bench.writer_texts(pages, ["Nobody Anywhere"], "own-sentences")
+        growth.writer_texts(pages, ["Nobody Anywhere"], "own-sentences")
     question = next(iter(read_jsonl(files["train"])))["question"].replace("'", "&apos;")
     assert data["mixed_questions"] is None and question in bz2.open(tmp_path / "old-wiki.xml.bz2", "rt").read()
     # the questions in the pre-training batches instead: not on the old world's pages
     batches = bench.GrowthSettings(qa=bench.Settings(num_people=20, questions_in_batches=True))
-    data = bench.make_worlds(batches, seed=1, out=tmp_path / "batches")
+    data = growth.make_worlds(batches, seed=1, out=tmp_path / "batches")
     assert data["mixed_questions"] == data["files"]["train"]
     assert question not in bz2.open(tmp_path / "batches" / "old-wiki.xml.bz2", "rt").read()
     # practice people: in the old world's pages and vocabulary and in its mixed questions, asked in no question file
     practice_settings = replace(batches, practice_people=6)
-    data = bench.make_worlds(practice_settings, seed=1, out=tmp_path / "practice")
+    data = growth.make_worlds(practice_settings, seed=1, out=tmp_path / "practice")
     practice = (tmp_path / "practice" / "practice_people.txt").read_text(encoding="utf-8").split("\n")[:-1]
     assert len(practice) == 6 and not set(practice) & set(data["held"])
     assert set(practice) <= set(EntityVocab.load(data["corpus"] / "entity_vocab.json").names)
@@ -71,82 +74,82 @@ def test_the_held_out_people_are_only_in_the_new_pages(bench, tmp_path):
     assert mixed == asked["train"] | set(practice)
     assert len(asked["train"] | asked["validation"] | asked["test"]) == 16 and len(data["held"]) == 4
     # practice people stated by one fact each: their pages in the old world and their one question each in the mix
-    one_fact = bench.make_worlds(replace(practice_settings, practice_one_fact_pages=3), 1, tmp_path / "one-fact")
+    one_fact = growth.make_worlds(replace(practice_settings, practice_one_fact_pages=3), 1, tmp_path / "one-fact")
     titles = {page.title for page in iter_parsed_pages(str(tmp_path / "one-fact" / "old-wiki.xml.bz2"))}
     assert all({name, f"{name} (2)", f"{name} (3)"} <= titles for name in practice)
     mixed = [record["link_target"][0] for record in read_jsonl(one_fact["mixed_questions"])]
     assert sorted(name for name in mixed if name in practice) == sorted(practice)
     # every fact of each practice person on two pages of one sentence: all their questions in the mix
-    sentences = bench.make_worlds(replace(practice_settings, practice_sentence_pages=2), 1, tmp_path / "sentences")
+    sentences = growth.make_worlds(replace(practice_settings, practice_sentence_pages=2), 1, tmp_path / "sentences")
     titles = {page.title for page in iter_parsed_pages(str(tmp_path / "sentences" / "old-wiki.xml.bz2"))}
     assert all({name, *(f"{name} ({k})" for k in range(2, 13))} <= titles for name in practice)
     mixed = [record["link_target"][0] for record in read_jsonl(sentences["mixed_questions"])]
     assert sorted(name for name in mixed if name in practice) == sorted(practice * 6)
     with pytest.raises(ValueError, match="worlds of their own"):
-        bench.make_worlds(
+        growth.make_worlds(
             replace(practice_settings, practice_one_fact_pages=3, practice_sentence_pages=2), 1, tmp_path
         )
     with pytest.raises(ValueError, match="worlds of their own"):
-        bench.make_worlds(replace(practice_settings, practice_one_fact_pages=3, practice_biographies=2), 1, tmp_path)
+        growth.make_worlds(replace(practice_settings, practice_one_fact_pages=3, practice_biographies=2), 1, tmp_path)
 
 
 def test_each_recipe_keeps_its_models_apart(bench, tmp_path):
     """A run with another recipe trains its own models beside the same world, never reusing the paper's."""
     paper = bench.GrowthSettings()
-    assert bench.models_folder(tmp_path, paper) == tmp_path
-    folders = {bench.models_folder(tmp_path, replace(paper, recipe=name)) for name in bench.RECIPES}
+    assert growth.models_folder(tmp_path, paper) == tmp_path
+    folders = {growth.models_folder(tmp_path, replace(paper, recipe=name)) for name in bench.RECIPES}
     assert len(folders) == len(bench.RECIPES) and all(folder.parent == tmp_path for folder in folders - {tmp_path})
     # the writer's models of another written-row share are their own too; the default share's keep their name
-    assert bench.writer_folder(paper) == "writer"
+    assert growth.writer_folder(paper) == "writer"
     assert (
-        bench.writer_folder(replace(paper, written_row_share=1.0, written_table=True))
+        growth.writer_folder(replace(paper, written_row_share=1.0, written_table=True))
         == "writer-written-table-share-1.0"
     )
     # a second stage with the writer frozen is a model of its own, its first stage the same folder as without it
-    assert bench.writer_folder(replace(paper, written_table=True, reader_steps=500)) == (
+    assert growth.writer_folder(replace(paper, written_table=True, reader_steps=500)) == (
         "writer-written-table-frozen-writer-500"
     )
     second_only = replace(paper, written_table=True, reader_steps=500, reader_names_like_written_only=True,
                           reader_row_autoencoding_share=0.5)  # fmt: skip
-    assert bench.writer_folder(second_only) == (
+    assert growth.writer_folder(second_only) == (
         "writer-written-table-frozen-writer-500-names-like-written-only-row-autoencoding-0.5"
     )
-    assert bench.writer_folder(replace(second_only, reader_fresh_name_share=0.5)).endswith(
+    assert growth.writer_folder(replace(second_only, reader_fresh_name_share=0.5)).endswith(
         "-frozen-writer-500-names-like-written-only-row-autoencoding-0.5-fresh-names-0.5"
     )
-    assert bench.writer_folder(replace(second_only, reader_decoy_rows=4)).endswith("-row-autoencoding-0.5-decoys-4")
-    assert bench.writer_folder(
+    assert growth.writer_folder(replace(second_only, reader_decoy_rows=4)).endswith("-row-autoencoding-0.5-decoys-4")
+    assert growth.writer_folder(
         replace(second_only, reader_decoy_rows=4, reader_decoys_for_every_entity=True)
     ).endswith("-row-autoencoding-0.5-decoys-4-every-entity")
     every_lever = replace(
         second_only, reader_fresh_name_share=0.5, reader_decoy_rows=4, reader_decoys_for_every_entity=True
     )
-    assert bench.writer_folder(replace(every_lever, reader_steps=0)) == "writer-written-table"
+    assert growth.writer_folder(replace(every_lever, reader_steps=0)) == "writer-written-table"
     # a first stage continued is a model of its own, and so is every stage after it
-    assert bench.writer_folder(replace(paper, writer_more_steps=20000)) == "writer-more-20000"
-    assert bench.writer_folder(replace(paper, writer_more_steps=20000, reader_steps=500)) == (
+    assert growth.writer_folder(replace(paper, writer_more_steps=20000)) == "writer-more-20000"
+    assert growth.writer_folder(replace(paper, writer_more_steps=20000, reader_steps=500)) == (
         "writer-more-20000-frozen-writer-500"
     )
     # rows pooled and rows apart are models of their own, even from one passage
-    assert bench.writer_folder(replace(paper, writer_passages_per_row=12)) == "writer-pooled-12"
+    assert growth.writer_folder(replace(paper, writer_passages_per_row=12)) == "writer-pooled-12"
     assert (
-        bench.writer_folder(replace(paper, writer_passages_per_row=12, writer_pools_texts=False)) == "writer-rows-12"
+        growth.writer_folder(replace(paper, writer_passages_per_row=12, writer_pools_texts=False)) == "writer-rows-12"
     )
-    assert bench.writer_folder(replace(paper, writer_pools_texts=False)) == "writer-rows-1"
+    assert growth.writer_folder(replace(paper, writer_pools_texts=False)) == "writer-rows-1"
     rows_that_answer = replace(paper, writer_passages_per_row=12, writer_pools_texts=False, writer_answer_rows=True)
-    assert bench.writer_folder(rows_that_answer) == "writer-rows-12-answer-rows"
+    assert growth.writer_folder(rows_that_answer) == "writer-rows-12-answer-rows"
     assert (
-        bench.writer_folder(replace(rows_that_answer, writer_reads_answer_rows=True))
+        growth.writer_folder(replace(rows_that_answer, writer_reads_answer_rows=True))
         == "writer-rows-12-answer-rows-read"
     )
-    assert bench.writer_folder(replace(rows_that_answer, writer_answer_rows_by_text=True)) == (
+    assert growth.writer_folder(replace(rows_that_answer, writer_answer_rows_by_text=True)) == (
         "writer-rows-12-answer-rows-by-text"
     )
-    assert bench.writer_folder(replace(rows_that_answer, writer_mean_row_probability=True)) == (
+    assert growth.writer_folder(replace(rows_that_answer, writer_mean_row_probability=True)) == (
         "writer-rows-12-answer-rows-mean-rows"
     )
     at_test = replace(rows_that_answer, mean_row_probability_at_test=True, reader_steps=5)
-    assert bench.writer_folder(at_test) == "writer-rows-12-answer-rows-frozen-writer-5-mean-rows-at-test"
+    assert growth.writer_folder(at_test) == "writer-rows-12-answer-rows-frozen-writer-5-mean-rows-at-test"
 
 
 def test_memory_finding_counts_the_misses_that_share_a_word_of_the_name(bench, tmp_path, monkeypatch):
@@ -156,12 +159,11 @@ def test_memory_finding_counts_the_misses_that_share_a_word_of_the_name(bench, t
     questions = tmp_path / "questions.jsonl"
     subjects = ["Ada Quill", "Bo Quill", "Di Roe", "Ed Poe"]
     questions.write_text("".join(json.dumps({"link_target": [name]}) + "\n" for name in subjects))
-    memory = sys.modules["experiments.memory"]  # whose memory_tops_and_subjects reads the tops
-    monkeypatch.setattr(
+    monkeypatch.setattr(  # the tops that memory_tops_and_subjects reads
         memory, "memory_top_names", lambda model, tokenizer, path: ["Ada Stone", "Bo Quill", "Cy Moe", None]
     )
     monkeypatch.setattr(memory.AutoTokenizer, "from_pretrained", lambda path: None)
-    assert bench.memory_finding(tmp_path / "model", questions) == {"recall": 25.0, "misses_sharing_a_name_word": 25.0}
+    assert memory.memory_finding(tmp_path / "model", questions) == {"recall": 25.0, "misses_sharing_a_name_word": 25.0}
 
 
 def test_a_model_is_read_with_mean_row_probabilities_by_a_copy_of_it(bench, tmp_path):
@@ -171,7 +173,7 @@ def test_a_model_is_read_with_mean_row_probabilities_by_a_copy_of_it(bench, tmp_
     trained.entity_vocab = model.entity_vocab
     trained.save_pretrained(tmp_path / "trained")
     tokenizer.save_pretrained(tmp_path / "trained")
-    copy = bench.with_mean_row_probability(tmp_path / "trained", tmp_path / "copy")
+    copy = growth.with_mean_row_probability(tmp_path / "trained", tmp_path / "copy")
     loaded = EDMemForConditionalGeneration.from_pretrained(copy)
     assert loaded.config.writer_mean_row_probability and not trained.config.writer_mean_row_probability
     assert all(torch.equal(value, trained.state_dict()[key]) for key, value in loaded.state_dict().items())
@@ -234,7 +236,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
         assert len(texts) == 6 * len(held) and all(texts)  # an answer to every question before it is scored
     assert set(result["summary"]["added"]) == {
         "before",
-        *bench.ESTIMATORS,
+        *growth.ESTIMATORS,
         "writer_before",
         "writer",
         "continued_pretraining",
@@ -250,7 +252,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     assert result["summary"]["added"]["before"]["memory_recall"]["mean"] == 0.0
     assert result["summary"]["added"]["writer_before"]["memory_recall"]["mean"] == 0.0
     for trained_dir, estimators in (
-        ("finetune", bench.ESTIMATORS),
+        ("finetune", growth.ESTIMATORS),
         (
             f"finetune-{WRITER_FOLDER}-more-4-frozen-writer-5-row-autoencoding-0.5-fresh-names-0.5-every-entity",
             ["writer"],
@@ -334,10 +336,10 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     assert (out / "growth.png").stat().st_size > 0
     # the queries the rows-alone bound reads are the memory's own: their best rows are what the memory found
     tokenizer = AutoTokenizer.from_pretrained(models / "finetune")
-    names, queries = bench.subject_queries(trained.eval(), tokenizer, seed / "edmem_toy-test.jsonl")
+    names, queries = memory.subject_queries(trained.eval(), tokenizer, seed / "edmem_toy-test.jsonl")
     table = trained.model.entity_embeddings.weight.detach()
     found = [trained.entity_vocab.name_of(int(i)) == name for i, name in zip((queries @ table.T).argmax(-1), names)]
-    finding = bench.memory_finding(models / "finetune", seed / "edmem_toy-test.jsonl")
+    finding = memory.memory_finding(models / "finetune", seed / "edmem_toy-test.jsonl")
     assert finding["recall"] == round(100 * sum(found) / len(found), 2)
     # the writer's passages state the asked fact more often drawn by mentions (the subject's own page) than uniformly
     facts = result["runs"][0]["results"]["passage_facts"]
@@ -405,8 +407,8 @@ def _a_grown_model_recalls_and_answers_on_a_case_built_to_succeed(bench, seed, m
     tokenizer = AutoTokenizer.from_pretrained(models / "finetune")
     model = EDMemForConditionalGeneration.from_pretrained(models / "finetune").eval()
     longest = 2 * model.model.entity_embeddings.weight.norm(dim=-1).max().item()  # the row outscores every other
-    assert bench.memory_finding(models / "finetune", asked)["recall"] == 0.0
-    _, query = bench.subject_queries(model, tokenizer, asked)
+    assert memory.memory_finding(models / "finetune", asked)["recall"] == 0.0
+    _, query = memory.subject_queries(model, tokenizer, asked)
     add_entities(model, [person], rows=query / query.norm(dim=-1, keepdim=True) * longest)
     question = tokenizer([in_running_text(read_qa(asked, model.entity_vocab)["question"][0])], return_tensors="pt")
     place = "Newtown Vale"
@@ -421,7 +423,7 @@ def _a_grown_model_recalls_and_answers_on_a_case_built_to_succeed(bench, seed, m
     model.save_pretrained(tmp_path / "grown-built")
     tokenizer.save_pretrained(tmp_path / "grown-built")
 
-    assert bench.memory_finding(tmp_path / "grown-built", asked)["recall"] == 100.0
+    assert memory.memory_finding(tmp_path / "grown-built", asked)["recall"] == 100.0
     grown = EDMemForConditionalGeneration.from_pretrained(tmp_path / "grown-built").eval()
     answer = grown.generate(**question, entity_decoding="static", entity_candidates=1, tokenizer=tokenizer,
                             max_new_tokens=12, return_dict_in_generate=True)  # fmt: skip

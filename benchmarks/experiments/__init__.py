@@ -13,6 +13,9 @@ their protocols; their machinery is here.
 - `scoring`: exact match, the majority floor, the two-level bootstrap and the summaries read from them.
 - `plots`: the figures.
 - `options`: the command line the toy-world experiments share.
+- `growth`: `toy_world_growth.py`'s worlds, grown models, ceiling, the writer's two stages and their folders;
+  `growth_scoring` (each model asked, the summary over seeds, the headline figures), `growth_diagnostics` (where a
+  grown model keeps what it knows), `growth_options` (its command line), `timing` (the time to add entities).
 
 A script of `benchmarks/` imports it as `experiments` (its folder is on the path when run as `python
 benchmarks/...`); the tests put `benchmarks/` on the path (`tests/tiny_models.py`).

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
-from edmem_hf import EDMemForConditionalGeneration
+from edmem_hf import EDMemForConditionalGeneration, EntityVocab
 from edmem_hf.task_features import in_running_text
 from edmem_hf.tasks import read_jsonl, read_qa
 
@@ -73,3 +73,41 @@ def memory_top_names(model, tokenizer, data_file: Path) -> list[str | None]:
         for (row, _), top in zip(access.positions.tolist(), access.top_entity_ids[:, 0].tolist()):
             tops.setdefault(chunk["id"][row], model.entity_vocab.name_of(top))  # the first mention: the subject
     return [tops.get(record["id"]) for record in read_jsonl(data_file)]
+
+
+def memory_finding(model_dir: Path, data_file: Path, hidden: list[str] | None = None) -> dict[str, float]:
+    """`recall`: how often the memory's top entity at a question's marked subject is the subject (%);
+    `misses_sharing_a_name_word`: how often it is another entity whose name shares a word with the subject's (%, of
+    all the questions): whether a query that misses is keyed on one word of the name. `hidden`: names of entities
+    whose rows are hidden meanwhile."""
+    tops, subjects = memory_tops_and_subjects(model_dir, data_file, hidden or ())
+    misses = [(top, subject) for top, subject in zip(tops, subjects) if top != subject]
+    sharing = sum(top is not None and bool(set(top.split()) & set(subject.split())) for top, subject in misses)
+    return {
+        "recall": round(100 * (1 - len(misses) / len(subjects)), 2),
+        "misses_sharing_a_name_word": round(100 * sharing / len(subjects), 2),
+    }
+
+
+@torch.no_grad()
+def subject_queries(model, tokenizer, data_file: Path) -> tuple[list[str], torch.Tensor]:
+    """The encoder memory's query at each question's marked subject (file order) for `model` in eval mode: the
+    subjects' names and the `(questions, entity_embed_dim)` queries."""
+    encoder = model.get_encoder()
+    captured = []
+    hook = encoder.memory.query_proj.register_forward_hook(lambda module, inputs, output: captured.append(output))
+    names, queries = [], []
+    for record, question in zip(read_jsonl(data_file), read_qa(data_file, model.entity_vocab)["question"]):
+        captured.clear()
+        encoder(**tokenizer([in_running_text(question)], return_tensors="pt"))
+        names.append(record["link_target"][0])
+        queries.append(captured[0][0])  # the first mention of the question is its subject
+    hook.remove()
+    return names, torch.stack(queries)
+
+
+def practice_rows_mask(model_dir: Path, practice: list[str]) -> Path:
+    """A memory mask file (`--entity_mask_file`) hiding the practice people's rows from the model's memory: they are
+    scaffolding of the writer's training, asked nothing at test, and their written rows take other people's queries."""
+    vocab = EntityVocab.load(model_dir)
+    return save_entity_mask(hidden_rows(len(vocab), practice, vocab), model_dir / "practice_rows_hidden_mask.pt")

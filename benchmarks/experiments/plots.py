@@ -105,3 +105,39 @@ def plot_recipes(result: dict, out: Path) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def plot_growth(summary: dict, out: Path) -> Path:
+    """`toy_world_growth.py`'s figure (`growth.png`): EM and memory recall of the added people against the trained
+    ones, by model, with the spread over seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bars = [("added", "before", "added people, before adding"), ("added", "random", "added, random rows"),
+            ("added", "mean_query", "added, mean query"), ("added", "fitted", "added, fitted rows"),
+            ("added", "fitted_pretraining", "added, rows fitted on pre-training passages"),
+            ("added", "continued_pretraining", "added, continued pre-training"),
+            ("added", "writer", "added, rows by the writer (EDMem with a writer)"),
+            ("test", "writer_before", "trained, EDMem with a writer"),
+            ("test", "before", "trained test-half people, before"), ("test", "fitted", "trained, after fitted rows")]  # fmt: skip
+    bars = [bar for bar in bars if bar[1] in summary[bar[0]]]
+    groups = [("free", "all"), ("free", "entity"), ("free", "literal"), ("static", "entity"), ("memory_recall", None)]
+    fig, ax = plt.subplots(figsize=(10, 4))
+    width = 0.8 / len(bars)
+    for i, (split, name, label) in enumerate(bars):
+        figures = summary[split][name]
+        means = [figures[m][k]["mean"] if k else figures[m]["mean"] for m, k in groups]
+        stds = [figures[m][k]["std"] if k else figures[m]["std"] for m, k in groups]
+        ax.bar([x + i * width for x in range(len(groups))], means, width, yerr=stds, label=label, capsize=2)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(groups))],
+                  ["EM free", "EM free, entity", "EM free, literal", "EM static, entity", "memory recall@1"])  # fmt: skip
+    ax.set_ylabel("%")
+    ax.set_title("People added after training against people trained in pre-training")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = out / "growth.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -136,3 +136,10 @@ def orderings(summary: dict) -> dict[str, bool]:
     if "encmem" in test:
         found["encmem_zero_on_literal_answers"] = test["encmem"]["literal"] == 0.0
     return found
+
+
+def floors(files: dict[str, Path], out: Path) -> dict[str, float]:
+    """EM of the majority answer of each question form (from the fine-tuning questions) on each split."""
+    return {split: em(question_hits(files[split], files[f"{split}_links"],
+                                    majority_answers(files["train"], files[split], out / f"majority-{split}.json")))["all"]
+            for split in ("added", "test")}  # fmt: skip

@@ -1,0 +1,122 @@
+"""Scoring `toy_world_growth.py`'s models: each model asked each split's questions (EM, free and static decoding;
+the memory's recall at the subject; with practice people, again with their rows hidden), the figures' mean and
+spread over seeds, and the issue's headline figures read from them."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from experiments.growth import DEFAULT_ESTIMATOR, WRITER
+from experiments.memory import memory_finding, practice_rows_mask
+from experiments.scoring import em, question_hits
+from experiments.training import predict
+
+if TYPE_CHECKING:
+    from toy_world_growth import GrowthSettings
+
+
+def split_figures(models: dict[str, Path], data: dict, settings: GrowthSettings, seed: int) -> dict[str, dict]:
+    """split -> model -> figures, for each model of `models` (name -> folder) asked the added people's questions, the
+    trained test group's (but with random rows) and, before adding, the practice people's (`data`: `make_worlds`'):
+    EM in free and static decoding, the memory's recall at the subject and its misses that share a word of the name;
+    with practice people, the recall and free EM again with their rows hidden."""
+    files = data["files"]
+    results: dict[str, dict] = {}
+    for name, model_dir in models.items():
+        # what the practice people's rows take: the figures again with them hidden (one mask file a model)
+        practice_mask = (
+            practice_rows_mask(model_dir, data["practice"]) if data["practice_people"] is not None else None
+        )
+        for split in ("added", "test", "practice"):
+            if split == "test" and name == "random":
+                continue
+            if split == "practice" and (split not in files or name not in ("before", f"{WRITER}_before")):
+                continue
+            figures = {}
+            for mode in ("free", "static"):
+                path = predict(model_dir, files[split], model_dir / f"predict-{split}-{mode}", mode, settings.qa, seed)
+                figures[mode] = em(question_hits(files[split], files[f"{split}_links"], path))
+            finding = memory_finding(model_dir, files[split])
+            figures["memory_recall"] = finding["recall"]
+            figures["memory_misses_sharing_a_name_word"] = finding["misses_sharing_a_name_word"]
+            if practice_mask is not None and split != "practice":
+                finding = memory_finding(model_dir, files[split], hidden=data["practice"])
+                figures["memory_recall_practice_rows_hidden"] = finding["recall"]
+                figures["memory_misses_sharing_a_name_word_practice_rows_hidden"] = finding[
+                    "misses_sharing_a_name_word"
+                ]
+                path = predict(model_dir, files[split], model_dir / f"predict-{split}-free-practice-rows-hidden", "free",
+                               settings.qa, seed, entity_mask_file=practice_mask)  # fmt: skip
+                figures["free_practice_rows_hidden"] = em(question_hits(files[split], files[f"{split}_links"], path))
+            results.setdefault(split, {})[name] = figures
+    return results
+
+
+def summarise(runs: list[dict]) -> dict:
+    """Mean and spread over the seeds of every figure."""
+
+    def walk(path: tuple[str, ...], node):
+        if isinstance(node, dict):
+            return {key: walk(path + (key,), value) for key, value in node.items()}
+        values = []
+        for run in runs:
+            value = run["results"]
+            for key in path:
+                value = value[key]
+            values.append(value)
+        return {"mean": round(statistics.fmean(values), 2), "std": round(statistics.pstdev(values), 2)}
+
+    return walk((), runs[0]["results"])
+
+
+def headline_figures(summary: dict, writer: bool) -> dict:
+    """The issue's figures, for the writer (or, without it, the default EDMem with its default estimator): the added
+    people's EM over the trained people's, above the floor (`(added - floor) / (trained - floor)`, each split's
+    majority-answer EM its floor) and with it; the added people's memory recall; the trained people's EM change on
+    adding; the share of answers that follow a swapped row (the default EDMem's is `row_swap_follow_default` among
+    the diagnostics); and the trained people's EM lost to training the writer (the default EDMem's less the
+    writer's, before adding). With practice people, the same EMs with their rows hidden from the memory
+    (`..._practice_rows_hidden`): they are scaffolding of the writer's training, asked nothing at test. A ratio whose
+    trained EM is at its floor is None."""
+
+    def mean(*path: str) -> float:
+        node = summary
+        for key in path:
+            node = node[key]
+        return node["mean"]
+
+    system, before = (WRITER, f"{WRITER}_before") if writer else (DEFAULT_ESTIMATOR, "before")
+    trained, added = mean("test", before, "free", "all"), mean("added", system, "free", "all")
+    floor_added, floor_trained = mean("floor", "added"), mean("floor", "test")
+
+    def above_floor(added: float, trained: float) -> float | None:
+        return round((added - floor_added) / (trained - floor_trained), 3) if trained > floor_trained else None
+
+    diagnostics = summary["diagnostics"]
+    figures = {
+        "estimator": system,
+        "added_over_trained_em": above_floor(added, trained),
+        "added_over_trained_em_with_floor": round(added / trained, 3) if trained else None,
+        "added_recall": mean("added", system, "memory_recall"),
+        "trained_em_change": round(mean("test", system, "free", "all") - trained, 2),
+        "trained_em": trained,
+        "added_em": added,
+        "row_swap_follow": diagnostics["writer" if writer else "default"]["row_swap"]["follow"]["mean"],
+    }  # fmt: skip
+    if writer:
+        figures["writer_cost_on_trained_em"] = round(mean("test", "before", "free", "all") - trained, 2)
+    hidden = "free_practice_rows_hidden"
+    if hidden in summary["test"][before]:  # the same, the practice people's rows hidden
+        hidden_trained, hidden_added = mean("test", before, hidden, "all"), mean("added", system, hidden, "all")
+        figures["added_over_trained_em_practice_rows_hidden"] = above_floor(hidden_added, hidden_trained)
+        figures["trained_em_practice_rows_hidden"] = hidden_trained
+        figures["added_em_practice_rows_hidden"] = hidden_added
+        figures["trained_em_change_practice_rows_hidden"] = round(
+            mean("test", system, hidden, "all") - hidden_trained, 2
+        )
+        if writer:
+            default = mean("test", "before", hidden, "all")
+            figures["writer_cost_on_trained_em_practice_rows_hidden"] = round(default - hidden_trained, 2)
+    return figures
