@@ -4,8 +4,10 @@ models hold them, and the whole experiment runs end to end at a tiny size (the f
 from __future__ import annotations
 
 import bz2
+import dataclasses
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +15,9 @@ from transformers import AutoTokenizer
 
 from edmem_hf import EDMemForConditionalGeneration, EntityVocab
 from edmem_hf.dump import iter_parsed_pages
+from edmem_hf.pretraining import pretraining_options
 from edmem_hf.research.entity_growth import add_entities
+from edmem_hf.research.writer_training import WriterTrainingArguments
 from edmem_hf.task_features import in_running_text
 from edmem_hf.tasks import exact_match, read_jsonl, read_qa
 from tiny_models import load_benchmark, tiny_model, tiny_model_with_entities
@@ -22,10 +26,81 @@ from tiny_models import load_benchmark, tiny_model, tiny_model_with_entities
 # benchmarks/ is on the path (tiny_models)
 from experiments import growth, memory
 
+FAIR_WORLD = Path(__file__).resolve().parents[1] / "docs" / "images" / "toy_world_growth_fair_world"
+HEADLINE_RESULTS = (
+    "results_seeds012_practice200_sentence_pages2_60000_steps_rows12_answer_rows_by_text_writer_dropout0_frozen_writer"
+    "_10000_decoys_4_own_sentences.json"
+)
+# docs/evidence.md's command of the headline before it was the plain command, run once a seed
+RECIPE_OPTIONS = ["--questions-in-batches", "--pretrain-steps", "60000", "--finetune-epochs", "0",
+                  "--practice-people", "200", "--practice-sentence-pages", "2", "--written-only-share", "0",
+                  "--writer-dropout", "0", "--writer-passages-per-row", "12", "--writer-rows-apart",
+                  "--writer-answer-rows", "--writer-answer-rows-by-text", "--reader-steps", "10000",
+                  "--reader-decoy-rows", "4", "--added-texts", "own-sentences", "--estimators", "mean_query",
+                  "--continued-steps", "10000", "--timed-additions", "--no-base-shape"]  # fmt: skip
+
 
 @pytest.fixture(scope="module")
 def bench():
     return load_benchmark("toy_world_growth")
+
+
+def _settings(bench, argv: list[str]) -> dict:
+    """The run's settings for `argv`, as results.json records them."""
+    return json.loads(json.dumps(dataclasses.asdict(bench.growth_settings(bench.command_line().parse_args(argv)))))
+
+
+def test_the_plain_command_runs_the_headline_s_recipe(bench, tmp_path, capsys):
+    """Without options, the settings are those the headline's results file records (docs/evidence.md, "Entities
+    written from text": seeds 0, 1 and 2 combined), field by field. One field differs legitimately: the file has no
+    `writer_more_steps` (the option came after the run), whose 0 continues nothing and names no folder."""
+    recorded = json.loads((FAIR_WORLD / HEADLINE_RESULTS).read_text(encoding="utf-8"))["settings"]
+    plain = _settings(bench, [])
+    assert set(plain) - set(recorded) == {"writer_more_steps"} and plain["writer_more_steps"] == 0
+    assert set(recorded) <= set(plain)
+    for key, value in recorded.items():
+        if key == "qa":
+            for qa_key, qa_value in value.items():
+                assert plain["qa"][qa_key] == qa_value, f"qa.{qa_key}"
+            assert set(plain["qa"]) == set(value)
+        else:
+            assert plain[key] == value, key
+    assert plain["qa"]["seeds"] == [0, 1, 2]  # the three seeds in one run, combined
+    # the command documented before, run once a seed under the settings before it, is the same run, seed by seed
+    for seed in (0, 1, 2):
+        assert _settings(bench, ["--setup", "paper", "--seeds", str(seed), *RECIPE_OPTIONS]) == {
+            **plain,
+            "qa": {**plain["qa"], "seeds": [seed]},
+        }
+    assert _settings(bench, ["--setup", "paper"]) == json.loads(json.dumps(dataclasses.asdict(bench.GrowthSettings())))
+    assert _settings(bench, ["--no-writer-answer-rows-by-text"])["writer_answer_rows_by_text"] is False
+    assert _settings(bench, ["--base-shape"])["time_the_base_shape"] is True
+    with pytest.raises(SystemExit):  # --quick is the paper's setup, small: refused before any work
+        bench.main(["--quick", "--setup", "headline", "--out", str(tmp_path / "run")])
+    assert "give --quick or --setup" in capsys.readouterr().err and not (tmp_path / "run").exists()
+
+
+def test_the_headline_s_writer_stages_are_the_named_writer_recipes(bench, tmp_path):
+    """The headline's writer training, as `pretrain` receives it, is `edmem_hf`'s `WRITER_RECIPES`: the first stage
+    (`growth.writer_options`) resolves to the WriterTrainingArguments of "rows_that_answer", the second
+    (`growth.reader_options`) to those of "frozen_writer", field by field, but for the recipe's name and, in the
+    second stage, the model's own options (`entity_row_writer`, `writer_pools_texts`), which it leaves to the first
+    stage's model (given, they are the first stage's)."""
+    practice = str(tmp_path / "practice_people.txt")
+    data = {"practice_people": tmp_path / "practice_people.txt"}
+
+    def resolved(options: dict) -> dict:
+        return dataclasses.asdict(pretraining_options(output_dir=str(tmp_path), **options)["writer"])
+
+    def recipe(name: str) -> dict:
+        return dataclasses.asdict(WriterTrainingArguments(writer_recipe=name, written_only_entities_file=practice))
+
+    first, rows_that_answer = resolved(growth.writer_options(bench.HEADLINE, data)), recipe("rows_that_answer")
+    assert {key for key in first if first[key] != rows_that_answer[key]} == {"writer_recipe"}
+    second, frozen_writer = resolved(growth.reader_options(bench.HEADLINE, data)), recipe("frozen_writer")
+    left_to_the_model = {"entity_row_writer", "writer_pools_texts"}
+    assert {key for key in second if second[key] != frozen_writer[key]} == {"writer_recipe", *left_to_the_model}
+    assert all(second[key] is None and first[key] == frozen_writer[key] for key in left_to_the_model)
 
 
 def test_the_held_out_people_are_only_in_the_new_pages(bench, tmp_path):
