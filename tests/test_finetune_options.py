@@ -81,9 +81,9 @@ def test_defaults_follow_the_task_and_the_files_given(files, capsys):
 def test_missing_folders_and_files_are_named(files, capsys):
     missing = _argv(files)
     missing[1] = str(files / "no-such-model")
-    assert f"--model_name_or_path {files / 'no-such-model'}: no such model folder" in _refused(capsys, missing)
+    assert f"--model_name_or_path {files / 'no-such-model'}: no such folder" in _refused(capsys, missing)
     static = _argv(files, "--static_linker", "runs/linker")
-    assert "--static_linker runs/linker: no such model folder" in _refused(capsys, static)
+    assert "--static_linker runs/linker: no such folder" in _refused(capsys, static)
     absent = _argv(files, "--test_file", str(files / "absent.jsonl"), "--do_predict")
     assert f"--test_file {files / 'absent.jsonl'}: no such file" in _refused(capsys, absent)
     links = _argv(files, "--test_answer_links", str(files / "absent.json"))
