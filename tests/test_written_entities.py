@@ -16,6 +16,10 @@ import torch
 
 from tiny_models import load_benchmark, make_word_tokenizer
 
+# isort: split
+# benchmarks/ is on the path (tiny_models)
+import experiments.tiny_world as tiny
+
 world_module = load_benchmark("tiny_written_world")
 
 
@@ -25,8 +29,8 @@ def trained(tmp_path_factory):
     torch.set_num_threads(1)
     folder = tmp_path_factory.mktemp("written")
     tokenizer = make_word_tokenizer(bart_template=True)
-    world = world_module.tiny_world(tokenizer)
-    corpus = world_module.write_corpus(tokenizer, world, folder / "corpus")
+    world = tiny.tiny_world(tokenizer)
+    corpus = tiny.write_corpus(tokenizer, world, folder / "corpus")
     world_module.pretrain(**world_module.pretraining_arguments(corpus, folder / "model", seed=0))
     torch.set_num_threads(threads)
     return folder / "model", tokenizer, world
@@ -46,14 +50,14 @@ def test_written_rows_of_unseen_people_are_found_and_answered(trained):
 def test_the_tiny_world_refuses_what_its_names_and_words_cannot_hold():
     tokenizer = make_word_tokenizer(bart_template=True)
     with pytest.raises(ValueError, match="practice=200: the names give room for 0 to 128"):
-        world_module.tiny_world(tokenizer, practice=200)
+        tiny.tiny_world(tokenizer, practice=200)
     with pytest.raises(ValueError, match="cities=1: 2 to"):
-        world_module.tiny_world(tokenizer, cities=1)
+        tiny.tiny_world(tokenizer, cities=1)
     with pytest.raises(ValueError, match="people need tags"):
-        world_module.tiny_world(tokenizer, cities=120, tagged=True)
-    assert len(world_module.tiny_world(tokenizer, cities=128)["cities"]) == 128  # the most, without questions
+        tiny.tiny_world(tokenizer, cities=120, tagged=True)
+    assert len(tiny.tiny_world(tokenizer, cities=128)["cities"]) == 128  # the most, without questions
     with pytest.raises(ValueError, match="cities=128: no words are left for the questions"):
-        world_module.tiny_world(tokenizer, cities=128, questions=True)
+        tiny.tiny_world(tokenizer, cities=128, questions=True)
     with pytest.raises(SystemExit):
         world_module.main(["--steps", "0", "--out", "unused"])
 
@@ -66,12 +70,12 @@ def test_a_second_fact_gives_each_passage_one_of_two_facts_and_leaves_the_one_fa
     from edmem_hf import EntityVocab
 
     tokenizer = make_word_tokenizer(bart_template=True)
-    one, two = world_module.tiny_world(tokenizer), world_module.tiny_world(tokenizer, employers=4)
+    one, two = tiny.tiny_world(tokenizer), tiny.tiny_world(tokenizer, employers=4)
     assert all(one[key] == two[key] for key in ("unseen", "trained", "practice", "cities", "home", "forms"))
     (employer,) = two["facts"]
     assert not one["facts"] and len(employer["values"]) == 4 and not set(employer["values"]) & set(two["cities"])
     assert set(employer["of"].values()) <= set(employer["values"]) and len(set(employer["of"].values())) > 1
-    corpus = world_module.write_corpus(tokenizer, two, tmp_path / "corpus")
+    corpus = tiny.write_corpus(tokenizer, two, tmp_path / "corpus")
     passages = load_from_disk(str(corpus / "passages"))["train"]
     names = EntityVocab.load(str(corpus)).names
     people = two["trained"] + two["practice"]
@@ -98,8 +102,8 @@ def test_more_facts_keep_the_two_fact_world_and_state_each_fact_apart(tmp_path):
 
     tokenizer = make_word_tokenizer(bart_template=True)
     two, six = (
-        world_module.tiny_world(tokenizer, employers=4),
-        world_module.tiny_world(tokenizer, employers=4, more_facts=4),
+        tiny.tiny_world(tokenizer, employers=4),
+        tiny.tiny_world(tokenizer, employers=4, more_facts=4),
     )
     assert all(two[key] == six[key] for key in ("unseen", "trained", "practice", "cities", "home", "forms"))
     assert six["facts"][0] == two["facts"][0] and len(six["facts"]) == 5
@@ -111,7 +115,7 @@ def test_more_facts_keep_the_two_fact_world_and_state_each_fact_apart(tmp_path):
     }
     assert len(set(values)) == 20 and not (set(values) & set(six["cities"])) and not (set(values) & form_words)
     assert all(len(set(fact["of"].values())) > 1 for fact in six["facts"])
-    corpus = world_module.write_corpus(tokenizer, six, tmp_path / "corpus")
+    corpus = tiny.write_corpus(tokenizer, six, tmp_path / "corpus")
     passages = load_from_disk(str(corpus / "passages"))["train"]
     names = EntityVocab.load(str(corpus)).names
     person = (six["trained"] + six["practice"])[0]
@@ -121,9 +125,9 @@ def test_more_facts_keep_the_two_fact_world_and_state_each_fact_apart(tmp_path):
         fact = six["home"][person] if k < 3 else six["facts"][(k - 3) // 3]["of"][person]
         assert sorted(labelled) == sorted([person, fact]), (k, labelled)
     with pytest.raises(ValueError, match="more_facts=2: the facts beyond the employer need employers"):
-        world_module.tiny_world(tokenizer, more_facts=2)
+        tiny.tiny_world(tokenizer, more_facts=2)
     with pytest.raises(ValueError, match="employers=30: 2 to"):
-        world_module.tiny_world(tokenizer, employers=30, more_facts=4)
+        tiny.tiny_world(tokenizer, employers=30, more_facts=4)
     with pytest.raises(SystemExit):
         world_module.main(["--more-facts", "2", "--out", "unused"])
 
@@ -135,8 +139,8 @@ def test_questions_ask_each_fact_of_each_person_and_leave_the_world_as_it_was(tm
     from edmem_hf.tasks import read_qa
 
     tokenizer = make_word_tokenizer(bart_template=True)
-    plain = world_module.tiny_world(tokenizer, employers=4, more_facts=1)
-    asking = world_module.tiny_world(tokenizer, employers=4, more_facts=1, questions=True)
+    plain = tiny.tiny_world(tokenizer, employers=4, more_facts=1)
+    asking = tiny.tiny_world(tokenizer, employers=4, more_facts=1, questions=True)
     assert all(plain[key] == asking[key] for key in plain if key != "question_forms") and not plain["question_forms"]
     assert len(asking["question_forms"]) == 3
     used = {w for form in asking["forms"] for w in form.split()} | set(asking["cities"])
@@ -145,7 +149,7 @@ def test_questions_ask_each_fact_of_each_person_and_leave_the_world_as_it_was(tm
     )
     asked_words = {w for form in asking["question_forms"] for w in form.split()} - {"{p}", "?"}
     assert len(asked_words) == 6 and not asked_words & used
-    corpus = world_module.write_corpus(tokenizer, asking, tmp_path / "corpus")
+    corpus = tiny.write_corpus(tokenizer, asking, tmp_path / "corpus")
     vocab = EntityVocab.load(str(corpus))
     rows = read_qa(corpus / "questions.jsonl", vocab)
     people = asking["trained"] + asking["practice"]
@@ -167,7 +171,7 @@ def test_a_question_counts_as_found_at_the_name_s_top_entity_and_answered_at_eve
     from edmem_hf import EntityVocab
 
     tokenizer = make_word_tokenizer(bart_template=True)
-    world = world_module.tiny_world(tokenizer, questions=True)
+    world = tiny.tiny_world(tokenizer, questions=True)
     people = world["trained"][:3]
     vocab = EntityVocab(world["cities"] + people)
     ids = [vocab.id_of(person) for person in people]
@@ -186,7 +190,7 @@ def test_a_question_counts_as_found_at_the_name_s_top_entity_and_answered_at_eve
                                    encoder_attended_entities=SimpleNamespace(top_entity_ids=torch.tensor([[top]])))  # fmt: skip
 
     model = StandIn(shift=0, top=None)
-    assert world_module.asked_and_answered(model, tokenizer, people, ids, world["home"], 0, world) == (3, 3)
+    assert tiny.asked_and_answered(model, tokenizer, people, ids, world["home"], 0, world) == (3, 3)
     assert all(f"<E_s> {person} <E_e>" in question for person, question in zip(people, model.asked))
-    assert world_module.asked_and_answered(StandIn(1, None), tokenizer, people, ids, world["home"], 0, world) == (3, 0)
-    assert world_module.asked_and_answered(StandIn(0, -1), tokenizer, people, ids, world["home"], 0, world) == (0, 3)
+    assert tiny.asked_and_answered(StandIn(1, None), tokenizer, people, ids, world["home"], 0, world) == (3, 0)
+    assert tiny.asked_and_answered(StandIn(0, -1), tokenizer, people, ids, world["home"], 0, world) == (0, 3)

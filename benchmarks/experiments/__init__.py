@@ -4,6 +4,8 @@ their protocols; their machinery is here.
 
 - `word_tokenizer`: made-up words and a tiny byte-level BPE over them, trained in a second (`tiny_written_world.py`
   and the tests' tiny models).
+- `tiny_world`: `tiny_written_world.py`'s world of made-up people, its corpus and questions, and what a trained
+  model finds and answers about its people.
 - `qa_world`: the knowledge world as files (its questions in the released format, the mixed-in questions on its
   pages, a seed's dump, corpus and question files).
 - `training`: `edmem pretrain`, `edmem finetune` and prediction at an experiment's settings (`Recipe`: the levers).
