@@ -12,7 +12,9 @@ three validation groups before any test group is read.
 
 Each (setting, seed) is a folder of its own and is reused on a rerun (pre-training resumes from its last
 checkpoint), so two workers with different `--settings` may share one `--out` once the worlds are built
-(`--worlds-only` builds them). Ends with one line `RESULT key=value ...`.
+(`--worlds-only` builds them). The results file (`--results`, committed) is the ledger: every finished (setting,
+seed) is recorded there with its per-question hits, and is not run again on another machine. Ends with one line
+`RESULT key=value ...`.
 """
 
 from __future__ import annotations
@@ -68,11 +70,30 @@ def run_setting(system: str, name: str, seed: int, out: Path) -> dict:
             "em": em(hits), "hits": hits}  # fmt: skip
 
 
-HEADLINE = (
-    Path(__file__).resolve().parents[1]
-    / "docs/images/toy_world_qa_fair_world"
-    / ("test_3seeds_questions_in_batches_30000_steps_el_per_token.json")
-)
+FIGURES = Path(__file__).resolve().parents[1] / "docs/images/toy_world_qa_fair_world"
+HEADLINE = FIGURES / "test_3seeds_questions_in_batches_30000_steps_el_per_token.json"
+RESULTS = FIGURES / "encdec_tuning_validation_seeds012.json"
+
+# The settings each system was read with on the validation group before this tuning (the fair world; docs/evidence.md
+# and its appendix, files in docs/images/archive/toy_world_qa_fair_world/ but the last): both systems in each run but
+# for the levers that act on EDMem alone (its linking loss).
+PRIOR_SETTINGS = {
+    "paper recipe, 7,500 steps, fine-tuned": ("edmem", "encdec"),
+    "fine-tuning lambda_EL 0.5": ("edmem",),
+    "questions on shuffled pages, 7,500 steps": ("edmem", "encdec"),
+    "questions on shuffled pages, 15,000 steps": ("edmem", "encdec"),
+    "questions in the batches, 7,500 steps, fine-tuned": ("edmem", "encdec"),
+    "questions in the batches, 7,500 steps, not fine-tuned": ("edmem", "encdec"),
+    "masked spans, 7,500 steps, fine-tuned": ("edmem", "encdec"),
+    "masked spans, 7,500 steps, not fine-tuned": ("edmem", "encdec"),
+    "questions in the batches, 15,000 steps, fine-tuned": ("edmem", "encdec"),
+    "15,000 steps, lighter fine-tuning: 3 epochs at 1e-4": ("edmem", "encdec"),
+    "15,000 steps, lighter fine-tuning: 10 epochs at 1e-4": ("edmem", "encdec"),
+    "15,000 steps, lighter fine-tuning: 3 epochs at 3e-4": ("edmem", "encdec"),
+    "15,000 steps, lighter fine-tuning: 10 epochs at 3e-4": ("edmem", "encdec"),
+    "questions in the batches, 30,000 steps, not fine-tuned (the headline's EncDec)": ("edmem", "encdec"),
+    "the same, the linking loss per LM token (the headline's EDMem)": ("edmem",),
+}
 
 
 def headline_default(system: str, seeds: list[int]) -> dict:
@@ -85,28 +106,46 @@ def headline_default(system: str, seeds: list[int]) -> dict:
             "from": HEADLINE.name}  # fmt: skip
 
 
-def combine(out: Path, system: str, seeds: list[int], samples: int = 1000) -> dict:
-    """The results file: per setting, the mean EM over the seeds done with its seed-level interval, and the
-    setting chosen (the highest mean of entity and literal EM over the complete settings)."""
+def recorded(results: Path, system: str) -> dict[tuple[str, int], dict]:
+    """The finished runs the results file holds: (setting, seed) -> the run (its EM and hits)."""
+    if not results.exists():
+        return {}
+    data = json.loads(results.read_text())
+    return {(run["setting"], run["seed"]): run for run in data.get("runs", []) if run["system"] == system}
+
+
+def combine(out: Path, system: str, seeds: list[int], results: Path, samples: int = 1000) -> dict:
+    """The results file: the finished runs (those it held and those in `out`), and per setting the mean EM over the
+    seeds done with its seed-level interval; the setting chosen (the highest mean of entity and literal EM) among
+    the settings every seed has finished."""
+    runs = recorded(results, system)
+    for name in SETTINGS:
+        for seed in seeds:
+            if (p := out / f"seed-{seed}" / f"pretrain-{system}-{name}" / "validation.json").exists():
+                runs[(name, seed)] = json.loads(p.read_text())
     settings = {"default": headline_default(system, seeds)}
     for name in SETTINGS:
-        if name == "default":
+        done = [runs[(name, seed)] for seed in seeds if (name, seed) in runs]
+        if name == "default" or not done:
             continue
-        runs = [json.loads(p.read_text()) for seed in seeds
-                if (p := out / f"seed-{seed}" / f"pretrain-{system}-{name}" / "validation.json").exists()]  # fmt: skip
-        if not runs:
-            continue
-        interval = bootstrap([[tuple(h) for h in run["hits"]] for run in runs], samples)
-        means = {kind: round(statistics.fmean(run["em"][kind] for run in runs), 2) for kind in ("entity", "literal")}
-        settings[name] = {"seeds": [run["seed"] for run in runs], "em": means, "interval": interval,
-                          "per_seed": {run["seed"]: run["em"] for run in runs}, "changes": runs[0]["changes"],
-                          "options": runs[0]["options"]}  # fmt: skip
+        interval = bootstrap([[tuple(h) for h in run["hits"]] for run in done], samples)
+        means = {kind: round(statistics.fmean(run["em"][kind] for run in done), 2) for kind in ("entity", "literal")}
+        settings[name] = {"seeds": [run["seed"] for run in done], "em": means, "interval": interval,
+                          "per_seed": {run["seed"]: run["em"] for run in done}, "changes": done[0]["changes"],
+                          "options": done[0]["options"]}  # fmt: skip
     complete = {name: s for name, s in settings.items() if sorted(s["seeds"]) == sorted(seeds)}
     chosen = max(complete, key=lambda n: complete[n]["em"]["entity"] + complete[n]["em"]["literal"], default=None)
+    tried = {name: sum(name in systems for systems in PRIOR_SETTINGS.values()) for name in ("edmem", "encdec")}
+    tried[system] += len([name for name in complete if name != "default"])
     result = {"system": system, "group": "validation", "validation_seeds": seeds, "test_group_reads": 0,
               "base": asdict(BASE), "rule": "the highest mean over the validation seeds of entity EM + literal EM",
-              "settings_tried": len(settings), "settings": settings, "chosen": chosen}  # fmt: skip
-    (out / f"tuning_{system}.json").write_text(json.dumps(result, indent=1))
+              "complete": sorted(complete), "chosen": chosen if len(complete) == len(SETTINGS) else None,
+              "best_so_far": chosen, "settings": settings,
+              "prior_validation_settings": {name: list(systems) for name, systems in PRIOR_SETTINGS.items()},
+              "edmem_settings_tried": tried["edmem"], "encdec_settings_tried": tried["encdec"],
+              "runs": [runs[key] for key in sorted(runs)]}  # fmt: skip
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text(json.dumps(result, indent=1))
     return result
 
 
@@ -118,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--worlds-only", action="store_true", help="build the seeds' worlds and stop")
     parser.add_argument("--combine", action="store_true", help="write the results file from the runs done")
+    parser.add_argument("--results", type=Path, default=RESULTS,
+                        help="the results file, the ledger of finished runs (committed)")  # fmt: skip
     args = parser.parse_args(argv)
     quiet_logging()
     out = Path(args.out)
@@ -126,16 +167,19 @@ def main(argv: list[str] | None = None) -> int:
             make_world(BASE, seed, out / f"seed-{seed}")
         return 0
     if not args.combine:
+        done = recorded(args.results, args.system)
         for name in args.settings:
             for seed in args.seeds:
                 path = out / f"seed-{seed}" / f"pretrain-{args.system}-{name}" / "validation.json"
-                if not path.exists():
+                if name != "default" and not path.exists() and (name, seed) not in done:
                     result = run_setting(args.system, name, seed, out)
+                    path.parent.mkdir(parents=True, exist_ok=True)
                     path.write_text(json.dumps(result))
                     qa.logger.info("%s %s seed %d: %s", args.system, name, seed, result["em"])
-    result = combine(out, args.system, args.seeds)
-    print(f"RESULT system={args.system} group=validation settings_tried={result['settings_tried']} "
-          f"chosen={result['chosen']} test_group_reads=0")  # fmt: skip
+    result = combine(out, args.system, args.seeds, args.results)
+    print(f"RESULT system={args.system} group=validation edmem_settings_tried={result['edmem_settings_tried']} "
+          f"encdec_settings_tried={result['encdec_settings_tried']} complete={len(result['complete'])} "
+          f"chosen={result['chosen']} best_so_far={result['best_so_far']} test_group_reads=0")  # fmt: skip
     return 0
 
 
