@@ -118,6 +118,13 @@ def test_the_plain_command_runs_the_headline_s_recipe_and_setup_paper_the_paper_
     with pytest.raises(SystemExit):  # --quick is the paper's setup, small: refused before any work
         bench.main(["--quick", "--setup", "headline", "--out", str(tmp_path / "run")])
     assert not (tmp_path / "run").exists()
+    # --one-seed: the headline on one seed no run has used, both systems side by side (issue 65, item 4)
+    one = settings(["--one-seed"])
+    assert one == {**recorded("test_3seeds_questions_in_batches_30000_steps_el_per_token.json"),
+                   "seeds": [bench.ONE_SEED], "pretrain_jobs": 2}  # fmt: skip
+    assert bench.ONE_SEED not in recorded("test_3seeds_questions_in_batches_30000_steps_el_per_token.json")["seeds"]
+    with pytest.raises(SystemExit):
+        bench.main(["--one-seed", "--seeds", "0", "--out", str(tmp_path / "run")])
 
 
 def test_shuffled_questions_sit_on_pages_of_their_own(bench, tmp_path):
@@ -257,6 +264,8 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
         assert bench.main(argv) == 0
     finally:
         torch.set_num_threads(threads)
+    printed = capsys.readouterr().out
+    assert "--quick is a smoke run" in printed  # says it shows the pipeline, not the claim
     result = json.loads((out / "results.json").read_text())
     # the curve: a 10-step budget pre-trained from scratch beside the run's own 30 steps
     assert [point["steps"] for point in result["curve"]] == [10, 30]
@@ -309,7 +318,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     subjects = torch.load(seed / "mask-test-subjects.pt")
     assert every.tolist() == [1] * len(every) and int(subjects.sum()) == 4
     assert (out / "em_by_model.png").stat().st_size > 0 and (out / "em_memory_hidden.png").stat().st_size > 0
-    last = capsys.readouterr().out.strip().splitlines()[-1]
+    last = printed.strip().splitlines()[-1]
     for key in ("valid", "valid_system", "best_entity_em", "floor_entity", "best_literal_em", "floor_literal",
                 "edmem_free_entity", "encdec_entity", "memory_hidden_drop", "literal_gap_edmem_minus_encdec",
                 "entity_gap_edmem_minus_encdec", "seed_level_interval"):  # fmt: skip
