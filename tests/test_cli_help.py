@@ -126,3 +126,15 @@ def test_pretrain_help_shows_what_a_wikipedia_pre_training_needs(capsys):
     # accepted all the same: a wrong value of a hidden option is refused by name, not as an unknown option
     assert cli_main(["--output_dir", "x", "--corpus_dir", "nowhere", "--writer_recipe", "none_such"]) == 2
     assert "--writer_recipe 'none_such': choose one of rows_that_answer, frozen_writer" in capsys.readouterr().out
+
+
+def test_every_writer_option_the_help_leaves_out_is_listed_in_the_pretraining_docs():
+    """The writer's fields `edmem pretrain --help` does not list are accepted all the same: docs/pretraining.md is
+    where a user finds them, each by its option."""
+    from dataclasses import fields
+    from pathlib import Path
+
+    from edmem_hf.research.writer_training import WriterTrainingArguments
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "pretraining.md").read_text(encoding="utf-8")
+    assert [f.name for f in fields(WriterTrainingArguments) if f"--{f.name}" not in page] == []

@@ -12,7 +12,7 @@ levers, the recipe their chosen values.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -32,12 +32,9 @@ WRITER_RECIPES: dict[str, dict[str, Any]] = {
 _HIDDEN = argparse.SUPPRESS  # accepted on the command line, listed in docs/pretraining.md rather than in --help
 
 
-_DOCS: list[str] = []  # each field's help, in the order of the fields, the hidden ones too (`documented_options`)
-
-
 def _option(default: Any, help: str, shown: bool = False, switch: bool = False) -> Any:
-    """A field, shown in `--help` or not; a `switch` (a `bool | None`) is also given alone, `--name` for true."""
-    _DOCS.append(help)
+    """A field, shown in `--help` or not (`help` is its documentation either way); a `switch` (a `bool | None`) is
+    also given alone, `--name` for true."""
     metadata = {"help": help if shown else _HIDDEN}
     if switch:  # HfArgumentParser makes `--name` alone mean true only for a bool whose default is not None
         metadata.update(nargs="?", const=True)
@@ -237,11 +234,6 @@ def finish_training(options: WriterTrainingArguments, model: Any, collator: Any)
         shown = torch.ones(model.config.entity_vocab_size, dtype=torch.bool) if mask is None else mask.clone()
         shown[list(collator.written_only_ids)] = False
         model.set_entity_mask(shown)
-
-
-def documented_options() -> list[tuple[str, str]]:
-    """Each field and its help, the hidden ones too (docs/model.md lists them)."""
-    return [(f.name, doc) for f, doc in zip(fields(WriterTrainingArguments), _DOCS)]
 
 
 __all__ = [
