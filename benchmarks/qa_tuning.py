@@ -70,6 +70,7 @@ def run_setting(system: str, name: str, seed: int, out: Path) -> dict:
             "em": em(hits), "hits": hits}  # fmt: skip
 
 
+VALIDATION_SEEDS = [0, 1, 2]
 FIGURES = Path(__file__).resolve().parents[1] / "docs/images/toy_world_qa_fair_world"
 HEADLINE = FIGURES / "test_3seeds_questions_in_batches_30000_steps_el_per_token.json"
 RESULTS = FIGURES / "encdec_tuning_validation_seeds012.json"
@@ -154,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="runs/qa-tuning")
     parser.add_argument("--system", default="encdec", choices=("encdec", "edmem"))
     parser.add_argument("--settings", nargs="+", choices=tuple(SETTINGS), default=list(SETTINGS))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--seeds", type=int, nargs="+", default=VALIDATION_SEEDS,
+                        help="the validation seeds to run now (the results file always covers all three)")  # fmt: skip
     parser.add_argument("--worlds-only", action="store_true", help="build the seeds' worlds and stop")
     parser.add_argument("--combine", action="store_true", help="write the results file from the runs done")
     parser.add_argument("--results", type=Path, default=RESULTS,
@@ -176,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                     path.parent.mkdir(parents=True, exist_ok=True)
                     path.write_text(json.dumps(result))
                     qa.logger.info("%s %s seed %d: %s", args.system, name, seed, result["em"])
-    result = combine(out, args.system, args.seeds, args.results)
+    result = combine(out, args.system, VALIDATION_SEEDS, args.results)
     print(f"RESULT system={args.system} group=validation edmem_settings_tried={result['edmem_settings_tried']} "
           f"encdec_settings_tried={result['encdec_settings_tried']} complete={len(result['complete'])} "
           f"chosen={result['chosen']} best_so_far={result['best_so_far']} test_group_reads=0")  # fmt: skip
