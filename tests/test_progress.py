@@ -1,6 +1,6 @@
 """What a user sees while a command runs: progress on a terminal (a bar) and in a log (a line every few seconds with
 the step, the loss and the time left); no DeepSpeed line where DeepSpeed was not asked for, no Trainer "share your
-model" line, no Transformers bars in a log. `edmem demo`'s own output is checked in test_demo.py."""
+model" line, no Transformers or `datasets` bars beside a command's own progress, in a log or on a terminal. `edmem demo`'s own output is checked in test_demo.py."""
 
 from __future__ import annotations
 
@@ -15,8 +15,7 @@ import sys
 
 import pytest
 
-from edmem_hf.notices import quiet_progress_bars_off_terminal
-from edmem_hf.progress import TrainingProgress
+from edmem_hf.progress import TrainingProgress, library_progress_bars_off
 
 sys.path.insert(0, os.path.dirname(__file__))
 from test_collator import make_corpus  # noqa: E402
@@ -133,20 +132,85 @@ def test_the_trainer_share_your_model_line_is_dropped_and_nothing_else():
     assert "Do not forget" not in seen.getvalue() and "Running training" in seen.getvalue()
 
 
-def test_no_transformers_or_datasets_bars_in_a_log():
+def test_library_bars_are_off_while_a_command_runs_and_back_on_after(monkeypatch):
+    """Off inside every `edmem` command (on a terminal too: issue 66), turned back on when it returns, so that a
+    program calling `edmem_hf.cli.main` keeps its own bars; importing edmem_hf changes nothing (a fresh process)."""
+    import types
+
     import datasets
     from transformers.utils import logging as transformers_logging
 
+    from edmem_hf import cli
+
+    def bars_on() -> tuple[bool, bool]:
+        return datasets.is_progress_bar_enabled(), transformers_logging.is_progress_bar_enabled()
+
+    seen = []
+    command = types.ModuleType("edmem_probe_command")
+    command.cli_main = lambda argv: seen.append(bars_on()) or 0
+    monkeypatch.setitem(sys.modules, command.__name__, command)
+    monkeypatch.setitem(cli.COMMANDS, "probe", (command.__name__, "records whether the library bars are on"))
     transformers_logging.enable_progress_bar()
     datasets.enable_progress_bars()
     try:
-        assert not quiet_progress_bars_off_terminal(_Terminal())
-        assert transformers_logging.is_progress_bar_enabled() and datasets.is_progress_bar_enabled()
-        assert quiet_progress_bars_off_terminal(io.StringIO())
-        assert not transformers_logging.is_progress_bar_enabled() and not datasets.is_progress_bar_enabled()
+        assert cli.main(["probe"]) == 0
+        assert seen == [(False, False)] and bars_on() == (True, True)
+        with library_progress_bars_off():
+            assert bars_on() == (False, False)
+            transformers_logging.disable_progress_bar()
+        assert bars_on() == (True, True)
+        datasets.disable_progress_bars()  # a program's own choice stays as it was
+        with library_progress_bars_off():
+            pass
+        assert bars_on() == (False, True)
     finally:
         transformers_logging.enable_progress_bar()
         datasets.enable_progress_bars()
+    code = "import datasets, edmem_hf, edmem_hf.cli\nfrom transformers.utils import logging\n"
+    code += "assert datasets.is_progress_bar_enabled() and logging.is_progress_bar_enabled()\n"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+
+
+def _run_on_a_terminal(command: list[str], columns: int = 120) -> tuple[int, str]:
+    """`command` in a fresh process whose stdout and stderr are a pseudo-terminal `columns` wide: its return code
+    and everything it showed there (read while it runs, so that it never waits on a full terminal)."""
+    import pty
+    import select
+    import termios
+
+    controller, terminal = pty.openpty()
+    termios.tcsetwinsize(terminal, (40, columns))
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    try:
+        process = subprocess.Popen(command, stdout=terminal, stderr=terminal, env=env)
+        os.close(terminal)
+        chunks = []
+        while True:
+            if select.select([controller], [], [], 0.5)[0]:
+                try:
+                    chunks.append(os.read(controller, 65536))
+                except OSError:  # the process has ended and closed the terminal's last copy
+                    break
+            elif process.poll() is not None:
+                break
+        return process.wait(timeout=300), b"".join(chunks).decode(errors="replace")
+    finally:
+        os.close(controller)
+
+
+def test_edmem_pretrain_on_a_terminal_shows_its_bar_and_no_library_bars(tmp_path):
+    """On a terminal, `edmem pretrain` draws its own bar, and not Transformers' `Writing model shards` (nor any
+    other library bar) beside it (issue 66)."""
+    corpus = make_corpus(tmp_path / "corpus", n_train=32, n_validation=8)
+    argv = ["--output_dir", str(tmp_path / "run"), "--corpus_dir", corpus, "--max_steps", "4", "--report_to", "none"]
+    argv += ["--per_device_train_batch_size", "4", *(f"--{key}={value}" for key, value in TINY.items())]
+    returncode, shown = _run_on_a_terminal([sys.executable, "-m", "edmem_hf.cli", "pretrain", *argv])
+    assert returncode == 0, shown[-3000:]
+    assert "pretrain: 100%" in shown and "4/4" in shown and "\r" in shown  # its bar
+    bars = {line.split(":")[0] for line in re.split(r"[\r\n]+", shown) if "%|" in line}
+    assert bars == {"pretrain"}, bars  # a tqdm bar draws `desc:  25%|...`
+    assert "Writing model shards" not in shown
 
 
 def _read_everything_written(controller: int) -> str:

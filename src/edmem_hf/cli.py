@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from .notices import quiet_progress_bars_off_terminal
+from .progress import library_progress_bars_off
 
 COMMANDS = {
     "build-corpus": ("edmem_hf.corpus", "Build linked passages, entity vocabulary and aliases from a MediaWiki dump."),
@@ -49,8 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"edmem: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     module = importlib.import_module(COMMANDS[name][0])
-    quiet_progress_bars_off_terminal()  # a log file gets no `Loading weights` / `Writing model shards` bars
-    return int(module.cli_main(rest) or 0)
+    with library_progress_bars_off():  # the command's own progress, not `Loading weights` or `Map` bars beside it
+        return int(module.cli_main(rest) or 0)
 
 
 if __name__ == "__main__":

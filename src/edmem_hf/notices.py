@@ -1,17 +1,15 @@
-"""The third-party notices and progress bars a user did not ask for, kept out of what the commands print.
+"""The third-party notices a user did not ask for, kept out of what the commands print.
 
 `quiet_third_party_notices()` runs when `edmem_hf` is imported: it filters two notices by their text, on their
-own loggers, and leaves every other record of those loggers alone. `quiet_progress_bars_off_terminal()` runs for
-every `edmem` command.
+own loggers, and leaves every other record of those loggers alone. (The progress bars of `datasets` and
+Transformers are off while an `edmem` command runs: `progress.library_progress_bars_off`.)
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import sys
 from collections.abc import Callable
-from typing import TextIO
 
 
 def deepspeed_requested() -> bool:
@@ -49,26 +47,9 @@ def quiet_third_party_notices() -> None:
             logger.addFilter(NoticeFilter(phrases, applies))
 
 
-def quiet_progress_bars_off_terminal(stream: TextIO | None = None) -> bool:
-    """No `datasets` or Transformers progress bars (`Map`, `Loading weights`, `Writing model shards`) when `stream`
-    (default: stderr) is not a terminal, where each bar is a run of carriage returns in a log. Returns whether
-    they were turned off."""
-    stream = stream if stream is not None else sys.stderr
-    isatty = getattr(stream, "isatty", None)
-    if isatty is not None and isatty():
-        return False
-    import datasets
-    import transformers
-
-    datasets.disable_progress_bars()
-    transformers.utils.logging.disable_progress_bar()
-    return True
-
-
 __all__ = [
     "NOTICES",
     "NoticeFilter",
     "deepspeed_requested",
-    "quiet_progress_bars_off_terminal",
     "quiet_third_party_notices",
 ]

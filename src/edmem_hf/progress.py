@@ -1,14 +1,17 @@
 """Training progress a user sees: a tqdm bar on a terminal, and a line every few seconds (step, loss, time left) in
 a log that is not one. `TrainingProgress` serves `edmem pretrain`'s loop; `show_training_progress(trainer)` puts
 the same display on a Transformers `Trainer` in place of its own (a bar on a terminal, else a print of each log
-dict with its numbers formatted as strings).
+dict with its numbers formatted as strings). `library_progress_bars_off()` keeps the bars of `datasets` and
+Transformers out of a command's output while it runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any, TextIO
 
 from transformers import TrainerCallback
@@ -27,6 +30,32 @@ def is_terminal(stream: TextIO) -> bool:
         return os.get_terminal_size(stream.fileno()).columns > 0
     except (AttributeError, OSError, ValueError):  # a stream without a file (a test's), or no size to read
         return True
+
+
+@contextlib.contextmanager
+def library_progress_bars_off() -> Iterator[None]:
+    """While inside, no bars of `datasets` (`Map`, `Saving the dataset`) or of Transformers (`Loading weights`,
+    `Writing model shards`): a command's own progress is what its user reads, on a terminal as in a log. Each is
+    turned back on afterwards if it was on, so that a program calling a command keeps its bars. A download from the
+    Hub keeps its bar on a terminal: a wait the user should see."""
+    import datasets
+    import huggingface_hub.utils as hub_utils
+    from transformers.utils import logging as transformers_logging
+
+    datasets_bars = datasets.is_progress_bar_enabled()
+    transformers_bars = transformers_logging.is_progress_bar_enabled()
+    download_bars = not hub_utils.are_progress_bars_disabled() and is_terminal(sys.stderr)
+    datasets.disable_progress_bars()
+    transformers_logging.disable_progress_bar()  # which turns the Hub's bars off too
+    if download_bars:
+        hub_utils.enable_progress_bars()
+    try:
+        yield
+    finally:
+        if datasets_bars:
+            datasets.enable_progress_bars()
+        if transformers_bars:
+            transformers_logging.enable_progress_bar()
 
 
 def _clock(seconds: float) -> str:
@@ -165,4 +194,11 @@ def show_training_progress(trainer: Any, desc: str = "fine-tune", **progress_opt
     return callback
 
 
-__all__ = ["PROGRESS_LINE_SECONDS", "TrainingProgress", "TrainingProgressCallback", "show_training_progress"]
+__all__ = [
+    "PROGRESS_LINE_SECONDS",
+    "TrainingProgress",
+    "TrainingProgressCallback",
+    "is_terminal",
+    "library_progress_bars_off",
+    "show_training_progress",
+]
