@@ -858,3 +858,70 @@ def test_the_written_only_entities_table_rows_are_hidden_while_pre_training(corp
     assert run.finish(run.train())["completed"]
     saved = EDMemForConditionalGeneration.from_pretrained(tmp_path / "run")
     assert saved._get_entity_mask("cpu") is None  # their rows written when training ends, and shown again
+
+
+def test_sentences_of_cut_at_sentence_ends_outside_mentions(corpus):
+    """`sentences_of` keeps the sentences that mention the entity, whole, and a `.` inside a mention's name ends
+    nothing."""
+    collator = writer_collator(corpus, writer_sentence_rows=True)
+    tokenizer = collator.tokenizer
+    dot = tokenizer.convert_tokens_to_ids(".")
+    assert dot in collator._sentence_end_ids()
+
+    def tokens(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False).input_ids
+
+    start, end = collator.config.entity_start_token_id, collator.config.entity_end_token_id
+    first = [start, *tokens(" Alpha City"), dot, end, *tokens(" is near"), start, *tokens(" Beta River"), end, dot]
+    second = [*tokens(" a famous castle is on"), start, *tokens(" Gamma Lake"), end, dot]
+    third = [start, *tokens(" Alpha City"), end, *tokens(" was founded in the old century"), dot]
+    ids = [0, *first, *second, *third, 2]
+    labels = [-100] * len(ids)
+    for offset, entity in ((1, 0), (1 + first.index(start, 1), 1), (1 + len(first) + second.index(start), 2),
+                           (1 + len(first) + len(second), 0)):  # fmt: skip
+        labels[offset] = entity
+    sentences = collator.sentences_of(0, {"input_ids": ids, "entity_labels": labels})
+    assert [s["input_ids"] for s in sentences] == [[0, *first], third]
+    third_begins = 1 + len(first) + len(second)
+    assert [s["entity_labels"] for s in sentences] == [labels[: 1 + len(first)], labels[third_begins:-1]]
+    assert [s["input_ids"] for s in collator.sentences_of(2, {"input_ids": ids, "entity_labels": labels})] == [second]
+
+
+def test_sentence_rows_write_a_written_only_entity_from_one_sentence(corpus):
+    """With `writer_sentence_rows`, each row of a written-only entity is written from one sentence that mentions it
+    (rows at the end of training too); the other written entities keep whole passages."""
+    practice = [0, 1, 2, 3]
+    options = dict(written_row_share=1.0, max_written_rows=64, fresh_names=False, written_only_ids=practice)
+    collator = writer_collator(corpus, writer_sentence_rows=True, **options)
+    plain = writer_collator(corpus, **options)
+    config, pad = collator.config, collator.config.pad_token_id
+    dropped = {config.entity_start_token_id, config.entity_end_token_id, config.eos_token_id, 0, pad}
+
+    def body(ids: list[int]) -> list[int]:
+        return [token for token in ids if token not in dropped]
+
+    def sentence_bodies(entity: int) -> list[list[int]]:
+        return [body(s["input_ids"]) for passage in collator.entity_passages.of(entity)
+                for s in collator.sentences_of(entity, collator.passages[int(passage)])]  # fmt: skip
+
+    rng = random.Random(1)
+    seen = {"sentence": 0, "passage": 0, "longer_plain": 0}
+    for _ in range(20):
+        indices = rng.sample(range(len(collator.passages)), 6)
+        examples = [{**collator.passages[i], "example_index": i, "epoch": 0} for i in indices]
+        for current, batch in (("sentence", collator(examples)), ("plain", plain(examples))):
+            for entity, ids in zip(batch.get("written_entity_ids", torch.empty(0)).tolist(),
+                                   batch.get("writer_input_ids", torch.empty(0, 0)).tolist()):  # fmt: skip
+                text = body(ids)[len(collator.name_ids(entity)) :]
+                if current == "sentence" and entity in practice:
+                    assert text in sentence_bodies(entity)
+                    seen["sentence"] += 1
+                elif current == "sentence":
+                    seen["passage"] += 1
+                elif entity in practice and text not in sentence_bodies(entity):
+                    seen["longer_plain"] += 1
+    assert seen["sentence"] and seen["passage"] and seen["longer_plain"]  # the option changes what rows come from
+    ids, inputs = collator.rows_to_write()
+    assert ids == practice
+    for entity, texts in zip(ids, inputs):
+        assert [body(t)[len(collator.name_ids(entity)) :] for t in texts] == sentence_bodies(entity)[: len(texts)]

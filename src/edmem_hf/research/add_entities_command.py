@@ -18,7 +18,7 @@ from ..configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN
 from ..dump import iter_parsed_pages
 from ..modeling_edmem import MODEL_WITH_HEADS
 from .entity_growth import ESTIMATORS, add_entities, default_estimator
-from .new_entity_text import TEXTS, new_entity_passages, own_page_sentences
+from .new_entity_text import TEXTS, new_entity_passages, other_names, own_page_sentences
 from .row_fitting import fit_new_entities
 
 # Said when rows are added to a model without a writer of entity rows: what docs/evidence.md measured of such rows.
@@ -133,6 +133,8 @@ def cli_main(argv: list[str] | None = None) -> int:
         names = sorted(passages)
         sentences = own_page_sentences(pages, names, args.max_passages) if texts_from == "own_sentences" else {}
         texts = [sentences.get(name) or passages[name] for name in names]
+        found = other_names(pages, names)
+        aliases = [found[name] for name in names]
     if args.estimator == "fitted" and names:
         negatives = {}
         if args.dump:

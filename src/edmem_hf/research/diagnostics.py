@@ -8,6 +8,8 @@ entities with questions about them in the released QA format (`edmem_*.jsonl`, e
 - `rewrite`: the subjects' rows replaced by rows written from texts about them: are the answers kept?
 - `row_content`: a linear probe fitted on some entities' rows reads a fact off other entities' rows: do rows carry
   the fact, or only who the entity is?
+- `found_by_name`: how often the memory's top entity at a marked mention is the entity mentioned, with or without the
+  name-guided read;
 - `written_facts`: the writer's rows of sentences that state one fact, for made-up names and each value: how much of
   a written row is the name and how much the fact?
 
@@ -314,6 +316,38 @@ def written_facts(
     return figures
 
 
+@torch.no_grad()
+def found_by_name(
+    model: Any, tokenizer: Any, texts: Mapping[str, Sequence[str]], name_guided: bool | None = None
+) -> dict[str, float]:
+    """How often the encoder memory's top entity at a marked mention is the entity mentioned: `texts` maps an entity's
+    name to texts whose first marked mention is it (`new_entity_text.new_entity_passages`). `recall` (%) over all the
+    texts, `entities` the names counted (those of the vocabulary with a text), `texts` the texts read. `name_guided`
+    turns the name-guided read on or off meanwhile (`EDMemConfig.name_guided_read`; None: as the model has it)."""
+    vocab, config = model.entity_vocab, model.config
+    pairs = [(vocab.id_of(name), text) for name, group in texts.items() if name in vocab for text in group]
+    kept = config.name_guided_read
+    if name_guided is not None:
+        config.name_guided_read = name_guided
+    if config.name_guided_read:
+        model.name_candidates(tokenizer)
+    hits = 0
+    try:
+        for begin in range(0, len(pairs), BATCH_SIZE):
+            chunk = pairs[begin : begin + BATCH_SIZE]
+            batch = tokenizer([text for _, text in chunk], padding=True, truncation=True,
+                              max_length=config.max_position_embeddings, return_tensors="pt")  # fmt: skip
+            access = model.get_encoder()(**batch, output_attended_entities=True).memory_access
+            tops: dict[int, int] = {}
+            for (row, _), top in zip(access.positions.tolist(), access.top_entity_ids[:, 0].tolist()):
+                tops.setdefault(row, top)  # the first mention of each text
+            hits += sum(tops.get(row) == entity for row, (entity, _) in enumerate(chunk))
+    finally:
+        config.name_guided_read = kept
+    return {"recall": round(100 * hits / max(len(pairs), 1), 2), "entities": len({e for e, _ in pairs}),
+            "texts": len(pairs)}  # fmt: skip
+
+
 def memory_diagnostics(
     model: Any,
     tokenizer: Any,
@@ -357,6 +391,7 @@ __all__ = [
     "answers_that_follow",
     "exact_match_percent",
     "facts_by_subject",
+    "found_by_name",
     "linear_probe",
     "memory_diagnostics",
     "oracle_read",

@@ -2,7 +2,8 @@
 (`dump.iter_parsed_pages`): an article whose title the model does not know is a new entity; its passages are the text
 around each of its mentions, marked `<E_s> ... <E_e>`: every link to it in the dump (through redirects) and each
 occurrence of its title on its own page (`new_entity_passages`); or each sentence of its own page
-(`own_page_sentences`), what the writer of entity rows writes from by default.
+(`own_page_sentences`), what the writer of entity rows writes from by default; and the other names the dump gives it
+(`other_names`: redirects and link anchors).
 """
 
 from __future__ import annotations
@@ -44,6 +45,31 @@ def new_entity_passages(
             start = page.text.find(page.title, start + len(page.title))
     without = [title for title, texts in passages.items() if not texts]
     return {title: texts for title, texts in passages.items() if texts}, without
+
+
+def other_names(pages: Iterable[ParsedPage], names: Iterable[str], max_names: int = 16) -> dict[str, list[str]]:
+    """The other names the dump gives each of `names`: the titles of its redirects and the anchor texts of the links
+    to it, most used first, at most `max_names` (`edmem add-entities` keeps them as aliases, which the name-guided
+    read finds: docs/model.md)."""
+    pages = list(pages)
+    wanted = set(names)
+    redirects = {page.title: page.redirect for page in pages if page.redirect is not None}
+    counts: dict[str, dict[str, int]] = {name: {} for name in wanted}
+    for title, target in redirects.items():
+        if target in wanted:
+            counts[target][title] = counts[target].get(title, 0) + 1
+    for page in pages:
+        for link in page.links:
+            target = redirects.get(link.target, link.target)
+            if target in wanted:
+                anchor = link.anchor.strip()
+                counts[target][anchor] = counts[target].get(anchor, 0) + 1
+    return {
+        name: [other for other, _ in sorted(found.items(), key=lambda item: -item[1]) if other and other != name][
+            :max_names
+        ]
+        for name, found in counts.items()
+    }
 
 
 TEXTS = ("own_sentences", "passages")  # what `edmem add-entities` writes rows from

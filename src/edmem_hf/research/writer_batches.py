@@ -212,6 +212,7 @@ class WriterCollator:
     seed: int = 0
     written_only_ids: Sequence[int] = ()
     _name_ids: dict[int, list[int]] = field(init=False, repr=False, default_factory=dict)
+    _sentence_ends: frozenset[int] | None = field(init=False, repr=False, default=None)
 
     def __post_init__(self) -> None:
         for name in ("written_row_share", "written_only_share", "row_autoencoding_share", "fresh_name_share"):
@@ -413,10 +414,14 @@ class WriterCollator:
         if not chosen:
             return batch
         more = self.pooled_passages(chosen, examples)
+        sentence_rng = self._epoch_rng(examples, 0x5E7) if self.options.writer_sentence_rows else None
         owners, named, sources, inputs = [], [], [], []  # several passages an entity: the mean of their rows
         for entity, passage in chosen.items():
             for drawn in (passage, *more.get(entity, ())):
                 row = self.passages[int(drawn)]
+                if sentence_rng is not None and self.written_only[entity]:
+                    sentences = self.sentences_of(entity, row)
+                    row = sentences[sentence_rng.integers(len(sentences))] if sentences else row
                 owners.append(entity)
                 if self.options.writer_answer_rows:  # the entities its passage names, for `_answering`
                     named.append({int(label) for label in row["entity_labels"] if label >= 0})
@@ -542,8 +547,42 @@ class WriterCollator:
                 passages = self.entity_passages.of(entity)[:max_passages]
             if len(passages) and self.names[entity] is not None:
                 ids.append(entity)
-                inputs.append([self.writer_input(entity, passage) for passage in passages])
+                texts = [self.passages[int(passage)] for passage in passages]
+                if self.options.writer_sentence_rows and self.written_only[entity]:
+                    sentences = [sentence for text in texts for sentence in self.sentences_of(entity, text)]
+                    texts = sentences[:max_passages] or texts
+                inputs.append([self._writer_input_of(entity, text, None) for text in texts])
         return ids, inputs
+
+    def sentences_of(self, entity: int, row: dict) -> list[dict]:
+        """The sentences of the passage record `row` that mention `entity`, each a record of its own (`input_ids`,
+        `entity_labels`), in passage order: what a written-only entity's rows are written from with
+        `writer_sentence_rows`, a row a sentence, as `edmem add-entities` writes an added entity's rows from the
+        sentences of its page. A sentence ends at a token ending in `.`, `!` or `?` (or a line break) outside a
+        mention."""
+        ids, labels = list(row["input_ids"]), list(row["entity_labels"])
+        ends = self._sentence_end_ids()
+        start, end = self.config.entity_start_token_id, self.config.entity_end_token_id
+        sentences, begin, inside = [], 0, False
+        for i, token in enumerate(ids):
+            inside = (inside or token == start) and token != end
+            if (not inside and token in ends) or i == len(ids) - 1:
+                if entity in labels[begin : i + 1]:
+                    sentences.append({"input_ids": ids[begin : i + 1], "entity_labels": labels[begin : i + 1]})
+                begin = i + 1
+        return sentences
+
+    def _sentence_end_ids(self) -> frozenset[int]:
+        """The tokenizer's tokens that end a sentence: their text ends in `.`, `!` or `?` (closing quotes and
+        brackets aside) or holds a line break. Found once, from the vocabulary."""
+        if self._sentence_ends is None:
+            ends = set()
+            for token, token_id in self.tokenizer.get_vocab().items():
+                text = self.tokenizer.convert_tokens_to_string([token])
+                if text.rstrip().rstrip("\"')]").endswith((".", "!", "?")) or "\n" in text:
+                    ends.add(token_id)
+            self._sentence_ends = frozenset(ends - set(self.tokenizer.all_special_ids))
+        return self._sentence_ends
 
 
 def freeze_the_writer(model: Any, collator: WriterCollator) -> None:

@@ -24,9 +24,16 @@ import torch
 # them, each renamed practice entity with 4 decoys.
 _ROWS_THAT_ANSWER = dict(entity_row_writer=True, writer_pools_texts=False, written_only_share=0.0,
                          writer_passages_per_row=12, writer_answer_rows=True, writer_answer_rows_by_text=True)  # fmt: skip
+_FROZEN_WRITER = {**_ROWS_THAT_ANSWER, "frozen_writer": True, "written_row_share": 1.0, "writer_decoy_rows": 4}
+# The same two stages on a user's own corpus (docs/model.md, "Your own entities"): no list of practice entities, but a
+# share of the corpus's entities drawn by the seed (the same in both stages), each of their rows written from one
+# sentence, as `edmem add-entities` writes an added entity's rows from the sentences of its page.
+_FROM_CORPUS = {"written_only_share": 0.2, "writer_sentence_rows": True}
 WRITER_RECIPES: dict[str, dict[str, Any]] = {
     "rows_that_answer": _ROWS_THAT_ANSWER,
-    "frozen_writer": {**_ROWS_THAT_ANSWER, "frozen_writer": True, "written_row_share": 1.0, "writer_decoy_rows": 4},
+    "frozen_writer": _FROZEN_WRITER,
+    "rows_that_answer_from_corpus": {**_ROWS_THAT_ANSWER, **_FROM_CORPUS},
+    "frozen_writer_from_corpus": {**_FROZEN_WRITER, **_FROM_CORPUS},
 }
 
 _HIDDEN = argparse.SUPPRESS  # accepted on the command line, listed in docs/pretraining.md rather than in --help
@@ -124,6 +131,12 @@ class WriterTrainingArguments:
         "the token embeddings stay as loaded, every entity's row written by them and left out of the optimizer.",
         switch=True,
     )
+    writer_sentence_rows: bool | None = _option(
+        None,
+        "A written-only entity's rows are written a sentence each (the sentence of a passage that mentions it), as "
+        "`edmem add-entities` writes an added entity's rows from the sentences of its page.",
+        switch=True,
+    )
     writer_max_length: int | None = _option(None, "Tokens of a writer input, name and passage (default 128).")
     max_written_rows: int | None = _option(None, "Written rows a batch at most (default 32).")
     fresh_names: bool | None = _option(
@@ -165,7 +178,7 @@ TRAINING_DEFAULTS: dict[str, Any] = dict(
     writer_passages_per_row=1, writer_answer_rows=False, writer_answer_rows_by_text=False,
     writer_reads_answer_rows=False, frozen_writer=False, writer_max_length=128, max_written_rows=32, fresh_names=True,
     fresh_names_like_written_only=False, fresh_name_share=0.0, writer_decoy_rows=0,
-    writer_decoys_for_every_entity=False,
+    writer_decoys_for_every_entity=False, writer_sentence_rows=False,
 )  # fmt: skip
 MODEL_OPTIONS = ("entity_row_writer", "writer_pools_texts", "writer_mean_row_probability")  # the config's
 
