@@ -119,7 +119,10 @@ logger = logging.getLogger("toy_world_growth")
 @dataclass
 class GrowthSettings:
     qa: Settings = field(default_factory=Settings)
-    held_out_fraction: float = 0.2  # of the people: added after training
+    held_out_fraction: float = 0.2  # of the people: added after training, the test group of added people
+    validation_added_people: int = 0  # more people added after training, asked for choices only (`added_validation`)
+    # practice people whose questions no batch mixes, asked for choices only (`practice_validation`)
+    validation_practice_people: int = 0
     fit_steps: int = 300
     fit_learning_rate: float = 3e-2
     negatives: int = 64  # trained people whose passages are the fit's negatives

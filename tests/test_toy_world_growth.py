@@ -168,6 +168,31 @@ def test_the_held_out_people_are_only_in_the_new_pages(bench, tmp_path):
         growth.make_worlds(replace(practice_settings, practice_one_fact_pages=3, practice_biographies=2), 1, tmp_path)
 
 
+def test_the_validation_groups_never_meet_the_pre_training_batches(bench, tmp_path):
+    """Issue 64, item 2: the added people of the validation group are held out as the test group's are, and the
+    practice people of the validation group are read on their pages but their questions are in no batch."""
+    settings = bench.GrowthSettings(qa=bench.Settings(num_people=20, questions_in_batches=True), practice_people=6,
+                                    validation_added_people=2, validation_practice_people=3)  # fmt: skip
+    data = growth.make_worlds(settings, seed=1, out=tmp_path)
+    asked = {split: {record["link_target"][0] for record in read_jsonl(path)}
+             for split, path in data["files"].items() if not split.endswith("_links")}  # fmt: skip
+    assert len(asked["added"]) == 4 and len(asked["added_validation"]) == 2
+    assert asked["added"] | asked["added_validation"] == set(data["held"])
+    assert not asked["added"] & asked["added_validation"]
+    old_text = "".join(page.text for page in iter_parsed_pages(str(tmp_path / "old-wiki.xml.bz2")))
+    vocabulary = set(EntityVocab.load(data["corpus"] / "entity_vocab.json").names)
+    mixed = {record["link_target"][0] for record in read_jsonl(data["mixed_questions"])}
+    for name in asked["added_validation"]:
+        assert name not in old_text and name not in vocabulary and name not in mixed
+    practice = set(data["practice"])
+    assert len(asked["practice_validation"]) == 3 and asked["practice_validation"] <= practice
+    assert not asked["practice_validation"] & mixed and not asked["practice_validation"] & asked["practice"]
+    assert mixed & practice == practice - asked["practice_validation"]  # the other practice people's are mixed
+    assert all(name in old_text and name in vocabulary for name in asked["practice_validation"])
+    with pytest.raises(ValueError, match="give it its own --out"):
+        growth.make_worlds(replace(settings, validation_added_people=0), seed=1, out=tmp_path)
+
+
 def test_each_recipe_keeps_its_models_apart(bench, tmp_path):
     """A run with another recipe trains its own models beside the same world, never reusing the paper's."""
     paper = bench.GrowthSettings()

@@ -47,7 +47,10 @@ def make_worlds(settings: GrowthSettings, seed: int, out: Path) -> dict:
     """The old world (without the held-out people): dump, corpus, question files of its two halves; the full
     world's dump; the questions about the held-out people. With `practice_people`, that many more people in the
     old world's pages (and its mixed questions), their names in `practice_people.txt`, none of them in the train,
-    validation, test or added questions; 20 of them are asked in `practice` (what each model learnt of them)."""
+    validation, test or added questions; 20 of them are asked in `practice` (what each model learnt of them). The
+    validation groups, for every choice made on the experiment: `validation_added_people` more held-out people, asked
+    in `added_validation` (the rest in `added`, the test group), and `validation_practice_people` of the practice
+    people, whose questions no batch mixes, asked in `practice_validation`."""
     qa = settings.qa
     world = generate_knowledge_world(KnowledgeWorldSettings(qa.num_people + settings.practice_people, qa.biographies),
                                      seed=seed)  # fmt: skip
@@ -55,7 +58,11 @@ def make_worlds(settings: GrowthSettings, seed: int, out: Path) -> dict:
     practice = sorted(random.Random(f"{seed}-practice").sample(people, settings.practice_people))
     practice_set = set(practice)
     people = [name for name in people if name not in practice_set]
-    held = sorted(random.Random(seed).sample(people, max(2, round(settings.held_out_fraction * len(people)))))
+    held = sorted(random.Random(seed).sample(people, max(2, round(settings.held_out_fraction * len(people)))
+                                             + settings.validation_added_people))  # fmt: skip
+    added_validation = set(random.Random(f"{seed}-added-validation").sample(held, settings.validation_added_people))
+    practice_validation = set(random.Random(f"{seed}-practice-validation").sample(
+        practice, settings.validation_practice_people))  # fmt: skip
     worlds = ("practice_biographies", "practice_one_fact_pages", "practice_sentence_pages")
     if sum(bool(getattr(settings, name)) for name in worlds) > 1:
         raise ValueError(f"{', '.join('--' + name.replace('_', '-') for name in worlds)} are worlds of their own: "
@@ -69,16 +76,24 @@ def make_worlds(settings: GrowthSettings, seed: int, out: Path) -> dict:
         world, old = (sentence_page_people(w, practice, settings.practice_sentence_pages) for w in (world, old))
     splits = split_people(without_people(old, practice), seed)
     out.mkdir(parents=True, exist_ok=True)
+    _same_validation_groups(settings, out)
     old_dump = write_mediawiki_dump(with_questions_in_pages(old, splits["train"]) if qa.questions_on_pages else old,
                                     out / "old-wiki.xml.bz2")  # fmt: skip
     new_dump = write_mediawiki_dump(world, out / "new-wiki.xml.bz2")
     corpus = out / "corpus"
     if not (corpus / "entity_vocab.json").exists():
         build_corpus(old_dump, corpus, num_entities=100_000, num_proc=2, vocab_size=3000, seed=seed)
-    splits["added"] = [pair for pair in world.qa_pairs if pair.subject in held]
+    splits["added"] = [
+        pair for pair in world.qa_pairs if pair.subject in held and pair.subject not in added_validation
+    ]
+    if added_validation:
+        splits["added_validation"] = [pair for pair in world.qa_pairs if pair.subject in added_validation]
+    practice_mixed = [name for name in practice if name not in practice_validation]
     if practice:  # questions of 20 practice people, asked to see what the models learnt of them
-        asked = set(random.Random(f"{seed}-practice-asked").sample(practice, min(20, len(practice))))
+        asked = set(random.Random(f"{seed}-practice-asked").sample(practice_mixed, min(20, len(practice_mixed))))
         splits["practice"] = [pair for pair in world.qa_pairs if pair.subject in asked]
+    if practice_validation:  # practice people whose questions no batch mixes: what reading written rows gives
+        splits["practice_validation"] = [pair for pair in world.qa_pairs if pair.subject in practice_validation]
     files = {}
     for split, pairs in splits.items():
         files[split], files[f"{split}_links"] = write_released_format(pairs, split, out)
@@ -86,16 +101,30 @@ def make_worlds(settings: GrowthSettings, seed: int, out: Path) -> dict:
     if practice:
         (out / "practice_people.txt").write_text("".join(f"{name}\n" for name in practice), encoding="utf-8")
         if mixed is not None:  # the train questions and the practice people's
-            asked_in_mix = practice_set
+            asked_in_mix = set(practice_mixed)
             if settings.practice_questions_people:
                 rng = random.Random(f"{seed}-practice-mixed")
-                asked_in_mix = set(rng.sample(practice, min(settings.practice_questions_people, len(practice))))
+                asked_in_mix = set(rng.sample(practice_mixed, min(settings.practice_questions_people,
+                                                                  len(practice_mixed))))  # fmt: skip
             pairs = splits["train"] + [pair for pair in world.qa_pairs if pair.subject in asked_in_mix]
             mixed = write_released_format(pairs, "train_and_practice", out)[0]
     test_people = sorted({pair.subject for pair in splits["test"]})
     return {"held": held, "corpus": corpus, "new_dump": new_dump, "files": files, "test_people": test_people,
             "train_people": sorted({pair.subject for pair in splits["train"]}), "mixed_questions": mixed,
             "practice_people": out / "practice_people.txt" if practice else None, "practice": practice}  # fmt: skip
+
+
+def _same_validation_groups(settings: GrowthSettings, out: Path) -> None:
+    """Records the validation groups' sizes beside a new world; a world built with others is refused (its corpus
+    and models would be reused for people they never held out)."""
+    groups = {"validation_added_people": settings.validation_added_people,
+              "validation_practice_people": settings.validation_practice_people}  # fmt: skip
+    record = out / "validation_groups.json"
+    built = (out / "corpus" / "entity_vocab.json").exists()
+    found = json.loads(record.read_text()) if record.exists() else dict.fromkeys(groups, 0) if built else groups
+    if found != groups:
+        raise ValueError(f"{out} holds a world with validation groups {found}, not {groups}: give it its own --out")
+    record.write_text(json.dumps(groups))
 
 
 ADDED_TEXTS = ("passages", "own-sentences")

@@ -22,7 +22,8 @@ OVERRIDES = ("fit_steps", "continued_steps", "writer", "written_row_share", "wri
              "writer_mean_row_probability", "mean_row_probability_at_test", "entity_key_dim", "writer_dropout",
              "added_texts", "fresh_names_like_written_only", "writer_decoy_rows", "writer_more_steps", "reader_steps",
              "reader_names_like_written_only", "reader_row_autoencoding_share", "reader_fresh_name_share",
-             "reader_decoy_rows", "reader_decoys_for_every_entity", "time_the_base_shape")  # fmt: skip
+             "reader_decoy_rows", "reader_decoys_for_every_entity", "time_the_base_shape",
+             "validation_added_people", "validation_practice_people")  # fmt: skip
 
 
 def growth_parser(description: str, setups: tuple[str, ...], recipes: tuple[str, ...]) -> argparse.ArgumentParser:
@@ -66,6 +67,12 @@ def growth_parser(description: str, setups: tuple[str, ...], recipes: tuple[str,
                              "pre-training, every model alike (default: 0, as the corpus has them)")  # fmt: skip
     parser.add_argument("--practice-questions-people", type=int,
                         help="the questions of this many practice people mixed into pre-training (default: 0, all)")  # fmt: skip
+    parser.add_argument("--validation-added-people", type=int,
+                        help="more people added after training, asked in added_validation for choices only (a world "
+                             "of its own: give it its own --out; default: 0)")  # fmt: skip
+    parser.add_argument("--validation-practice-people", type=int,
+                        help="practice people whose questions no batch mixes, asked in practice_validation for "
+                             "choices only (a world of its own too; default: 0)")  # fmt: skip
     parser.add_argument("--written-table", action=argparse.BooleanOptionalAction,
                         help="the writer's model leaves pre-training with every row written from text (default: off)")  # fmt: skip
     parser.add_argument("--row-autoencoding-share", type=float,

@@ -18,8 +18,10 @@ if TYPE_CHECKING:
 
 
 def split_figures(models: dict[str, Path], data: dict, settings: GrowthSettings, seed: int) -> dict[str, dict]:
-    """split -> model -> figures, for each model of `models` (name -> folder) asked the added people's questions, the
-    trained test group's (but with random rows) and, before adding, the practice people's (`data`: `make_worlds`'):
+    """split -> model -> figures, for each model of `models` (name -> folder) asked the added people's questions (the
+    test group's and the validation group's), the trained test group's (but with random rows) and, before adding,
+    the practice people's (their questions mixed into batches, and the validation group's, never mixed; `data`:
+    `make_worlds`'):
     EM in free and static decoding, the memory's recall at the subject and its misses that share a word of the name;
     with practice people, the recall and free EM again with their rows hidden."""
     files = data["files"]
@@ -29,10 +31,10 @@ def split_figures(models: dict[str, Path], data: dict, settings: GrowthSettings,
         practice_mask = (
             practice_rows_mask(model_dir, data["practice"]) if data["practice_people"] is not None else None
         )
-        for split in ("added", "test", "practice"):
-            if split == "test" and name == "random":
+        for split in ("added", "added_validation", "test", "practice", "practice_validation"):
+            if split not in files or (split == "test" and name == "random"):
                 continue
-            if split == "practice" and (split not in files or name not in ("before", f"{WRITER}_before")):
+            if split.startswith("practice") and name not in ("before", f"{WRITER}_before"):
                 continue
             figures = {}
             for mode in ("free", "static"):
@@ -41,7 +43,7 @@ def split_figures(models: dict[str, Path], data: dict, settings: GrowthSettings,
             finding = memory_finding(model_dir, files[split])
             figures["memory_recall"] = finding["recall"]
             figures["memory_misses_sharing_a_name_word"] = finding["misses_sharing_a_name_word"]
-            if practice_mask is not None and split != "practice":
+            if practice_mask is not None and not split.startswith("practice"):
                 finding = memory_finding(model_dir, files[split], hidden=data["practice"])
                 figures["memory_recall_practice_rows_hidden"] = finding["recall"]
                 figures["memory_misses_sharing_a_name_word_practice_rows_hidden"] = finding[
