@@ -1065,10 +1065,17 @@ class _PretrainingRun:
         self._reset_window()
 
     def _evaluate(self) -> None:
-        """`evaluate` on the validation split; the lowest `eval_ppl` is the Trainer state's best metric."""
+        """`evaluate` on the validation split, and the writer's reading signal when asked for
+        (`research.reading_signal`); the lowest `eval_ppl` is the Trainer state's best metric."""
         if self.eval_dl is None:
             return
         metrics = evaluate(self.model, self.eval_dl, self.accelerator)
+        if self.writer_collator is not None and self.writer.reading_signal_questions_file:
+            from .research.reading_signal import reading_signal
+
+            metrics.update(reading_signal(self.accelerator.unwrap_model(self.model), self.tokenizer,
+                                          self.writer_collator, self.writer.reading_signal_questions_file,
+                                          self.writer.reading_signal_facts_file))  # fmt: skip
         self.last_eval = self._record("eval", metrics)
         ppl, best = metrics["eval_ppl"], self.state.best_metric
         if not math.isnan(ppl) and (best is None or ppl < best):

@@ -531,15 +531,17 @@ class WriterCollator:
         return seen.gather(1, mention.clamp_min(0) + 1) == 0
 
     def rows_to_write(
-        self, every_entity: bool = False, max_passages: int | None = None
+        self, every_entity: bool = False, max_passages: int | None = None, entities: Sequence[int] | None = None
     ) -> tuple[list[int], list[list[list[int]]]]:
         """The entities whose rows `write_rows_as_read` writes once training ends, and up to `max_passages`
         (None: 4, or `passages_per_row` when more) writer inputs of each (the first passages, or with
         `passages_by_mentions` those that mention it most): the written-only entities that have passages, or with
-        `every_entity` every entity that has passages and a name (the table written from text)."""
+        `every_entity` every entity that has passages and a name (the table written from text), or those of
+        `entities` that have."""
         ids, inputs = [], []
         max_passages = max_passages or max(4, self.options.writer_passages_per_row)
-        entities = range(len(self.names)) if every_entity else np.flatnonzero(self.written_only).tolist()
+        if entities is None:
+            entities = range(len(self.names)) if every_entity else np.flatnonzero(self.written_only).tolist()
         for entity in entities:
             if self.options.writer_passages_by_mentions:
                 passages = self.entity_passages.most_mentioning(entity, max_passages)

@@ -137,6 +137,17 @@ class WriterTrainingArguments:
         "`edmem add-entities` writes an added entity's rows from the sentences of its page.",
         switch=True,
     )
+    reading_signal_questions_file: str | None = _option(
+        None,
+        "Questions (the released QA format) about written-only entities that no batch mixes, asked at each "
+        "evaluation through the rows the writer writes of them: reading_em and reading_oracle_em in the log "
+        "(research.reading_signal).",
+    )
+    reading_signal_facts_file: str | None = _option(
+        None,
+        "With --reading_signal_questions_file: a JSON file, relation -> [sentence form with {S} and {V}, values]; "
+        "the written rows' fact share is logged too.",
+    )
     writer_max_length: int | None = _option(None, "Tokens of a writer input, name and passage (default 128).")
     max_written_rows: int | None = _option(None, "Written rows a batch at most (default 32).")
     fresh_names: bool | None = _option(
@@ -167,7 +178,8 @@ class WriterTrainingArguments:
 
     def given(self) -> list[str]:
         """The training options that differ from `TRAINING_DEFAULTS` (what a model without a writer cannot take)."""
-        defaults = {"written_only_entities_file": None, **TRAINING_DEFAULTS}
+        defaults = {"written_only_entities_file": None, "reading_signal_questions_file": None,
+                    "reading_signal_facts_file": None, **TRAINING_DEFAULTS}  # fmt: skip
         return [name for name, default in defaults.items() if getattr(self, name) != default]
 
 
