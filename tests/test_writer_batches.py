@@ -925,3 +925,24 @@ def test_sentence_rows_write_a_written_only_entity_from_one_sentence(corpus):
     assert ids == practice
     for entity, texts in zip(ids, inputs):
         assert [body(t)[len(collator.name_ids(entity)) :] for t in texts] == sentence_bodies(entity)[: len(texts)]
+
+
+def test_a_passage_renaming_makes_too_long_is_cut_before_a_mention(corpus):
+    """Fresh names longer than the names they replace can make a passage longer than the model's positions (a real
+    corpus's passage of many mentions): it is cut to them, before the mention the cut would split, `</s>` kept."""
+    from edmem_hf.research.writer_batches import _renamed_example
+
+    collator = writer_collator(corpus)
+    config = collator.config
+    start, end = config.entity_start_token_id, config.entity_end_token_id
+    mention = [start, 40, end, 41]
+    ids = [0, *mention * 30, 2]
+    labels = [-100] + [1, -100, -100, -100] * 30 + [-100]
+    long_name = list(range(50, 60))  # 10 tokens for 1
+    example = _renamed_example({"input_ids": ids, "entity_labels": labels}, {1: long_name}, config)
+    out, out_labels = example["input_ids"], example["entity_labels"]
+    assert len(out) <= config.max_position_embeddings and len(out) == len(out_labels)
+    assert out[-1] == 2 and out[-2] == 41  # cut after a whole mention
+    assert out.count(start) == out.count(end) == out_labels.count(1)
+    short = _renamed_example({"input_ids": ids[:9], "entity_labels": labels[:9]}, {1: long_name}, config)
+    assert len(short["input_ids"]) == 9 + 2 * 9  # nothing cut where it fits

@@ -630,9 +630,22 @@ def _renamed_example(example: dict, fresh: dict[int, list[int]], config: Any) ->
     for ids_key, labels_key in (("input_ids", "entity_labels"), ("labels", "decoder_entity_labels")):
         if example.get(labels_key) is None or ids_key not in example:
             continue
-        example[ids_key], example[labels_key] = renamed(list(example[ids_key]), list(example[labels_key]), fresh,
-                                                        config)  # fmt: skip
+        ids, labels = renamed(list(example[ids_key]), list(example[labels_key]), fresh, config)
+        example[ids_key], example[labels_key] = _cut_to(ids, labels, config.max_position_embeddings, config)
     return example
+
+
+def _cut_to(ids: list[int], labels: list[int], length: int, config: Any) -> tuple[list[int], list[int]]:
+    """`ids` and `labels` of at most `length` tokens: a passage that renaming made longer than the model's positions
+    loses its tail, cut before a mention the cut would split, its last token (`</s>`) kept."""
+    if len(ids) <= length:
+        return ids, labels
+    start, end = config.entity_start_token_id, config.entity_end_token_id
+    cut, open_mention = length - 1, None
+    for i, token in enumerate(ids[:cut]):
+        open_mention = i if token == start else None if token == end else open_mention
+    cut = cut if open_mention is None else open_mention
+    return ids[:cut] + ids[-1:], labels[:cut] + labels[-1:]
 
 
 def _passages_read(examples: Sequence[dict]) -> set[int]:
