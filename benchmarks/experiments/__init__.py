@@ -9,7 +9,8 @@ their protocols; their machinery is here.
 - `qa_world`: the knowledge world as files (its questions in the released format, the mixed-in questions on its
   pages, a seed's dump, corpus and question files).
 - `training`: `edmem pretrain`, `edmem finetune` and prediction at an experiment's settings (`Recipe`: the levers).
-- `qa_systems`: `toy_world_qa.py`'s systems of one seed, pre-trained, fine-tuned and asked.
+- `qa_systems`: `toy_world_qa.py`'s systems of one seed, pre-trained, fine-tuned, asked and measured (and
+  `qa_fresh_seeds.py`'s, each pre-trained with its own recipe).
 - `memory`: memory mask files and what the memory finds at a question's subject.
 - `probes`: memorisation probes of the pre-trained models.
 - `scoring`: exact match, the majority floor, the two-level bootstrap and the summaries read from them.

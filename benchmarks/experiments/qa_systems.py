@@ -1,6 +1,7 @@
 """The systems of `toy_world_qa.py`, one seed's: pre-trained side by side (EDMem, EncDec, EncMem, and an EncDec of
 EDMem's parameter count), then fine-tuned and asked each group's questions, EDMem in each decoding mode and with its
-memory hidden at test or in fine-tuning, beside the majority answer of each question form."""
+memory hidden at test or in fine-tuning, beside the majority answer of each question form; and what each system
+knows and answers (`measure_systems`: memorisation, the memory's recall at the subject, EM by group)."""
 
 from __future__ import annotations
 
@@ -11,14 +12,16 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from edmem_hf import EDMemForConditionalGeneration
-from experiments.memory import hidden_rows, save_entity_mask
-from experiments.scoring import majority_answers
+from edmem_hf import EDMemForConditionalGeneration, EntityVocab
+from experiments.memory import hidden_rows, memory_hits, save_entity_mask
+from experiments.probes import memorisation
+from experiments.scoring import em, majority_answers, question_hits
 from experiments.training import (
     Recipe,
     finetune_encmem,
     finetune_model,
     matched_ffn_dim,
+    parameter_counts,
     predict,
     predict_encmem,
     pretrain_side_by_side,
@@ -118,3 +121,26 @@ def ask_systems(settings: Settings, seed: int, out: Path, models: dict[str, Path
         predictions[group]["majority_answer"] = majority_answers(files["train"], files[group],
                                                                  out / f"majority_predictions_{group}.json")  # fmt: skip
     return predictions, edmem
+
+
+def measure_systems(settings: Settings, seed: int, out: Path, data: dict, models: dict[str, Path], asked: list[str],
+                    recipe: Recipe, ablation: bool = False) -> dict:  # fmt: skip
+    """What one seed's pre-trained systems (`models`, on the world `data`) know and answer: each model's
+    memorisation of every group's facts, then each system fine-tuned and asked (`ask_systems`) the `asked` groups'
+    questions, the memory's recall at each question's subject, and the per-question hits and EM by group."""
+    splits, files = data["splits"], data["files"]
+    groups = {group: sorted({pair.subject for pair in pairs}) for group, pairs in splits.items() if pairs}
+    memorised = {variant: memorisation(path, data["world"], groups, recipe.decoder_target)
+                 for variant, path in models.items()}  # fmt: skip
+    predictions, edmem = ask_systems(settings, seed, out, models, files, groups, asked, recipe, ablation)
+    recall = {group: memory_hits(edmem, files[group]) for group in predictions}
+    hits = {group: {system: question_hits(files[group], files[f"{group}_links"], path)
+                    for system, path in systems.items()} for group, systems in predictions.items()}  # fmt: skip
+    return {
+        "entities": len(EntityVocab.load(models["edmem"])),
+        "parameters": {variant: parameter_counts(path) for variant, path in models.items()},
+        "memorisation": memorised,
+        "edmem_memory_recall_at_subject": {group: round(100 * sum(h) / len(h), 2) for group, h in recall.items()},
+        "hits": hits,
+        "em": {group: {system: em(h) for system, h in systems.items()} for group, systems in hits.items()},
+    }

@@ -1,6 +1,7 @@
 """Scoring the knowledge experiments: exact match by `edmem evaluate`'s rule (all, entity and literal answers), the
 majority answer of each question form (the floor), the two-level bootstrap (seeds, then each seed's questions), and
-the summaries read from them: validity, the paper's orderings, EDMem's gaps to EncDec."""
+the summaries read from them: validity, the paper's orderings, EDMem's gaps to EncDec (`gap_bootstrap`: their
+intervals, paired)."""
 
 from __future__ import annotations
 
@@ -49,11 +50,50 @@ def bootstrap(per_seed: list[list[tuple[bool, bool]]], samples: int, seed: int =
                 means[name].append(resampled[name])
         for name in draws:
             draws[name].append(statistics.fmean(means[name]))
+    return _central_95(draws, samples)
+
+
+def gap_bootstrap(edmem: list[list[tuple[bool, bool]]], encdec: list[list[tuple[bool, bool]]], samples: int,
+                  seed: int = 0) -> dict[str, list[float]]:  # fmt: skip
+    """95 % intervals of the mean over seeds of EDMem's EM minus EncDec's (each a list per seed of `question_hits`,
+    the same questions in the same order), by `bootstrap`'s two levels, paired: each draw takes the same seeds and
+    questions for both systems, so that what they share (a hard world, a hard question) is not counted as a gap."""
+    rng = random.Random(seed)
+    paired = [list(zip(first, second)) for first, second in zip(edmem, encdec, strict=True)]
+    draws: dict[str, list[float]] = {"all": [], "entity": [], "literal": []}
+    for _ in range(samples):
+        gaps_drawn = {name: [] for name in draws}
+        for questions in (paired[rng.randrange(len(paired))] for _ in paired):
+            drawn = [questions[rng.randrange(len(questions))] for _ in questions]
+            first, second = em([a for a, _ in drawn]), em([b for _, b in drawn])
+            for name in draws:
+                gaps_drawn[name].append(first[name] - second[name])
+        for name in draws:
+            draws[name].append(statistics.fmean(gaps_drawn[name]))
+    return _central_95(draws, samples)
+
+
+def _central_95(draws: dict[str, list[float]], samples: int) -> dict[str, list[float]]:
+    """The central 95 % of each kind's `samples` bootstrap draws, as [low, high]."""
     interval = {}
     for name, values in draws.items():
         values.sort()
         interval[name] = [round(values[int(0.025 * samples)], 2), round(values[int(0.975 * samples) - 1], 2)]
     return interval
+
+
+def claims(interval: dict[str, list[float]], goals: dict[str, float]) -> dict[str, str]:
+    """What each gap's interval (EDMem minus EncDec, by kind) supports: a lead (above 0), a reversal (below 0) or a
+    tie (it holds 0); and each goal (the gap at least its bar) met (the interval at or above the bar), missed (below
+    it) or not settled (it holds the bar), and all of them (`goal`)."""
+    found = {}
+    for kind, bar in goals.items():
+        low, high = interval[kind]
+        found[kind] = "lead" if low > 0 else "reversal" if high < 0 else "tie"
+        found[f"{kind}_goal"] = "met" if low >= bar else "missed" if high < bar else "not settled"
+    readings = [found[f"{kind}_goal"] for kind in goals]
+    found["goal"] = "met" if set(readings) == {"met"} else "missed" if "missed" in readings else "not settled"
+    return found
 
 
 def majority_answers(train_file: Path, test_file: Path, path: Path) -> Path:

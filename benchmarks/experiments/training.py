@@ -100,19 +100,23 @@ def pretrain_variant(variant: str, corpus: Path, out: Path, settings: Settings, 
     return out
 
 
-def pretrain_side_by_side(calls: dict[str, tuple], jobs: int) -> dict[str, Path]:
-    """`pretrain_variant(*arguments)` for each name -> arguments, `jobs` at a time, each in a process of its own
-    (one thread each; a pre-training of this size does not gain from a second thread). Returns name -> folder."""
+def pretrain_side_by_side(calls: dict[str, tuple], jobs: int, options: dict[str, dict] | None = None
+                          ) -> dict[str, Path]:  # fmt: skip
+    """`pretrain_variant(*arguments, **options[name])` for each name -> arguments, `jobs` at a time, each in a
+    process of its own (one thread each; a pre-training of this size does not gain from a second thread).
+    `options`: a name's own pre-training options (a system's recipe of its own). Returns name -> folder."""
+    own = {name: dict((options or {}).get(name, {})) for name in calls}  # copies: pretrain_variant pops from them
     if jobs <= 1 or len(calls) == 1:
-        return {name: pretrain_variant(*arguments) for name, arguments in calls.items()}
+        return {name: pretrain_variant(*arguments, **own[name]) for name, arguments in calls.items()}
     with ProcessPoolExecutor(min(jobs, len(calls)), mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {name: pool.submit(_pretrain_on_one_thread, *arguments) for name, arguments in calls.items()}
+        futures = {name: pool.submit(_pretrain_on_one_thread, *arguments, **own[name])
+                   for name, arguments in calls.items()}  # fmt: skip
         return {name: future.result() for name, future in futures.items()}
 
 
-def _pretrain_on_one_thread(*arguments) -> Path:
+def _pretrain_on_one_thread(*arguments, **options) -> Path:
     torch.set_num_threads(1)  # side by side: one core each, not every core each
-    return pretrain_variant(*arguments)
+    return pretrain_variant(*arguments, **options)
 
 
 def matched_ffn_dim(edmem: Path, encdec: Path, settings: Settings) -> int:
