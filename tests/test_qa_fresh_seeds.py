@@ -1,0 +1,249 @@
+"""`benchmarks/qa_fresh_seeds.py` (issue 65, items 2 and 3): the fresh seeds' results file was produced from the
+frozen recipes (EDMem's the headline's, EncDec's the one the tuning ledger chose), on seeds no other committed run
+of the knowledge experiment has used, its test group read once. The committed file is held to it once it exists;
+the check itself is held here on files built the way the script builds them, and on a tiny run of the script."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tiny_models import load_benchmark
+
+# isort: split
+# benchmarks/ is on the path (tiny_models)
+from experiments import scoring
+
+ROOT = Path(__file__).resolve().parents[1]
+NOT_THE_RECIPE = ("seeds", "pretrain_jobs")  # which seeds a run reads and how many pre-trainings run side by side
+
+
+@pytest.fixture(scope="module")
+def fresh():
+    return load_benchmark("qa_fresh_seeds")
+
+
+def committed_seeds(leave_out: Path | None = None) -> set[int]:
+    """Every seed a committed results file of the knowledge experiment names (its folders and their archive)."""
+    seeds: set[int] = set()
+
+    def walk(value) -> None:
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                if key in ("seed", "seeds", "validation_seeds"):
+                    seeds.update(inner if isinstance(inner, list) else [inner])
+                walk(inner)
+        elif isinstance(value, list):
+            for inner in value:
+                walk(inner)
+
+    images = ROOT / "docs" / "images"
+    for path in [*images.glob("toy_world_qa*/*.json"), *images.glob("archive/toy_world_qa*/*.json")]:
+        if path != leave_out:
+            walk(json.loads(path.read_text(encoding="utf-8")))
+    return seeds
+
+
+def assert_frozen(result: dict, ledger: dict, headline, other_seeds: set[int], recipes_named: dict) -> None:
+    """`result` (a fresh-seed results file) was produced from the frozen recipes: EDMem's is `headline` (the
+    Settings of docs/evidence.md's headline, its linking recipe), EncDec's the same with the setting `ledger` chose
+    (its changes and pre-training options); on three seeds outside the validation seeds and `other_seeds`; the test
+    group read once. `recipes_named`: toy_world_qa.RECIPES."""
+    chosen = ledger["chosen"]
+    assert chosen is not None, "the ledger has chosen nothing: no fresh seed may have run"
+    recipes = result["recipes"]
+    assert recipes["ledger_chosen"] == recipes["encdec"]["setting"] == chosen
+    assert recipes["frozen_at_commit"] and recipes["edmem"]["setting"] == "headline"
+    changes, options = ledger["settings"][chosen]["changes"], ledger["settings"][chosen]["options"]
+    expected = json.loads(json.dumps(dataclasses.asdict(headline)))
+
+    def recipe_of(settings: dict) -> dict:
+        return {key: value for key, value in settings.items() if key not in NOT_THE_RECIPE}
+
+    assert recipe_of(recipes["edmem"]["settings"]) == recipe_of(expected)
+    assert recipe_of(recipes["encdec"]["settings"]) == recipe_of({**expected, **changes})
+    assert recipes["edmem"]["pretraining_options"] == {} and recipes["encdec"]["pretraining_options"] == options
+    assert recipes["edmem"]["linking"] == headline.recipes[0] and recipes["encdec"]["linking"] == "paper"
+    for system in ("edmem", "encdec"):
+        assert recipes[system]["linking_recipe"] == dataclasses.asdict(recipes_named[recipes[system]["linking"]])
+    seeds = set(result["seeds"])
+    assert result["fresh_seeds"] == len(seeds) == 3 and {int(seed) for seed in result["per_seed"]} == seeds
+    assert all(set(recipes[system]["settings"]["seeds"]) == seeds for system in ("edmem", "encdec"))
+    assert not seeds & {0, 1, 2} and not seeds & set(ledger["validation_seeds"]), "a validation seed"
+    assert not seeds & other_seeds, f"seeds another committed run used: {sorted(seeds & other_seeds)}"
+    assert result["group"] == "test" and result["test_group_reads"] == 1
+    for key in ("edmem_settings_tried", "encdec_settings_tried"):
+        assert result[key] == ledger[key]
+    for kind in ("entity", "literal"):  # the gap is the mean of the seeds' gaps
+        per_seed = [seed[f"{kind}_gap_edmem_minus_encdec"] for seed in result["per_seed"].values()]
+        assert abs(result[f"{kind}_gap_edmem_minus_encdec"] - sum(per_seed) / len(per_seed)) <= 0.02
+        low, high = result[f"{kind}_gap_interval"]
+        assert low <= high
+
+
+def write_ledger(tmp_path: Path, chosen: str | None, settings: dict) -> Path:
+    """A tuning ledger as qa_tuning.py writes it (`settings`: its SETTINGS), having chosen `chosen` (None: not yet)."""
+    runs = {name: {"seeds": [0, 1, 2], "em": {"all": 30.0, "entity": 50.0, "literal": 10.0}, "changes": changes,
+                   "options": options, "per_seed": {str(s): {"all": 30.0, "entity": 50.0, "literal": 10.0}
+                                                    for s in (0, 1, 2)}}
+            for name, (changes, options) in settings.items()}  # fmt: skip
+    ledger = {"system": "encdec", "group": "validation", "validation_seeds": [0, 1, 2], "test_group_reads": 0,
+              "complete": sorted(runs) if chosen else ["default"], "chosen": chosen, "settings": runs,
+              "edmem_settings_tried": 15, "encdec_settings_tried": 13 + len(runs) - 1}  # fmt: skip
+    path = tmp_path / f"ledger_{chosen}.json"
+    path.write_text(json.dumps(ledger))
+    return path
+
+
+def made_up_run(seed: int, edmem: tuple[int, int], encdec: tuple[int, int]) -> dict:
+    """One seed's run as `run_seed` returns it, with made-up answers: each system's right answers out of ten entity
+    and ten literal questions a group."""
+
+    def hits(entity: int, literal: int) -> list[tuple[bool, bool]]:
+        return [(True, i < entity) for i in range(10)] + [(False, i < literal) for i in range(10)]
+
+    systems = {"edmem_free": edmem, "edmem_static": edmem, "edmem_dynamic": edmem, "encdec": encdec,
+               "edmem_free_subject_rows_hidden_at_test": (1, 1), "edmem_free_every_row_hidden_at_test": (0, 1),
+               "majority_answer": (0, 1)}  # fmt: skip
+    found = {group: {name: hits(*right) for name, right in systems.items()} for group in ("validation", "test")}
+    memorised = {"all": 90.0, "entity": 95.0, "literal": 85.0, "by_relation": {}, "decoder_alone": 1.0,
+                 "question_form": {"all": 40.0, "entity": 50.0, "literal": 30.0}}  # fmt: skip
+    return {"seed": seed, "questions": {"train": 20, "validation": 20, "test": 20}, "entities": 700,
+            "memorisation": {"edmem": {"test": memorised}, "encdec": {"test": memorised}},
+            "edmem_memory_recall_at_subject": {"validation": 80.0, "test": 70.0}, "hits": found,
+            "em": {group: {name: scoring.em(h) for name, h in by.items()} for group, by in found.items()},
+            "seconds_this_call": 1}  # fmt: skip
+
+
+def test_a_fresh_seed_file_is_held_to_the_recipes_the_ledger_froze(fresh, tmp_path):
+    """A results file built as the script builds it passes the check; it fails when the ledger chose another
+    setting, when the file's EncDec recipe is not the ledger's, and on a seed another committed run used."""
+    tuning = fresh.tuning
+    ledger_path = write_ledger(tmp_path, "dropout_0", tuning.SETTINGS)
+    ledger = json.loads(ledger_path.read_text())
+    recipes, tuned = fresh.frozen_recipes(ledger_path)
+    assert recipes["encdec"].options == {"dropout": 0.0} and recipes["edmem"].settings.seeds == fresh.SEEDS
+    record = fresh.freeze(recipes, tuned, ledger_path, tmp_path / "run")
+    runs = [made_up_run(seed, (8, 4), (5, 4)) for seed in fresh.SEEDS]
+    result = json.loads(json.dumps(fresh.fresh_result(record, tuned, runs, recipes["edmem"].settings)))
+    assert result["entity_gap_edmem_minus_encdec"] == 30.0 and result["literal_gap_edmem_minus_encdec"] == 0.0
+    assert result["claim"]["entity"] == "lead" and result["per_seed"]["6"]["encdec"]["test"]["entity"] == 50.0
+    where = result["per_seed"]["6"]["where_the_entity_gap_comes_from"]
+    assert where["edmem_subject_rows_hidden_at_test"]["entity"] == 10.0 and "by_relation" not in where[
+        "memorisation_test_group"]["encdec"]  # fmt: skip
+    others = committed_seeds()
+    assert_frozen(result, ledger, fresh.qa.HEADLINE, others, fresh.qa.RECIPES)
+    with pytest.raises(AssertionError):  # the ledger chose another setting than the file's
+        assert_frozen(result, {**ledger, "chosen": "lr_1e-3"}, fresh.qa.HEADLINE, others, fresh.qa.RECIPES)
+    tampered = copy.deepcopy(result)
+    tampered["recipes"]["encdec"]["pretraining_options"] = {}  # EncDec pre-trained without the chosen dropout
+    with pytest.raises(AssertionError):
+        assert_frozen(tampered, ledger, fresh.qa.HEADLINE, others, fresh.qa.RECIPES)
+    tampered = copy.deepcopy(result)
+    tampered["recipes"]["edmem"]["settings"]["pretrain_steps"] = 15_000  # not the headline's EDMem
+    with pytest.raises(AssertionError):
+        assert_frozen(tampered, ledger, fresh.qa.HEADLINE, others, fresh.qa.RECIPES)
+    with pytest.raises(AssertionError):  # a seed a committed run has read
+        assert_frozen(result, ledger, fresh.qa.HEADLINE, others | {fresh.SEEDS[1]}, fresh.qa.RECIPES)
+    for seed in fresh.SEEDS:  # published: the file, each pre-training's log and the plots beside it
+        for system, recipe in recipes.items():
+            log = tmp_path / "run" / f"seed-{seed}" / f"pretrain-{system}-{recipe.setting}" / "log.jsonl"
+            log.parent.mkdir(parents=True)
+            log.write_text(f'{{"seed": {seed}}}\n')
+    figures = tmp_path / "figures"
+    fresh.publish(result, recipes, tmp_path / "run", figures / "test_fresh_seeds678.json", plots=True)
+    assert json.loads((figures / "test_fresh_seeds678.json").read_text()) == result
+    assert (figures / "pretrain_log_fresh_seeds678_seed7_encdec_dropout_0.jsonl").read_text() == '{"seed": 7}\n'
+    assert (figures / "em_by_model_fresh_seeds678.png").stat().st_size > 0
+
+
+def test_the_fresh_seeds_are_the_first_no_committed_run_used(fresh):
+    assert not set(fresh.SEEDS) & committed_seeds() and len(fresh.SEEDS) == 3
+    assert fresh.qa.ONE_SEED == fresh.SEEDS[0]  # --one-seed runs the first of them
+
+
+def test_the_committed_fresh_seed_file_was_produced_from_the_frozen_recipes(fresh):
+    if not fresh.RESULTS.exists():
+        pytest.skip(f"{fresh.RESULTS.name} is not committed yet (the fresh seeds run once the EncDec tuning ledger "
+                    "has chosen); the check is held on files built in the other tests")  # fmt: skip
+    result = json.loads(fresh.RESULTS.read_text(encoding="utf-8"))
+    ledger = json.loads(fresh.LEDGER.read_text(encoding="utf-8"))
+    assert_frozen(result, ledger, fresh.qa.HEADLINE, committed_seeds(leave_out=fresh.RESULTS), fresh.qa.RECIPES)
+    assert result["recipes"]["ledger"] == str(fresh.LEDGER.relative_to(ROOT))
+
+
+def test_nothing_runs_without_a_choice_or_with_recipes_that_moved(fresh, tmp_path, capsys):
+    """Refused in one line, before any work: a ledger that has chosen nothing, a choice that is not qa_tuning's
+    setting of that name, a run whose recipes changed since it began, a results file already written."""
+    tuning = fresh.tuning
+    out = tmp_path / "run"
+
+    def refused(ledger: Path, results: Path = tmp_path / "results.json") -> str:
+        capsys.readouterr()
+        assert fresh.main(["--out", str(out), "--ledger", str(ledger), "--results", str(results)]) == 1
+        said = capsys.readouterr().err.strip()
+        assert len(said.splitlines()) == 1 and said.startswith("qa_fresh_seeds.py refused: ")
+        return said
+
+    assert "has chosen no EncDec setting yet" in refused(write_ledger(tmp_path, None, tuning.SETTINGS))
+    assert not out.exists()
+    moved = {**tuning.SETTINGS, "lr_1e-3": ({"pretrain_learning_rate": 5e-4}, {})}
+    assert "is not qa_tuning.SETTINGS'" in refused(write_ledger(tmp_path, "lr_1e-3", moved))
+    ledger = write_ledger(tmp_path, "lr_1e-3", tuning.SETTINGS)
+    fresh.freeze(*fresh.frozen_recipes(ledger), ledger, out)  # a run began with lr_1e-3
+    assert "differ from those" in refused(write_ledger(tmp_path, "dropout_0", tuning.SETTINGS))
+    (tmp_path / "read.json").write_text("{}")
+    assert "test group was read" in refused(ledger, tmp_path / "read.json")
+
+
+def test_the_gap_interval_draws_both_systems_alike_and_reads_the_claim():
+    right, wrong = [(True, True)] * 20 + [(False, True)] * 20, [(True, False)] * 20 + [(False, False)] * 20
+    same = scoring.gap_bootstrap([right, wrong], [right, wrong], samples=200)
+    assert same["entity"] == same["literal"] == [0.0, 0.0]  # paired: the seeds' spread is not a gap
+    assert scoring.gap_bootstrap([right], [wrong], samples=50)["entity"] == [100.0, 100.0]
+    goals = {"entity": 5.0, "literal": -3.0}
+    assert scoring.claims({"entity": [6.0, 20.0], "literal": [-2.0, 4.0]}, goals) == {
+        "entity": "lead", "entity_goal": "met", "literal": "tie", "literal_goal": "met", "goal": "met"}  # fmt: skip
+    read = scoring.claims({"entity": [-12.0, -1.0], "literal": [-5.0, 1.0]}, goals)
+    assert (read["entity"], read["entity_goal"], read["literal_goal"], read["goal"]) == (
+        "reversal", "missed", "not settled", "missed")  # fmt: skip
+
+
+def test_the_fresh_seeds_run_end_to_end_at_a_tiny_size(fresh, tmp_path, monkeypatch, capsys):
+    """The script at a tiny size (16 people, 20 steps): each system pre-trained with its own recipe (EncDec with the
+    ledger's dropout, EDMem with the headline's), the three seeds asked and measured, the results file and the
+    pre-training logs written and held to the frozen recipes, the claim and the RESULT line printed."""
+    tiny = dataclasses.replace(fresh.qa.HEADLINE, num_people=16, pretrain_steps=20, d_model=32, bootstrap_samples=50)
+    monkeypatch.setattr(fresh.qa, "HEADLINE", tiny)
+    ledger = write_ledger(tmp_path, "dropout_0", fresh.tuning.SETTINGS)
+    results = tmp_path / "figures" / "test_fresh_seeds678.json"
+    argv = ["--out", str(tmp_path / "run"), "--ledger", str(ledger), "--results", str(results), "--no-plots"]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert fresh.main(argv) == 0
+    finally:
+        torch.set_num_threads(threads)
+    result = json.loads(results.read_text())
+    assert_frozen(result, json.loads(ledger.read_text()), tiny, committed_seeds(), fresh.qa.RECIPES)
+    for seed in fresh.SEEDS:
+        where = tmp_path / "run" / f"seed-{seed}"
+        encdec = json.loads((where / "pretrain-encdec-dropout_0" / "config.json").read_text())
+        edmem = json.loads((where / "pretrain-edmem-headline" / "config.json").read_text())
+        assert (encdec["variant"], encdec["dropout"]) == ("encdec", 0.0) and edmem["dropout"] == 0.1
+        assert (results.parent / f"pretrain_log_fresh_seeds678_seed{seed}_encdec_dropout_0.jsonl").stat().st_size
+        figures = result["per_seed"][str(seed)]
+        assert set(figures["edmem"]) == set(figures["encdec"]) == {"validation", "test"}
+        assert set(figures["where_the_entity_gap_comes_from"]["memorisation_test_group"]) == {"edmem", "encdec"}
+    claim, last = capsys.readouterr().out.strip().splitlines()[-2:]
+    assert claim.startswith("CLAIM on 3 fresh seeds") and "the goal, at least +5" in claim
+    assert last.startswith("RESULT fresh_seeds=3 group=test entity_gap_edmem_minus_encdec=")
+    for key in ("literal_gap_edmem_minus_encdec", "entity_gap_interval=[", "literal_gap_interval=[",
+                "edmem_settings_tried=15", "encdec_settings_tried=18", "encdec_setting=dropout_0"):  # fmt: skip
+        assert f" {key}" in last
+    assert fresh.main(argv) == 1  # read once: the results file exists
