@@ -52,11 +52,13 @@ def _settings(bench, argv: list[str]) -> dict:
 
 def test_the_plain_command_runs_the_headline_s_recipe(bench, tmp_path, capsys):
     """Without options, the settings are those the headline's results file records (docs/evidence.md, "Entities
-    written from text": seeds 0, 1 and 2 combined), field by field. One field differs legitimately: the file has no
-    `writer_more_steps` (the option came after the run), whose 0 continues nothing and names no folder."""
+    written from text": seeds 0, 1 and 2 combined), field by field. The fields the file lacks came after the run
+    and change nothing at their defaults: `writer_more_steps` 0 continues nothing and names no folder, and validation
+    groups of 0 people draw the same people as before."""
     recorded = json.loads((FAIR_WORLD / HEADLINE_RESULTS).read_text(encoding="utf-8"))["settings"]
     plain = _settings(bench, [])
-    assert set(plain) - set(recorded) == {"writer_more_steps"} and plain["writer_more_steps"] == 0
+    later = {"writer_more_steps", "validation_added_people", "validation_practice_people"}
+    assert set(plain) - set(recorded) == later and not any(plain[key] for key in later)
     assert set(recorded) <= set(plain)
     for key, value in recorded.items():
         if key == "qa":
@@ -313,7 +315,7 @@ WRITER_FOLDER = "writer-row-autoencoding-0.5-written-only-by-mentions-rows-2-ans
 def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     """A tiny world, a few steps: the model is grown by each estimator, decoded and scored, the plot drawn."""
     out = tmp_path / "run"
-    argv = ["--quick", "--out", str(out), "--num-people", "10", "--pretrain-steps", "30", "--finetune-epochs", "150",
+    argv = ["--quick", "--out", str(out), "--num-people", "12", "--pretrain-steps", "30", "--finetune-epochs", "150",
             "--finetune-learning-rate", "1e-2", "--d-model", "32", "--fit-steps", "3",
             "--questions-in-batches", "--recipe", "masked_spans", "--practice-people", "3", "--row-autoencoding-share", "0.5",
             "--row-autoencoding-written-only", "--writer-passages-by-mentions", "--writer-passages-per-row", "2",
@@ -323,9 +325,14 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
             "--fresh-names-like-written-only", "--writer-decoy-rows", "2", "--writer-more-steps", "4", "--reader-steps", "5",
             "--reader-row-autoencoding-share", "0.5", "--reader-fresh-name-share", "0.5", "--reader-decoys-for-every-entity", "--practice-biographies", "2", "--practice-share", "0.5",
             "--practice-questions-people", "2", "--added-texts", "own-sentences", "--continued-steps", "3",
-            "--timed-additions", "10"]  # fmt: skip
+            "--validation-added-people", "1", "--validation-practice-people", "1", "--timed-additions", "10"]  # fmt: skip
     assert bench.main(argv) == 0
     result = json.loads((out / "results.json").read_text())
+    # the validation groups scored beside the test groups; the first stage logged its reading signal as it trained
+    assert {"added_validation", "practice_validation"} <= set(result["summary"])
+    first_stage = next((out / "seed-0" / "recipe-masked_spans").glob("pretrain-writer*/log.jsonl"))
+    signals = [r for r in map(json.loads, first_stage.read_text().splitlines()) if "reading_em" in r]
+    assert signals and all({"reading_oracle_em", "written_fact_share"} <= set(r) for r in signals)
     seed = out / "seed-0"
     models = seed / "recipe-masked_spans"  # another recipe's models, beside the world
     held = result["runs"][0]["held_out"]
@@ -333,7 +340,9 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     for model_dir in ("finetune", "grown-fitted"):
         predictions = json.loads((models / model_dir / "predict-added-free" / "free_predictions.json").read_text())
         texts = [predictions[r["id"]].replace("<E_s>", "").replace("<E_e>", "").strip() for r in added]
-        assert len(texts) == 6 * len(held) and all(texts)  # an answer to every question before it is scored
+        # an answer to every question before it is scored; the test group is the held-out people but one (the
+        # validation group)
+        assert len(texts) == 6 * (len(held) - 1) and all(texts)
     assert set(result["summary"]["added"]) == {
         "before",
         *growth.ESTIMATORS,

@@ -18,6 +18,9 @@ from edmem_hf import EDMemForConditionalGeneration, EntityVocab
 from edmem_hf.corpus import build_corpus
 from edmem_hf.dump import iter_parsed_pages
 from edmem_hf.knowledge_world import (
+    FIELDS,
+    OCCUPATIONS,
+    TEMPLATES,
     KnowledgeWorldSettings,
     generate_knowledge_world,
     one_fact_people,
@@ -41,6 +44,11 @@ ESTIMATORS = ("mean_query", "fitted", "fitted_pretraining", "random")  # of the 
 DEFAULT_ESTIMATOR = "mean_query"  # what `edmem add-entities` uses for a model without a writer
 WRITER = "writer"  # EDMem with a writer of entity rows, grown with it; `writer_before`: that model before adding
 TIMED_ESTIMATORS = ("mean_query", "fitted", WRITER)  # what the time to add entities is measured of
+# Literal facts of 16 values each: enough people share a value for a linear probe to be fitted on 80 people.
+PROBED_RELATIONS = {"occupation": OCCUPATIONS, "field": FIELDS}
+# Their first sentence form and values, as `diagnostics.written_facts` takes them.
+WRITTEN_FACTS = {relation: (TEMPLATES[relation][0], values) for relation, values in PROBED_RELATIONS.items()}
+SIGNALS_A_STAGE = 12  # evaluations of the writer's first stage that log the reading signal
 
 
 def make_worlds(settings: GrowthSettings, seed: int, out: Path) -> dict:
@@ -324,7 +332,21 @@ def writer_options(settings: GrowthSettings, data: dict) -> dict:
                 fresh_names_like_written_only=settings.fresh_names_like_written_only,
                 writer_decoy_rows=settings.writer_decoy_rows, entity_key_dim=settings.entity_key_dim,
                 **written_rows_options(settings, data), **practice_balance(settings, data),
-                **writer_dropout(settings))  # fmt: skip
+                **writer_dropout(settings), **reading_signal_options(settings, data))  # fmt: skip
+
+
+def reading_signal_options(settings: GrowthSettings, data: dict) -> dict:
+    """With a validation group of practice people (`make_worlds`): the first stage's options that log, at
+    `SIGNALS_A_STAGE` evaluations, their questions answered through the rows its writer writes and the written rows'
+    fact share (`edmem_hf.research.reading_signal`): whether reading is being learnt, while it trains."""
+    files = data.get("files", {})
+    if "practice_validation" not in files:
+        return {}
+    facts = Path(files["practice_validation"]).parent / "written_facts.json"
+    facts.write_text(json.dumps(WRITTEN_FACTS))
+    return {"reading_signal_questions_file": str(files["practice_validation"]),
+            "reading_signal_facts_file": str(facts),
+            "eval_steps": max(settings.qa.pretrain_steps // SIGNALS_A_STAGE, 1)}  # fmt: skip
 
 
 def pretrain_reader(

@@ -16,7 +16,6 @@ from transformers import AutoTokenizer
 
 from edmem_hf import EDMemForConditionalGeneration
 from edmem_hf.dump import iter_parsed_pages
-from edmem_hf.knowledge_world import FIELDS, OCCUPATIONS, TEMPLATES
 from edmem_hf.pretraining import load_corpus
 from edmem_hf.research.diagnostics import (
     answer_questions,
@@ -34,7 +33,7 @@ from edmem_hf.research.entity_growth import add_entities, write_rows_into_table,
 from edmem_hf.research.writer_batches import EntityPassages, WriterCollator
 from edmem_hf.research.writer_training import WriterTrainingArguments
 from edmem_hf.tasks import EDMemSeq2SeqCollator, encode_qa_record, read_jsonl, read_qa
-from experiments.growth import WRITER, writer_texts
+from experiments.growth import PROBED_RELATIONS, WRITER, WRITTEN_FACTS, writer_texts
 from experiments.memory import memory_top_names, subject_queries
 
 
@@ -81,8 +80,8 @@ def table_row_swap(model_dir: Path, data_file: Path, seed: int) -> dict[str, flo
     records = list(read_jsonl(data_file))
     partner = pair_up(sorted({r["link_target"][0] for r in records}), seed)
     table = model.get_encoder().entity_embeddings
-    ids = torch.tensor([model.entity_vocab.id_of(p) for p in partner])
-    partner_ids = torch.tensor([model.entity_vocab.id_of(partner[p]) for p in partner])
+    ids = torch.tensor([model.entity_vocab.id_of(p) for p in partner], dtype=torch.long)
+    partner_ids = torch.tensor([model.entity_vocab.id_of(partner[p]) for p in partner], dtype=torch.long)
     with torch.no_grad():
         table.weight[ids] = table.weight[partner_ids].clone()
     if getattr(table, "written_rows", None) is not None:  # rows kept apart change owners too
@@ -185,14 +184,6 @@ def rows_as_entities(model_dir: Path, data_file: Path, texts: dict[tuple[str, st
     subjects = [record["link_target"][0] for record in records]
     person_found = sum(key is not None and key[0] == subject for key, subject in zip(found, subjects))
     return {"em": em, "person_found": round(100 * person_found / len(found), 2), "found": found}
-
-
-# Literal facts of 16 values each: enough people share a value for a linear probe to be fitted on 80 people.
-PROBED_RELATIONS = {"occupation": OCCUPATIONS, "field": FIELDS}
-
-
-# Their first sentence form and values, as `diagnostics.written_facts` takes them.
-WRITTEN_FACTS = {relation: (TEMPLATES[relation][0], values) for relation, values in PROBED_RELATIONS.items()}
 
 
 def passage_facts(corpus: Path, files: list[Path]) -> dict[str, dict[str, float]]:

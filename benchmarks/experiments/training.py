@@ -93,8 +93,7 @@ def pretrain_variant(variant: str, corpus: Path, out: Path, settings: Settings, 
             number_mask_prob=recipe.number_mask_prob,
             decoder_target=recipe.decoder_target,
             **linking,
-            **pretraining_schedule(settings, settings.pretrain_steps, seed),
-            **options,
+            **{**pretraining_schedule(settings, settings.pretrain_steps, seed), **options},  # options win
         )
     )
     return out

@@ -17,6 +17,7 @@ import json
 import os
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..task_files import read_jsonl
@@ -52,7 +53,10 @@ def reading_signal(
         if facts_file is not None:
             with open(facts_file, encoding="utf-8") as f:
                 facts = {relation: (form, values) for relation, (form, values) in json.load(f).items()}
-            figures["written_fact_share"] = written_facts(model, tokenizer, people, facts)["fact_share"]
+            # made-up names of the written-only entities' words (`written_facts`), the practice entities' shape
+            named = [collator.names[e] for e in np.flatnonzero(collator.written_only).tolist()]
+            named = [name for name in named if name is not None and len(name.split()) > 1] or people
+            figures["written_fact_share"] = written_facts(model, tokenizer, named, facts)["fact_share"]
     finally:
         model.set_entity_mask(mask)
         model.train(was_training)
