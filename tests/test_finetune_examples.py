@@ -322,3 +322,17 @@ def test_validation_is_scored_with_its_answer_links_as_edmem_evaluate_scores_it(
     for name in ("exact_match", "exact_match_entity", "exact_match_non_entity"):
         assert validation[f"eval_{name}"] == metrics[f"test_{name}"] == evaluated[name], name
     capsys.readouterr()
+
+
+def test_a_model_with_the_name_guided_read_fine_tunes_and_predicts(folders, tmp_path):
+    """`edmem finetune` builds the names' lookup of a model saved with `name_guided_read` (issue 64): its training
+    and generation read candidates by name, where without the lookup the model refuses to run."""
+    guided = tmp_path / "guided"
+    model = AutoModelForSeq2SeqLM.from_pretrained(folders / "model", name_guided_read=True)
+    model.save_pretrained(guided)
+    AutoTokenizer.from_pretrained(folders / "model").save_pretrained(guided)
+    argv = _arguments(folders, tmp_path / "out", folders / "qa.jsonl")
+    argv[argv.index(str(folders / "model"))] = str(guided)
+    metrics = finetune(argv=argv)
+    assert metrics["test_count"] == 24
+    _assert_real(json.loads((tmp_path / "out" / "free_predictions.json").read_text()), distinct=5)

@@ -437,6 +437,8 @@ def run(
     model.generation_config.entity_candidates = model_args.entity_candidates
     if model_args.entity_decoding != "free":
         model.entity_trie(tokenizer)  # spelled once with this tokenizer, kept on the model for generate()
+    if getattr(model.config, "name_guided_read", False):
+        model.name_candidates(tokenizer)  # the names' lookup of the name-guided read, for training and generate()
 
     def load(path: str | None, limit: int | None, answer_links: str | None = None, training: bool = False):
         if path is None:
