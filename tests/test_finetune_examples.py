@@ -10,6 +10,7 @@ import json
 import logging
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -336,3 +337,27 @@ def test_a_model_with_the_name_guided_read_fine_tunes_and_predicts(folders, tmp_
     metrics = finetune(argv=argv)
     assert metrics["test_count"] == 24
     _assert_real(json.loads((tmp_path / "out" / "free_predictions.json").read_text()), distinct=5)
+
+
+def test_the_logs_hold_the_metrics_as_numbers(folders, tmp_path, capsys):
+    """What `edmem finetune` prints of its evaluations are numbers (the Trainer's own print wrote
+    `'eval_exact_match': '41.67'`: issue 66), as are the logs of trainer_state.json; progress shows as lines."""
+    data = folders / "qa.jsonl"
+    extra = ["--logging_steps", "1", "--eval_strategy", "steps", "--eval_steps", "2", "--do_predict", "false"]
+    finetune(argv=_arguments(folders, tmp_path, data, extra))
+    captured = capsys.readouterr()
+    shown = captured.out + captured.err
+    assert not re.search(r"'\w+': '", shown), shown  # no value printed as a string
+    assert "fine-tune: step 2/2 (100%), loss " in captured.err and "fine-tune evaluation: step " in captured.err
+    final = json.loads((tmp_path / "eval_results.json").read_text())
+    lines = re.findall(r"^fine-tune: step 2: (eval_.*)$", captured.err, re.M)
+    assert len(lines) == 2, captured.err  # during training (--eval_steps 2), then after it
+    for line in lines:
+        printed = {key: float(value) for key, value in (pair.split(" ") for pair in line.split(", "))}
+        assert printed["eval_count"] == 24 and printed["eval_exact_match"] == pytest.approx(
+            final["eval_exact_match"], rel=1e-3
+        )
+    history = json.loads((tmp_path / "trainer_state.json").read_text())["log_history"]
+    assert [entry["step"] for entry in history if "loss" in entry] == [1, 2]
+    assert sum("eval_exact_match" in entry for entry in history) == 1
+    assert all(isinstance(value, (int, float)) for entry in history for value in entry.values()), history

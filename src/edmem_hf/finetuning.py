@@ -41,6 +41,7 @@ from .arguments import CommandArgumentParser, CommandHelpFormatter, missing_mode
 from .configuration_edmem import IGNORE_INDEX
 from .evaluation import GENERATION_TASKS, QA_TASKS, generation_scores, qa_scores, strip_generation
 from .generation_edmem import ENTITY_DECODING_MODES
+from .progress import show_training_progress
 from .research.writer_batches import WriterCollator, freeze_the_writer
 from .research.writer_training import WriterTrainingArguments
 from .task_features import (
@@ -500,12 +501,15 @@ def run(
         compute_metrics=compute_metrics if training_args.predict_with_generate and task.score else None,
         callbacks=callbacks,
     )
+    # progress as `edmem pretrain` shows it, and scores as numbers (the Trainer's own print has them as strings)
+    show_training_progress(trainer, "fine-tune", bar=not training_args.disable_tqdm)
     metrics: dict[str, float] = {}
     if training_args.do_train:
         result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
         trainer.save_model()
         trainer.log_metrics("train", result.metrics)
         trainer.save_metrics("train", result.metrics)
+        trainer.save_state()  # trainer_state.json: every log of the run (log_history), numbers
         metrics = result.metrics
     if training_args.do_eval and eval_features is not None:
         metrics = trainer.evaluate(metric_key_prefix="eval")

@@ -16,6 +16,7 @@ from typing import Any, TextIO
 
 from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
+from transformers.trainer_utils import has_length
 
 PROGRESS_LINE_SECONDS = 10.0  # off a terminal: a progress line at most this often
 
@@ -153,11 +154,13 @@ class TrainingProgress:
 
 
 class TrainingProgressCallback(TrainerCallback):
-    """A `Trainer`'s progress as `TrainingProgress` shows it; evaluation results as a line of numbers."""
+    """A `Trainer`'s progress as `TrainingProgress` shows it, that of each evaluation too, and evaluation results as
+    a line of numbers (during training or after it)."""
 
     def __init__(self, desc: str = "fine-tune", **progress_options: Any):
         self.desc, self.options = desc, progress_options
         self.progress: TrainingProgress | None = None
+        self.evaluation: TrainingProgress | None = None
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.progress = TrainingProgress(
@@ -168,15 +171,37 @@ class TrainingProgressCallback(TrainerCallback):
         if self.progress is not None:
             self.progress.update(state.global_step)
 
+    def on_prediction_step(self, args, state, control, eval_dataloader=None, **kwargs):
+        if self.evaluation is None:
+            batches = len(eval_dataloader) if has_length(eval_dataloader) else 0
+            self.evaluation = TrainingProgress(
+                batches, f"{self.desc} evaluation", enabled=state.is_local_process_zero, **self.options
+            )
+        self.evaluation.update(self.evaluation.step + 1)
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        if self.evaluation is not None:
+            self.evaluation.close()
+            self.evaluation = None
+
+    on_predict = on_evaluate
+
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if self.progress is None or not logs:
+        if not logs:
             return
-        if "loss" in logs:
+        if "loss" in logs and self.progress is not None:
             self.progress.loss = float(logs["loss"])
         scores = {key: value for key, value in logs.items() if key.startswith(("eval_", "test_"))}
-        if scores:
-            numbers = ", ".join(f"{key} {value:.4g}" for key, value in scores.items())
-            self.progress.write(f"{self.desc}: step {state.global_step}: {numbers}")
+        if not scores:
+            return
+        line = f"{self.desc}: step {state.global_step}: " + ", ".join(
+            f"{key} {value:.4g}" for key, value in scores.items()
+        )
+        if self.progress is not None:
+            self.progress.write(line)
+        elif state.is_local_process_zero:  # an evaluation after training, or without any
+            sys.stdout.flush()
+            print(line, file=self.options.get("stream") or sys.stderr, flush=True)
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.progress is not None:
