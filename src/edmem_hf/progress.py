@@ -194,6 +194,7 @@ class TrainingProgressCallback(TrainerCallback):
         scores = {key: value for key, value in logs.items() if key.startswith(("eval_", "test_"))}
         if not scores:
             return
+        self.on_evaluate(args, state, control)  # the evaluation is over: its progress ends before its scores
         line = f"{self.desc}: step {state.global_step}: " + ", ".join(
             f"{key} {value:.4g}" for key, value in scores.items()
         )
