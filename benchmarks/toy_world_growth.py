@@ -38,6 +38,12 @@ with it (a copy, `...-mean-rows-at-test`).
 `--added-texts own-sentences` writes an added person's row (and a rewritten one) as
 the mean of rows written from each sentence of their own page, not from the passages around their mentions.
 
+Each model before and after adding (the default EDMem's and the writer's) is also read guided by names (a copy,
+`...-name-guided`, with `EDMemConfig.name_guided_read`): the headline's figures are the guided reads', the plain
+read's beside them (`..._plain`). `--validation-added-people` and `--validation-practice-people` give the choices
+groups of their own (`added_validation`, `practice_validation`, never in a batch; the writer's first stage then logs
+its reading signal, `edmem_hf.research.reading_signal`); the test groups are read once a recipe.
+
 Scored by `edmem evaluate`'s code, free and static decoding: *added*, the six questions about each added person;
 *trained*, the questions about the test-half people (read in pre-training, never fine-tuned on), before and after
 adding. *Memory recall* is how often the memory's top entity at the question's marked subject is the subject. The
@@ -88,6 +94,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from experiments.growth import (  # noqa: E402
     DEFAULT_ESTIMATOR,
     ESTIMATORS,
+    NAME_GUIDED,
     TIMED_ESTIMATORS,
     WRITER,
     continue_pretraining,
@@ -98,6 +105,7 @@ from experiments.growth import (  # noqa: E402
     practice_balance,
     pretrain_writer,
     texts_suffix,
+    with_name_guided_read,
     writer_folder,
 )
 from experiments.growth_diagnostics import diagnostics, passage_facts, rows_alone_ceiling  # noqa: E402
@@ -245,6 +253,9 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
                                          held, questions, recipe)  # fmt: skip
         models["continued_pretraining"] = finetune_model(continued, files["train"], out / f"finetune-{ceiling}",
                                                          settings.qa, seed, None, weight)  # fmt: skip
+    for name in (DEFAULT_ESTIMATOR, "before", WRITER, f"{WRITER}_before"):  # each read guided by names too
+        if name in models:
+            models[name + NAME_GUIDED] = with_name_guided_read(models[name])
     results = split_figures(models, data, settings, seed)
     results["rows_alone"] = rows_alone_ceiling(finetuned, files)
     asked = [files[split] for split in ("train", "test", "practice") if split in files]

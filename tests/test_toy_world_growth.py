@@ -343,13 +343,14 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
         # an answer to every question before it is scored; the test group is the held-out people but one (the
         # validation group)
         assert len(texts) == 6 * (len(held) - 1) and all(texts)
-    assert set(result["summary"]["added"]) == {
-        "before",
-        *growth.ESTIMATORS,
-        "writer_before",
-        "writer",
-        "continued_pretraining",
-    }
+    plain_reads = {"before", *growth.ESTIMATORS, "writer_before", "writer", "continued_pretraining"}
+    guided = {name + growth.NAME_GUIDED for name in ("before", "mean_query", "writer_before", "writer")}
+    assert set(result["summary"]["added"]) == plain_reads | guided
+    # read guided by names, the added people are found (their names are no other person's); the plain read's beside
+    headline = result["headline"]
+    assert headline["added_recall"] == result["summary"]["added"]["writer_name_guided"]["memory_recall"]["mean"]
+    assert headline["added_recall_plain"] == result["summary"]["added"]["writer"]["memory_recall"]["mean"]
+    assert headline["added_recall"] >= 90 and headline["added_recall"] > headline["added_recall_plain"]
     # the ceiling: pre-trained its own 3 steps (its folder says so) with the questions the pre-training mixed in
     ceiling = json.loads((models / "pretrain-continued-3" / "pretraining_args.json").read_text())
     assert ceiling["max_steps"] == 3 and ceiling["mixed_questions_file"]

@@ -285,6 +285,20 @@ def with_mean_row_probability(trained: Path, out: Path) -> Path:
     return out
 
 
+NAME_GUIDED = "_name_guided"  # a model's name-guided copy: `with_name_guided_read`
+
+
+def with_name_guided_read(trained: Path) -> Path:
+    """A copy of the model in `trained` whose encoder memory reads among the candidates a mention's name gives
+    (`EDMemConfig.name_guided_read`), beside it (`<folder>-name-guided`): what candidates by name do to finding and
+    answering, the model otherwise the same."""
+    out = trained.parent / f"{trained.name}-name-guided"
+    if not (out / "model.safetensors").exists():
+        EDMemForConditionalGeneration.from_pretrained(trained, name_guided_read=True).save_pretrained(out)
+        AutoTokenizer.from_pretrained(trained).save_pretrained(out)
+    return out
+
+
 def texts_suffix(settings: GrowthSettings) -> str:
     """What the writer's grown model and diagnostics add to their names when added people are written from other
     texts than their passages."""

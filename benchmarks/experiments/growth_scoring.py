@@ -8,7 +8,7 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from experiments.growth import DEFAULT_ESTIMATOR, WRITER
+from experiments.growth import DEFAULT_ESTIMATOR, NAME_GUIDED, WRITER
 from experiments.memory import memory_finding, practice_rows_mask
 from experiments.scoring import em, question_hits
 from experiments.training import predict
@@ -73,13 +73,19 @@ def summarise(runs: list[dict]) -> dict:
     return walk((), runs[0]["results"])
 
 
+PLAIN_BESIDE = ("added_over_trained_em", "added_recall", "trained_em_change", "added_em")
+
+
 def headline_figures(summary: dict, writer: bool) -> dict:
     """The issue's figures, for the writer (or, without it, the default EDMem with its default estimator): the added
     people's EM over the trained people's, above the floor (`(added - floor) / (trained - floor)`, each split's
     majority-answer EM its floor) and with it; the added people's memory recall; the trained people's EM change on
     adding; the share of answers that follow a swapped row (the default EDMem's is `row_swap_follow_default` among
     the diagnostics); and the trained people's EM lost to training the writer (the default EDMem's less the
-    writer's, before adding). With practice people, the same EMs with their rows hidden from the memory
+    writer's, before adding). Where the models were also read guided by names (`growth.with_name_guided_read`), the
+    added people's figures are the name-guided models' (their ratio over the name-guided trained EM), the trained
+    people's change is the grown name-guided model's against the plain model before adding, and the plain read's
+    figures are beside them (`..._plain`). With practice people, the same EMs with their rows hidden from the memory
     (`..._practice_rows_hidden`): they are scaffolding of the writer's training, asked nothing at test. A ratio whose
     trained EM is at its floor is None."""
 
@@ -107,6 +113,16 @@ def headline_figures(summary: dict, writer: bool) -> dict:
         "added_em": added,
         "row_swap_follow": diagnostics["writer" if writer else "default"]["row_swap"]["follow"]["mean"],
     }  # fmt: skip
+    if system + NAME_GUIDED in summary["added"]:  # the main figures read guided by names, the plain read's beside
+        figures.update({f"{key}_plain": figures[key] for key in PLAIN_BESIDE})
+        guided_trained = mean("test", before + NAME_GUIDED, "free", "all")
+        guided_added = mean("added", system + NAME_GUIDED, "free", "all")
+        figures.update({
+            "added_over_trained_em": above_floor(guided_added, guided_trained),
+            "added_recall": mean("added", system + NAME_GUIDED, "memory_recall"),
+            "trained_em_change": round(mean("test", system + NAME_GUIDED, "free", "all") - trained, 2),
+            "added_em": guided_added, "trained_em_name_guided": guided_trained,
+        })  # fmt: skip
     if writer:
         figures["writer_cost_on_trained_em"] = round(mean("test", "before", "free", "all") - trained, 2)
     hidden = "free_practice_rows_hidden"

@@ -49,6 +49,8 @@ def memory_tops_and_subjects(
     subject. `hidden`: names of entities whose rows are hidden from the memory meanwhile."""
     model = EDMemForConditionalGeneration.from_pretrained(model_dir).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if model.config.name_guided_read:
+        model.name_candidates(tokenizer)
     if hidden:
         model.set_entity_mask(hidden_rows(model.config.entity_vocab_size, list(hidden), model.entity_vocab) == 0)
     subjects = [record["link_target"][0] for record in read_jsonl(data_file)]
