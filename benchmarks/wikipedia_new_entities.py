@@ -125,7 +125,7 @@ def run(out: Path, steps: int, seed: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("runs/wikipedia-new-entities"))
-    parser.add_argument("--steps", type=int, default=2000, help="pre-training steps (default 2000)")
+    parser.add_argument("--steps", type=int, default=600, help="pre-training steps (default 600, the committed run)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--results", type=Path, default=RESULTS, help="where the figures are written (committed)")
     args = parser.parse_args(argv)
