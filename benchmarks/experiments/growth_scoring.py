@@ -37,7 +37,7 @@ def split_figures(models: dict[str, Path], data: dict, settings: GrowthSettings,
             if split.startswith("practice") and name not in ("before", f"{WRITER}_before"):
                 continue
             figures = {}
-            for mode in ("free", "static"):
+            for mode in ("free",) if name.endswith(NAME_GUIDED) else ("free", "static"):  # the headline's: free
                 path = predict(model_dir, files[split], model_dir / f"predict-{split}-{mode}", mode, settings.qa, seed)
                 figures[mode] = em(question_hits(files[split], files[f"{split}_links"], path))
             finding = memory_finding(model_dir, files[split])
