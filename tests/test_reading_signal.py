@@ -92,6 +92,11 @@ def test_the_rows_asked_through_are_the_writer_s_and_the_model_is_left_as_it_was
         assert shown.all() and not training
     assert torch.equal(table.detach(), before) and torch.equal(model._get_entity_mask("cpu"), mask)
     assert model.training
+    not_written = tmp_path / "not_written.jsonl"
+    not_written.write_text(json.dumps({**json.loads(files["questions"].read_text().splitlines()[0]),
+                                       "link_target": [ENTITY_NAMES[5]]}) + "\n")  # fmt: skip
+    with pytest.raises(ValueError, match="must be written-only entities"):
+        reading_signal(model, trainer.tokenizer, collator, not_written)
     with pytest.raises(ValueError, match="is no entity of the model"):
         other = tmp_path / "unknown.jsonl"
         other.write_text(json.dumps({**json.loads(files["questions"].read_text().splitlines()[0]),

@@ -35,7 +35,14 @@ def reading_signal(
     unknown = [name for name in people if name not in vocab]
     if unknown:
         raise ValueError(f"--reading_signal_questions_file {questions_file}: {unknown[0]!r} is no entity of the model")
-    ids, inputs = collator.rows_to_write(entities=[vocab.id_of(name) for name in people])
+    asked = [vocab.id_of(name) for name in people]
+    if not all(collator.written_only[asked]):
+        raise ValueError(f"--reading_signal_questions_file {questions_file}: its subjects must be written-only "
+                         "entities (--written_only_entities_file), read through written rows alone in training")  # fmt: skip
+    ids, inputs = collator.rows_to_write(entities=asked)
+    if len(ids) < len(asked):
+        missing = sorted(set(people) - {vocab.name_of(i) for i in ids})
+        raise ValueError(f"--reading_signal_questions_file {questions_file}: no passage to write {missing[0]!r} from")
     mask, was_training = model._get_entity_mask("cpu"), model.training
     shown = torch.ones(model.config.entity_vocab_size, dtype=torch.bool) if mask is None else mask.clone()
     shown[ids] = True
