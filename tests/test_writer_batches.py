@@ -916,7 +916,9 @@ def test_sentence_rows_write_a_written_only_entity_from_one_sentence(corpus):
                 if current == "sentence" and entity in practice:
                     assert text in sentence_bodies(entity)
                     seen["sentence"] += 1
-                elif current == "sentence":
+                elif current == "sentence":  # an entity that is not written-only keeps whole passages
+                    whole = [collator.writer_input(entity, p) for p in collator.entity_passages.of(entity)]
+                    assert ids[: len(ids) - ids[::-1].index(config.eos_token_id)] in whole
                     seen["passage"] += 1
                 elif entity in practice and text not in sentence_bodies(entity):
                     seen["longer_plain"] += 1
