@@ -105,6 +105,8 @@ def make_worlds(settings: GrowthSettings, seed: int, out: Path) -> dict:
     files = {}
     for split, pairs in splits.items():
         files[split], files[f"{split}_links"] = write_released_format(pairs, split, out)
+    written_facts = out / "written_facts.json"  # what the writer's reading signal probes rows with
+    written_facts.write_text(json.dumps(WRITTEN_FACTS))
     mixed = qa.mixed_questions(files["train"])
     if practice:
         (out / "practice_people.txt").write_text("".join(f"{name}\n" for name in practice), encoding="utf-8")
@@ -119,7 +121,8 @@ def make_worlds(settings: GrowthSettings, seed: int, out: Path) -> dict:
     test_people = sorted({pair.subject for pair in splits["test"]})
     return {"held": held, "corpus": corpus, "new_dump": new_dump, "files": files, "test_people": test_people,
             "train_people": sorted({pair.subject for pair in splits["train"]}), "mixed_questions": mixed,
-            "practice_people": out / "practice_people.txt" if practice else None, "practice": practice}  # fmt: skip
+            "practice_people": out / "practice_people.txt" if practice else None, "practice": practice,
+            "written_facts": written_facts}  # fmt: skip
 
 
 def _same_validation_groups(settings: GrowthSettings, out: Path) -> None:
@@ -356,10 +359,8 @@ def reading_signal_options(settings: GrowthSettings, data: dict) -> dict:
     files = data.get("files", {})
     if "practice_validation" not in files:
         return {}
-    facts = Path(files["practice_validation"]).parent / "written_facts.json"
-    facts.write_text(json.dumps(WRITTEN_FACTS))
     return {"reading_signal_questions_file": str(files["practice_validation"]),
-            "reading_signal_facts_file": str(facts),
+            "reading_signal_facts_file": str(data["written_facts"]),
             "eval_steps": max(settings.qa.pretrain_steps // SIGNALS_A_STAGE, 1)}  # fmt: skip
 
 

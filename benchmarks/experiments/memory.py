@@ -10,6 +10,7 @@ import torch
 from transformers import AutoTokenizer
 
 from edmem_hf import EDMemForConditionalGeneration, EntityVocab
+from edmem_hf.research.diagnostics import first_mention_tops
 from edmem_hf.task_features import in_running_text
 from edmem_hf.tasks import read_jsonl, read_qa
 
@@ -67,14 +68,9 @@ def memory_top_names(model, tokenizer, data_file: Path) -> list[str | None]:
     """For each question (file order): the name of the encoder memory's top entity at its marked subject, as `model`
     (in eval mode, with its entity mask) finds it; None where the question has no marked subject."""
     rows = read_qa(data_file, model.entity_vocab)
-    tops = {}
-    for begin in range(0, len(rows), 64):
-        chunk = rows[begin : begin + 64]
-        batch = tokenizer([in_running_text(q) for q in chunk["question"]], padding=True, return_tensors="pt")
-        access = model.get_encoder()(**batch, output_attended_entities=True).memory_access
-        for (row, _), top in zip(access.positions.tolist(), access.top_entity_ids[:, 0].tolist()):
-            tops.setdefault(chunk["id"][row], model.entity_vocab.name_of(top))  # the first mention: the subject
-    return [tops.get(record["id"]) for record in read_jsonl(data_file)]
+    found = first_mention_tops(model, tokenizer, [in_running_text(q) for q in rows["question"]])
+    tops = {qid: None if top is None else model.entity_vocab.name_of(top) for qid, top in zip(rows["id"], found)}
+    return [tops.get(record["id"]) for record in read_jsonl(data_file)]  # the first mention: the subject
 
 
 def memory_finding(model_dir: Path, data_file: Path, hidden: list[str] | None = None) -> dict[str, float]:

@@ -331,21 +331,30 @@ def found_by_name(
         config.name_guided_read = name_guided
     if config.name_guided_read:
         model.name_candidates(tokenizer)
-    hits = 0
     try:
-        for begin in range(0, len(pairs), BATCH_SIZE):
-            chunk = pairs[begin : begin + BATCH_SIZE]
-            batch = tokenizer([text for _, text in chunk], padding=True, truncation=True,
-                              max_length=config.max_position_embeddings, return_tensors="pt")  # fmt: skip
-            access = model.get_encoder()(**batch, output_attended_entities=True).memory_access
-            tops: dict[int, int] = {}
-            for (row, _), top in zip(access.positions.tolist(), access.top_entity_ids[:, 0].tolist()):
-                tops.setdefault(row, top)  # the first mention of each text
-            hits += sum(tops.get(row) == entity for row, (entity, _) in enumerate(chunk))
+        tops = first_mention_tops(model, tokenizer, [text for _, text in pairs])
     finally:
         config.name_guided_read = kept
+    hits = sum(top == entity for top, (entity, _) in zip(tops, pairs))
     return {"recall": round(100 * hits / max(len(pairs), 1), 2), "entities": len({e for e, _ in pairs}),
             "texts": len(pairs)}  # fmt: skip
+
+
+@torch.no_grad()
+def first_mention_tops(model: Any, tokenizer: Any, texts: Sequence[str]) -> list[int | None]:
+    """For each text, the encoder memory's top entity at its first marked mention (None: no mention), as `model`
+    finds it with its entity mask; `BATCH_SIZE` texts at a time, cut to the model's positions."""
+    tops: list[int | None] = []
+    for begin in range(0, len(texts), BATCH_SIZE):
+        chunk = list(texts[begin : begin + BATCH_SIZE])
+        batch = tokenizer(chunk, padding=True, truncation=True, max_length=model.config.max_position_embeddings,
+                          return_tensors="pt")  # fmt: skip
+        access = model.get_encoder()(**batch, output_attended_entities=True).memory_access
+        first: dict[int, int] = {}
+        for (row, _), top in zip(access.positions.tolist(), access.top_entity_ids[:, 0].tolist()):
+            first.setdefault(row, top)
+        tops += [first.get(row) for row in range(len(chunk))]
+    return tops
 
 
 def memory_diagnostics(
@@ -391,6 +400,7 @@ __all__ = [
     "answers_that_follow",
     "exact_match_percent",
     "facts_by_subject",
+    "first_mention_tops",
     "found_by_name",
     "linear_probe",
     "memory_diagnostics",

@@ -9,6 +9,7 @@ occurrence of its title on its own page (`new_entity_passages`); or each sentenc
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterable
 
 from ..configuration_edmem import ENTITY_END_TOKEN, ENTITY_START_TOKEN
@@ -52,24 +53,18 @@ def other_names(pages: Iterable[ParsedPage], names: Iterable[str], max_names: in
     to it, most used first, at most `max_names` (`edmem add-entities` keeps them as aliases, which the name-guided
     read finds: docs/model.md)."""
     pages = list(pages)
-    wanted = set(names)
     redirects = {page.title: page.redirect for page in pages if page.redirect is not None}
-    counts: dict[str, dict[str, int]] = {name: {} for name in wanted}
+    counts: dict[str, Counter] = {name: Counter() for name in names}
     for title, target in redirects.items():
-        if target in wanted:
-            counts[target][title] = counts[target].get(title, 0) + 1
+        if target in counts:
+            counts[target][title] += 1
     for page in pages:
         for link in page.links:
             target = redirects.get(link.target, link.target)
-            if target in wanted:
-                anchor = link.anchor.strip()
-                counts[target][anchor] = counts[target].get(anchor, 0) + 1
-    return {
-        name: [other for other, _ in sorted(found.items(), key=lambda item: -item[1]) if other and other != name][
-            :max_names
-        ]
-        for name, found in counts.items()
-    }
+            if target in counts:
+                counts[target][link.anchor.strip()] += 1
+    return {name: [other for other, _ in found.most_common() if other and other != name][:max_names]
+            for name, found in counts.items()}  # fmt: skip
 
 
 TEXTS = ("own_sentences", "passages")  # what `edmem add-entities` writes rows from
