@@ -42,7 +42,9 @@ Each model before and after adding (the default EDMem's and the writer's) is als
 `...-name-guided`, with `EDMemConfig.name_guided_read`): the headline's figures are the guided reads', the plain
 read's beside them (`..._plain`). `--validation-added-people` and `--validation-practice-people` give the choices
 groups of their own (`added_validation`, `practice_validation`, never in a batch; the writer's first stage then logs
-its reading signal, `edmem_hf.research.reading_signal`); the test groups are read once a recipe.
+its reading signal, `edmem_hf.research.reading_signal`); the test groups are read once a recipe. `--first-stage-only`
+runs that first stage alone on each seed, the signal by evaluation in `first_stages.json`: what a lever of the first
+stage is chosen on.
 
 Scored by `edmem evaluate`'s code, free and static decoding: *added*, the six questions about each added person;
 *trained*, the questions about the test-half people (read in pre-training, never fine-tuned on), before and after
@@ -99,6 +101,7 @@ from experiments.growth import (  # noqa: E402
     WRITER,
     continue_pretraining,
     continued_folder,
+    first_stage_signal,
     grow,
     make_worlds,
     models_folder,
@@ -296,9 +299,18 @@ def main(argv: list[str] | None = None) -> int:
         settings = growth_settings(args)
     except ValueError as error:
         parser.error(str(error))
+    if args.first_stage_only and not settings.validation_practice_people:
+        parser.error("--first-stage-only reads its signal on practice_validation: give --validation-practice-people")
     quiet_logging()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.first_stage_only:  # a lever of the writer's first stage, chosen on its reading signal
+        stages = [first_stage_signal(settings, seed, out / f"seed-{seed}", RECIPES[settings.recipe])
+                  for seed in settings.qa.seeds]  # fmt: skip
+        (out / "first_stages.json").write_text(json.dumps({"settings": asdict(settings), "runs": stages}, indent=1))
+        learned = sum(stage["reading_learned"] for stage in stages)
+        print(f"RESULT seeds_run={len(stages)} validation_reading_learned_seeds={learned} group=practice_validation")
+        return 0
     runs = [run_seed(settings, seed, out / f"seed-{seed}") for seed in settings.qa.seeds]
     summary = summarise(runs)
     headline = headline_figures(summary, settings.writer)

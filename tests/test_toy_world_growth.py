@@ -312,6 +312,33 @@ def test_writer_more_steps_without_a_writer_to_continue_is_refused(
 WRITER_FOLDER = "writer-row-autoencoding-0.5-written-only-by-mentions-rows-2-answer-rows-by-text-read-mean-rows-names-like-written-only-decoys-2-key-8"
 
 
+def test_the_first_stage_alone_records_its_reading_signal(bench, tmp_path, capsys):
+    """`--first-stage-only`: the writer's first stage and nothing else (no default EDMem, no second stage), its
+    reading signal on practice_validation as training went, and whether reading was learnt read from its last."""
+    out = tmp_path / "run"
+    argv = ["--quick", "--first-stage-only", "--out", str(out), "--num-people", "12", "--pretrain-steps", "24",
+            "--d-model", "32", "--questions-in-batches", "--finetune-epochs", "0", "--practice-people", "4",
+            "--practice-sentence-pages", "2", "--validation-practice-people", "2", "--validation-added-people", "1",
+            "--writer-rows-apart", "--writer-passages-per-row", "4", "--writer-answer-rows",
+            "--writer-answer-rows-by-text", "--writer-reads-answer-rows", "--reader-steps", "5"]  # fmt: skip
+    assert bench.main(argv) == 0
+    assert "RESULT seeds_run=1 validation_reading_learned_seeds=0" in capsys.readouterr().out
+    [stage] = json.loads((out / "first_stages.json").read_text())["runs"]
+    assert [Path(p).name for p in (out / "seed-0").glob("pretrain-*")] == [
+        "pretrain-writer-rows-4-answer-rows-by-text-read"
+    ]
+    assert [record["step"] for record in stage["signal"]] == list(range(2, 25, 2))  # 12 evaluations
+    assert all(0 <= record["reading_oracle_em"] <= 100 for record in stage["signal"])
+    assert stage["reading_learned"] == (stage["signal"][-1]["reading_oracle_em"] >= growth.READING_LEARNED)
+
+
+def test_the_first_stage_alone_needs_the_practice_validation_group(bench, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--out", str(tmp_path), "--first-stage-only"])
+    assert "give --validation-practice-people" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
 def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     """A tiny world, a few steps: the model is grown by each estimator, decoded and scored, the plot drawn."""
     out = tmp_path / "run"

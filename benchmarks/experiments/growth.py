@@ -337,6 +337,25 @@ def pretrain_writer(settings: GrowthSettings, data: dict, out: Path, seed: int, 
     return writer
 
 
+READING_LEARNED = 50.0  # % of practice_validation answered with the read forced onto the rows: reading is learnt
+
+
+def first_stage_signal(settings: GrowthSettings, seed: int, out: Path, recipe: Recipe = PAPER) -> dict:
+    """The writer's first stage alone on the world of `seed` (in `out`; validation groups required), and its reading
+    signal as training went (`reading_signal_options`): per evaluation the practice_validation people answered
+    through the rows the writer writes, found and with the read forced onto them, and the rows' fact share. What a
+    lever of the first stage is chosen on, without the default EDMem, the second stage or the test groups."""
+    data = make_worlds(settings, seed, out)
+    first_stage = replace(settings, reader_steps=0, writer_more_steps=0, mean_row_probability_at_test=False)
+    model = pretrain_writer(first_stage, data, models_folder(out, settings), seed, recipe, data["mixed_questions"])
+    keys = ("reading_em", "reading_oracle_em", "written_fact_share")
+    records = [json.loads(line) for line in (model / "log.jsonl").read_text().splitlines() if line.strip()]
+    signal = [{"step": r["step"], **{key: r[key] for key in keys}} for r in records if "reading_em" in r]
+    last = signal[-1] if signal else {}
+    return {"seed": seed, "model": str(model), "signal": signal,
+            "reading_learned": last.get("reading_oracle_em", 0.0) >= READING_LEARNED}  # fmt: skip
+
+
 def writer_options(settings: GrowthSettings, data: dict) -> dict:
     """The first stage's pre-training options beyond every model's (`pretraining_options` takes them): the writer,
     how its rows are read (`written_rows_options`), the practice people's share and the writer's dropout."""

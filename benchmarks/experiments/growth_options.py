@@ -140,6 +140,9 @@ def growth_parser(description: str, setups: tuple[str, ...], recipes: tuple[str,
     parser.add_argument("--reader-decoys-for-every-entity", action="store_true", default=None,
                         help="the second stage only: decoys of every written entity, the trained ones under their own "
                              "names too (`edmem pretrain --writer_decoys_for_every_entity`)")  # fmt: skip
+    parser.add_argument("--first-stage-only", action="store_true",
+                        help="the writer's first stage alone on each seed, its reading signal on practice_validation "
+                             "written to first_stages.json (needs --validation-practice-people)")  # fmt: skip
     parser.add_argument("--recipe", choices=recipes,
                         help="toy_world_qa's pre-training and fine-tuning levers, for every model (default: paper); "
                              "another recipe's models go to seed-N/recipe-NAME")  # fmt: skip
