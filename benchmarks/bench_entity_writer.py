@@ -6,13 +6,15 @@ other estimators); `add_entities(model, names, passages, tokenizer, estimator="w
 `<s> <E_s> name <E_e> passage </s>` with the lower encoder layers and the writer's head, in batches, and appends the
 rows to the table. Wall-clock time of that call (tokenising, writing, growing the table); `--bf16` runs it under
 CPU autocast to bfloat16 (matrix products in bfloat16, the rows kept in float32), about twice as fast on a CPU with
-AVX512-BF16. With `--entities` below 100,000 the 100,000 figure is extrapolated linearly from the measured one, and the
-RESULT line says so.
+AVX512-BF16. The model reads guided by names (`EDMemConfig.name_guided_read`), so the call also rebuilds the lookup of
+every name, the million old ones and the new (`name_candidates.NameCandidates`; `--no-name-guided`: without it). With
+`--entities` below 100,000 the 100,000 figure is extrapolated linearly from the measured one, and the RESULT line says
+so (the lookup's share does not scale with the entities added: extrapolating overstates it).
 
     python benchmarks/bench_entity_writer.py                      # 100,000 entities, measured
     python benchmarks/bench_entity_writer.py --entities 5000      # 5,000 measured, 100,000 extrapolated
 
-Ends with `RESULT seconds_to_add_100k_base=... measured_entities=... measured_seconds=... threads=...`.
+Ends with `RESULT seconds_to_add_100k_base=... measured_entities=... measured_seconds=... threads=... name_guided=...`.
 """
 
 from __future__ import annotations
@@ -34,13 +36,17 @@ TARGET = 100_000
 SENTENCE = "<E_s> {name} <E_e> was born in 1931. She studied history at a university and worked as an engineer."
 
 
-def base_shape_model(tokenizer) -> EDMemForConditionalGeneration:
-    """A model of the `edmem-base` preset's shape with a writer of entity rows: random weights, 1,000,010 rows."""
+def base_shape_model(tokenizer, name_guided: bool = False) -> EDMemForConditionalGeneration:
+    """A model of the `edmem-base` preset's shape with a writer of entity rows: random weights, 1,000,010 rows; with
+    `name_guided`, read guided by names, the lookup of the 1,000,010 names built."""
     with tempfile.TemporaryDirectory() as scratch:
         arguments = PretrainingArguments(output_dir=scratch, preset="edmem-base")
         config = build_config(arguments, tokenizer, TABLE_ROWS, WriterTrainingArguments(entity_row_writer=True))
+    config.name_guided_read = name_guided
     model = EDMemForConditionalGeneration(config).eval()
     model.entity_vocab = EntityVocab([f"Entity {i}" for i in range(TABLE_ROWS)])
+    if name_guided:
+        model.name_candidates(tokenizer)
     return model
 
 
@@ -50,12 +56,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=256, help="writer inputs read at once")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads")
     parser.add_argument("--bf16", action="store_true", help="write under CPU autocast to bfloat16")
+    parser.add_argument("--name-guided", action=argparse.BooleanOptionalAction, default=True,
+                        help="the model reads guided by names: adding rebuilds the name lookup (default: on)")  # fmt: skip
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     words = ["born", "studied", "history", "university", "worked", "engineer", "Newcomer", "was", "in", "She"]
     tokenizer = train_tokenizer([" ".join(words)] * 50 + [SENTENCE.format(name=f"Newcomer {i}") for i in range(500)],
                                 vocab_size=1000)  # fmt: skip
-    model = base_shape_model(tokenizer)
+    model = base_shape_model(tokenizer, args.name_guided)
     names = [f"Newcomer {i}" for i in range(args.entities)]
     passages = [[SENTENCE.format(name=name)] for name in names]
     started = time.perf_counter()
@@ -63,11 +71,13 @@ def main(argv: list[str] | None = None) -> int:
         ids = add_entities(model, names, passages, tokenizer, estimator="writer", batch_size=args.batch_size)
     seconds = time.perf_counter() - started
     assert len(ids) == args.entities and model.config.entity_vocab_size == TABLE_ROWS + args.entities
+    if args.name_guided:  # the lookup in use holds the new names
+        assert model.name_candidates().num_entities == TABLE_ROWS + args.entities
     at_target = seconds * TARGET / args.entities
     how = "measured" if args.entities == TARGET else f"extrapolated_from_{args.entities}"
     print(f"{args.entities} entities written in {seconds:.1f} s ({args.threads} threads); {TARGET}: {at_target:.1f} s")
     print(f"RESULT seconds_to_add_100k_base={at_target:.1f} how={how} measured_entities={args.entities} "
-          f"measured_seconds={seconds:.1f} threads={args.threads} bf16={args.bf16}")  # fmt: skip
+          f"measured_seconds={seconds:.1f} threads={args.threads} bf16={args.bf16} name_guided={args.name_guided}")  # fmt: skip
     return 0
 
 
