@@ -36,15 +36,15 @@ TARGET = 100_000
 SENTENCE = "<E_s> {name} <E_e> was born in 1931. She studied history at a university and worked as an engineer."
 
 
-def base_shape_model(tokenizer, name_guided: bool = False) -> EDMemForConditionalGeneration:
-    """A model of the `edmem-base` preset's shape with a writer of entity rows: random weights, 1,000,010 rows; with
-    `name_guided`, read guided by names, the lookup of the 1,000,010 names built."""
+def base_shape_model(tokenizer, name_guided: bool = False, rows: int = TABLE_ROWS) -> EDMemForConditionalGeneration:
+    """A model of the `edmem-base` preset's shape with a writer of entity rows: random weights, `rows` rows (the
+    authors' 1,000,010); with `name_guided`, read guided by names, the lookup of their names built."""
     with tempfile.TemporaryDirectory() as scratch:
         arguments = PretrainingArguments(output_dir=scratch, preset="edmem-base")
-        config = build_config(arguments, tokenizer, TABLE_ROWS, WriterTrainingArguments(entity_row_writer=True))
+        config = build_config(arguments, tokenizer, rows, WriterTrainingArguments(entity_row_writer=True))
     config.name_guided_read = name_guided
     model = EDMemForConditionalGeneration(config).eval()
-    model.entity_vocab = EntityVocab([f"Entity {i}" for i in range(TABLE_ROWS)])
+    model.entity_vocab = EntityVocab([f"Entity {i}" for i in range(rows)])
     if name_guided:
         model.name_candidates(tokenizer)
     return model
@@ -53,6 +53,7 @@ def base_shape_model(tokenizer, name_guided: bool = False) -> EDMemForConditiona
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--entities", type=int, default=TARGET, help="entities added (measured)")
+    parser.add_argument("--table-rows", type=int, default=TABLE_ROWS, help=argparse.SUPPRESS)  # the tests' small table
     parser.add_argument("--batch-size", type=int, default=256, help="writer inputs read at once")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads")
     parser.add_argument("--bf16", action="store_true", help="write under CPU autocast to bfloat16")
@@ -63,16 +64,16 @@ def main(argv: list[str] | None = None) -> int:
     words = ["born", "studied", "history", "university", "worked", "engineer", "Newcomer", "was", "in", "She"]
     tokenizer = train_tokenizer([" ".join(words)] * 50 + [SENTENCE.format(name=f"Newcomer {i}") for i in range(500)],
                                 vocab_size=1000)  # fmt: skip
-    model = base_shape_model(tokenizer, args.name_guided)
+    model = base_shape_model(tokenizer, args.name_guided, args.table_rows)
     names = [f"Newcomer {i}" for i in range(args.entities)]
     passages = [[SENTENCE.format(name=name)] for name in names]
     started = time.perf_counter()
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
         ids = add_entities(model, names, passages, tokenizer, estimator="writer", batch_size=args.batch_size)
     seconds = time.perf_counter() - started
-    assert len(ids) == args.entities and model.config.entity_vocab_size == TABLE_ROWS + args.entities
+    assert len(ids) == args.entities and model.config.entity_vocab_size == args.table_rows + args.entities
     if args.name_guided:  # the lookup in use holds the new names
-        assert model.name_candidates().num_entities == TABLE_ROWS + args.entities
+        assert model.name_candidates().num_entities == args.table_rows + args.entities
     at_target = seconds * TARGET / args.entities
     how = "measured" if args.entities == TARGET else f"extrapolated_from_{args.entities}"
     print(f"{args.entities} entities written in {seconds:.1f} s ({args.threads} threads); {TARGET}: {at_target:.1f} s")
