@@ -44,7 +44,7 @@ read's beside them (`..._plain`). `--validation-added-people` and `--validation-
 groups of their own (`added_validation`, `practice_validation`, never in a batch; the writer's first stage then logs
 its reading signal, `edmem_hf.research.reading_signal`); the test groups are read once a recipe. `--first-stage-only`
 runs that first stage alone on each seed, the signal by evaluation in `first_stages.json`: what a lever of the first
-stage is chosen on.
+stage is chosen on. `--no-default-edmem` trains the writer's model alone (no default EDMem, no ceiling).
 
 Scored by `edmem evaluate`'s code, free and static decoding: *added*, the six questions about each added person;
 *trained*, the questions about the test-half people (read in pre-training, never fine-tuned on), before and after
@@ -143,6 +143,7 @@ class GrowthSettings:
     time_the_base_shape: bool = True
     estimators: tuple[str, ...] = ESTIMATORS  # the default EDMem's ways of writing rows (mean_query always)
     writer: bool = True  # also EDMem with a writer of entity rows (pre-trained and fine-tuned reading written rows)
+    default_edmem: bool = True  # the default EDMem, grown by the estimators, and the ceiling continued from it
     written_row_share: float = 0.5
     written_only_share: float = 0.2
     writer_in_finetuning: bool = True  # fine-tuning reads written rows too (`--writer_corpus` of finetune_qa.py)
@@ -230,16 +231,20 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     files, held = data["files"], data["held"]
     recipe, questions = RECIPES[settings.recipe], data["mixed_questions"]
-    pretrained = pretrain_variant("edmem", data["corpus"], out / "pretrain-edmem", settings.qa, seed, None, recipe,
-                                  questions, **practice_balance(settings, data))  # fmt: skip
     weight = recipe.finetune_entity_loss_weight
-    finetuned = finetune_model(pretrained, files["train"], out / "finetune", settings.qa, seed, None, weight)
-    logger.info("seed %d: pre-trained and fine-tuned without %d people (%.0f s)", seed, len(held),
-                time.perf_counter() - started)  # fmt: skip
-    models, seconds = {"before": finetuned}, {}
-    for estimator in dict.fromkeys((DEFAULT_ESTIMATOR, *settings.estimators)):
-        models[estimator], seconds[estimator] = grow(finetuned, data["new_dump"], estimator, out / f"grown-{estimator}",
-                                                     held, settings, seed, data["train_people"])  # fmt: skip
+    models, seconds = {}, {}
+    if settings.default_edmem:
+        pretrained = pretrain_variant("edmem", data["corpus"], out / "pretrain-edmem", settings.qa, seed, None,
+                                      recipe, questions, **practice_balance(settings, data))  # fmt: skip
+        models["before"] = finetune_model(
+            pretrained, files["train"], out / "finetune", settings.qa, seed, None, weight
+        )
+        logger.info("seed %d: pre-trained and fine-tuned without %d people (%.0f s)", seed, len(held),
+                    time.perf_counter() - started)  # fmt: skip
+        for estimator in dict.fromkeys((DEFAULT_ESTIMATOR, *settings.estimators)):
+            models[estimator], seconds[estimator] = grow(models["before"], data["new_dump"], estimator,
+                                                         out / f"grown-{estimator}", held, settings, seed,
+                                                         data["train_people"])  # fmt: skip
     if settings.writer:
         folder = writer_folder(settings)
         writer = pretrain_writer(settings, data, out, seed, recipe, questions)
@@ -250,7 +255,7 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
         models[WRITER], seconds[WRITER] = grow(models[f"{WRITER}_before"], data["new_dump"], WRITER,
                                                out / f"grown-{folder}{texts_suffix(settings)}", held, settings, seed,
                                                data["train_people"])  # fmt: skip
-    if settings.continued_steps:
+    if settings.continued_steps and settings.default_edmem:  # the ceiling continues the default EDMem
         ceiling = continued_folder(settings)
         continued = continue_pretraining(pretrained, data["new_dump"], out / f"pretrain-{ceiling}", settings, seed,
                                          held, questions, recipe)  # fmt: skip
@@ -260,12 +265,15 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
         if name in models:
             models[name + NAME_GUIDED] = with_name_guided_read(models[name])
     results = split_figures(models, data, settings, seed)
-    results["rows_alone"] = rows_alone_ceiling(finetuned, files)
+    if settings.default_edmem:
+        results["rows_alone"] = rows_alone_ceiling(models["before"], files)
     asked = [files[split] for split in ("train", "test", "practice") if split in files]
     results["passage_facts"] = passage_facts(data["corpus"], asked)
     results["floor"] = floors(files, world)
-    results["diagnostics"] = {"default": diagnostics(finetuned, models[DEFAULT_ESTIMATOR], DEFAULT_ESTIMATOR, files,
-                                                     data["new_dump"], seed, out / "diagnostics-default.json")}  # fmt: skip
+    results["diagnostics"] = {}
+    if settings.default_edmem:
+        results["diagnostics"]["default"] = diagnostics(models["before"], models[DEFAULT_ESTIMATOR], DEFAULT_ESTIMATOR,
+                                                        files, data["new_dump"], seed, out / "diagnostics-default.json")  # fmt: skip
     if settings.writer:
         results["diagnostics"][WRITER] = diagnostics(models[f"{WRITER}_before"], models[WRITER], WRITER, files,
                                                      data["new_dump"], seed,
@@ -317,8 +325,10 @@ def main(argv: list[str] | None = None) -> int:
     result = {"settings": asdict(settings), "headline": headline, "runs": runs, "summary": summary}
     (out / "results.json").write_text(json.dumps(result, indent=1))  # the answers, before the timing
     first = {name: Path(path) for name, path in runs[0]["models"].items()}  # fine-tuned, or pre-trained without it
-    timing = time_additions(first["before"], settings.timed_additions, settings, out / "seconds_to_add.json",
-                            settings.time_the_base_shape, first.get(f"{WRITER}_before"))  # fmt: skip
+    timing = {}
+    if settings.default_edmem:
+        timing = time_additions(first["before"], settings.timed_additions, settings, out / "seconds_to_add.json",
+                                settings.time_the_base_shape, first.get(f"{WRITER}_before"))  # fmt: skip
     result["seconds_to_add"] = timing
     (out / "results.json").write_text(json.dumps(result, indent=1))
     if not args.no_plots:
@@ -369,7 +379,7 @@ def result_fields(
             fields.append(f"trained_memory_recall_practice_rows_hidden_{name}={hidden}")
     for name in summary.get("practice", {}):  # questions in pre-training, through written rows for the writer
         fields.append(f"practice_em_{name}={figure('practice', name, 'free')}")
-    fields += [f"{key}={value['mean']}" for key, value in summary["rows_alone"].items()]
+    fields += [f"{key}={value['mean']}" for key, value in summary.get("rows_alone", {}).items()]
     fields += [f"floor_em_{split}={value['mean']}" for split, value in summary["floor"].items()]
     fields += [f"passage_facts_{draw}={value['all']['mean']}" for draw, value in summary["passage_facts"].items()]
     for system, figures in summary["diagnostics"].items():

@@ -53,12 +53,13 @@ def _settings(bench, argv: list[str]) -> dict:
 def test_the_plain_command_runs_the_headline_s_recipe(bench, tmp_path, capsys):
     """Without options, the settings are those the headline's results file records (docs/evidence.md, "Entities
     written from text": seeds 0, 1 and 2 combined), field by field. The fields the file lacks came after the run
-    and change nothing at their defaults: `writer_more_steps` 0 continues nothing and names no folder, and validation
-    groups of 0 people draw the same people as before."""
+    and change nothing at their defaults: `writer_more_steps` 0 continues nothing and names no folder, validation
+    groups of 0 people draw the same people as before, and `default_edmem` on trains the default EDMem as before."""
     recorded = json.loads((FAIR_WORLD / HEADLINE_RESULTS).read_text(encoding="utf-8"))["settings"]
     plain = _settings(bench, [])
     later = {"writer_more_steps", "validation_added_people", "validation_practice_people"}
-    assert set(plain) - set(recorded) == later and not any(plain[key] for key in later)
+    assert set(plain) - set(recorded) == later | {"default_edmem"} and not any(plain[key] for key in later)
+    assert plain["default_edmem"] is True
     assert set(recorded) <= set(plain)
     for key, value in recorded.items():
         if key == "qa":
@@ -337,6 +338,33 @@ def test_the_first_stage_alone_needs_the_practice_validation_group(bench, tmp_pa
         bench.main(["--out", str(tmp_path), "--first-stage-only"])
     assert "give --validation-practice-people" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
+
+
+def test_the_writer_s_model_alone_trains_no_default_edmem(bench, tmp_path, capsys):
+    """`--no-default-edmem` (the fresh seeds' runs): the writer's two stages, grown and scored, and neither the default
+    EDMem nor the ceiling continued from it; the headline's figures that compare with it are left out."""
+    out = tmp_path / "run"
+    argv = ["--quick", "--no-default-edmem", "--out", str(out), "--num-people", "12", "--pretrain-steps", "12",
+            "--d-model", "32", "--questions-in-batches", "--finetune-epochs", "0", "--practice-people", "4",
+            "--practice-sentence-pages", "2", "--writer-rows-apart", "--writer-passages-per-row", "4",
+            "--writer-answer-rows", "--writer-answer-rows-by-text", "--reader-steps", "4", "--continued-steps", "3",
+            "--added-texts", "own-sentences", "--timed-additions", "10", "--no-plots"]  # fmt: skip
+    assert bench.main(argv) == 0
+    assert "RESULT seeds=1" in capsys.readouterr().out
+    result = json.loads((out / "results.json").read_text())
+    assert set(result["summary"]["added"]) == {
+        "writer_before",
+        "writer",
+        "writer_before_name_guided",
+        "writer_name_guided",
+    }
+    assert set(result["summary"]["diagnostics"]) == {"writer"} and result["seconds_to_add"] == {}
+    assert "added_over_trained_em" in result["headline"] and "writer_cost_on_trained_em" not in result["headline"]
+    folders = sorted(path.name for path in (out / "seed-0").iterdir() if path.is_dir())
+    assert not any(name in ("pretrain-edmem", "finetune") or "continued" in name for name in folders), folders
+    with pytest.raises(SystemExit):
+        bench.main(["--out", str(tmp_path / "none"), "--no-default-edmem", "--no-writer"])
+    assert "leaves no model to train" in capsys.readouterr().err
 
 
 def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from toy_world_growth import GrowthSettings
 
 # the settings each option of the same name overrides when given
-OVERRIDES = ("fit_steps", "continued_steps", "writer", "written_row_share", "written_only_share", "recipe",
+OVERRIDES = ("fit_steps", "continued_steps", "writer", "default_edmem", "written_row_share", "written_only_share", "recipe",
              "practice_people", "practice_biographies", "practice_one_fact_pages", "practice_sentence_pages",
              "practice_share", "practice_questions_people", "written_table", "row_autoencoding_share",
              "row_autoencoding_written_only", "writer_passages_by_mentions", "writer_passages_per_row",
@@ -49,6 +49,9 @@ def growth_parser(description: str, setups: tuple[str, ...], recipes: tuple[str,
                         help="the default EDMem's ways of writing rows to run (default: all; mean_query always)")  # fmt: skip
     parser.add_argument("--writer", action=argparse.BooleanOptionalAction,
                         help="also EDMem with a writer of entity rows (default: on)")  # fmt: skip
+    parser.add_argument("--default-edmem", action=argparse.BooleanOptionalAction,
+                        help="the default EDMem beside the writer, grown by the estimators, and the ceiling continued "
+                             "from it (default: on; --no-default-edmem: the writer's model alone)")  # fmt: skip
     parser.add_argument("--written-row-share", type=float, help="the writer's training: share of written rows")
     parser.add_argument("--written-only-share", type=float, help="the writer's training: written-only entities")
     parser.add_argument("--practice-people", type=int,
@@ -155,6 +158,8 @@ def with_growth_overrides(settings: GrowthSettings, args: argparse.Namespace) ->
         raise ValueError("--mean-row-probability-at-test reads a model trained without --writer-mean-row-probability")
     if args.writer_more_steps is not None and args.writer_more_steps < 0:
         raise ValueError(f"--writer-more-steps must be 0 or more, got {args.writer_more_steps}")
+    if args.default_edmem is False and args.writer is False:
+        raise ValueError("--no-default-edmem with --no-writer leaves no model to train")
     if args.writer_more_steps and args.writer is False:
         raise ValueError("--writer-more-steps continues the writer's training, and --no-writer trains no writer")
     settings = replace(settings, qa=with_overrides(settings.qa, args))

@@ -123,7 +123,8 @@ def headline_figures(summary: dict, writer: bool) -> dict:
             "trained_em_change": round(mean("test", system + NAME_GUIDED, "free", "all") - trained, 2),
             "added_em": guided_added, "trained_em_name_guided": guided_trained,
         })  # fmt: skip
-    if writer:
+    default_edmem = "before" in summary["test"]  # trained beside the writer (toy_world_growth's --no-default-edmem)
+    if writer and default_edmem:
         figures["writer_cost_on_trained_em"] = round(mean("test", "before", "free", "all") - trained, 2)
     hidden = "free_practice_rows_hidden"
     if hidden in summary["test"][before]:  # the same, the practice people's rows hidden
@@ -134,7 +135,7 @@ def headline_figures(summary: dict, writer: bool) -> dict:
         figures["trained_em_change_practice_rows_hidden"] = round(
             mean("test", system, hidden, "all") - hidden_trained, 2
         )
-        if writer:
+        if writer and default_edmem:
             default = mean("test", "before", hidden, "all")
             figures["writer_cost_on_trained_em_practice_rows_hidden"] = round(default - hidden_trained, 2)
     return figures
