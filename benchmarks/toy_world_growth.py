@@ -173,6 +173,7 @@ class GrowthSettings:
     mean_row_probability_at_test: bool = False  # ... only once trained (a copy of the trained model with the option)
     entity_key_dim: int | None = None  # the writer's model: a row's columns that queries score (the rest its value)
     writer_dropout: float | None = None  # the writer's model's pre-training dropout (None: every model's, 0.1)
+    writer_random_mask_prob: float | None = None  # ... and its per-token mask rate (None: every model's, 0.3)
     # what the writer writes an added (and a rewritten) person's row from: "passages", the windows around their
     # mentions that `edmem add-entities` takes; "own-sentences", each sentence of their own page, a row the mean of
     # one-sentence rows (as one-fact practice people's rows were written in training)
@@ -344,7 +345,7 @@ RESULT_SETTINGS = ("practice_people", "practice_biographies", "practice_one_fact
                    "row_autoencoding_share", "row_autoencoding_written_only", "writer_passages_by_mentions",
                    "writer_passages_per_row", "writer_pools_texts", "writer_answer_rows", "writer_reads_answer_rows",
                    "writer_answer_rows_by_text", "writer_mean_row_probability", "mean_row_probability_at_test",
-                   "entity_key_dim", "writer_dropout", "added_texts", "fresh_names_like_written_only",
+                   "entity_key_dim", "writer_dropout", "writer_random_mask_prob", "added_texts", "fresh_names_like_written_only",
                    "writer_decoy_rows", "written_row_share", "writer_more_steps", "reader_steps",
                    "reader_names_like_written_only", "reader_row_autoencoding_share", "reader_fresh_name_share",
                    "reader_decoy_rows", "reader_decoys_for_every_entity")  # fmt: skip

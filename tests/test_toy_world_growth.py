@@ -54,10 +54,11 @@ def test_the_plain_command_runs_the_headline_s_recipe(bench, tmp_path, capsys):
     """Without options, the settings are those the headline's results file records (docs/evidence.md, "Entities
     written from text": seeds 0, 1 and 2 combined), field by field. The fields the file lacks came after the run
     and change nothing at their defaults: `writer_more_steps` 0 continues nothing and names no folder, validation
-    groups of 0 people draw the same people as before, and `default_edmem` on trains the default EDMem as before."""
+    groups of 0 people draw the same people as before, `writer_random_mask_prob` None masks as every model does, and
+    `default_edmem` on trains the default EDMem as before."""
     recorded = json.loads((FAIR_WORLD / HEADLINE_RESULTS).read_text(encoding="utf-8"))["settings"]
     plain = _settings(bench, [])
-    later = {"writer_more_steps", "validation_added_people", "validation_practice_people"}
+    later = {"writer_more_steps", "validation_added_people", "validation_practice_people", "writer_random_mask_prob"}
     assert set(plain) - set(recorded) == later | {"default_edmem"} and not any(plain[key] for key in later)
     assert plain["default_edmem"] is True
     assert set(recorded) <= set(plain)
@@ -313,6 +314,19 @@ def test_writer_more_steps_without_a_writer_to_continue_is_refused(
 WRITER_FOLDER = "writer-row-autoencoding-0.5-written-only-by-mentions-rows-2-answer-rows-by-text-read-mean-rows-names-like-written-only-decoys-2-key-8"
 
 
+def test_the_writer_s_corruption_is_its_own_model_in_both_stages(bench):
+    """`--writer-random-mask-prob` (and `--writer-dropout`) reach both stages' pre-training options and name a
+    folder of their own; left out, the writer's model masks as every model does and its folder is the headline's."""
+    headline = bench.growth_settings(bench.command_line().parse_args([]))
+    unmasked = bench.growth_settings(bench.command_line().parse_args(["--writer-random-mask-prob", "0"]))
+    assert growth.writer_corruption(headline) == {"dropout": 0.0}
+    assert growth.writer_corruption(unmasked) == {"dropout": 0.0, "random_mask_prob": 0.0}
+    assert growth.writer_folder(unmasked) == growth.writer_folder(headline).replace(
+        "-dropout-0.0", "-dropout-0.0-random-mask-0.0"
+    )
+    assert "random-mask" not in growth.writer_folder(headline)
+
+
 def test_the_first_stage_alone_records_its_reading_signal(bench, tmp_path, capsys):
     """`--first-stage-only`: the writer's first stage and nothing else (no default EDMem, no second stage), its
     reading signal on practice_validation as training went, and whether reading was learnt read from its last."""
@@ -540,7 +554,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
         f"RESULT seeds=1 people_added={len(held)} practice_people=3 practice_biographies=2 practice_one_fact_pages=0 "
         "practice_sentence_pages=0 practice_share=0.5 practice_questions_people=2 pretrain_steps=30 written_table=0 "
         "row_autoencoding_share=0.5 row_autoencoding_written_only=1 writer_passages_by_mentions=1 "
-        "writer_passages_per_row=2 writer_pools_texts=0 writer_answer_rows=1 writer_reads_answer_rows=1 writer_answer_rows_by_text=1 writer_mean_row_probability=1 mean_row_probability_at_test=0 entity_key_dim=8 writer_dropout=None added_texts=own-sentences "
+        "writer_passages_per_row=2 writer_pools_texts=0 writer_answer_rows=1 writer_reads_answer_rows=1 writer_answer_rows_by_text=1 writer_mean_row_probability=1 mean_row_probability_at_test=0 entity_key_dim=8 writer_dropout=None writer_random_mask_prob=None added_texts=own-sentences "
         "fresh_names_like_written_only=1 writer_decoy_rows=2 written_row_share=0.5 writer_more_steps=4 reader_steps=5 "
         "reader_names_like_written_only=0 reader_row_autoencoding_share=0.5 reader_fresh_name_share=0.5 "
     )

@@ -265,6 +265,8 @@ def writer_folder(settings: GrowthSettings) -> str:
     name += f"-decoys-{settings.writer_decoy_rows}" if settings.writer_decoy_rows else ""
     name += f"-key-{settings.entity_key_dim}" if settings.entity_key_dim else ""
     name += f"-dropout-{settings.writer_dropout}" if settings.writer_dropout is not None else ""
+    masked = settings.writer_random_mask_prob
+    name += f"-random-mask-{masked}" if masked is not None else ""
     name += f"-more-{settings.writer_more_steps}" if settings.writer_more_steps else ""
     if settings.reader_steps:
         name += f"-frozen-writer-{settings.reader_steps}"
@@ -358,7 +360,7 @@ def first_stage_signal(settings: GrowthSettings, seed: int, out: Path, recipe: R
 
 def writer_options(settings: GrowthSettings, data: dict) -> dict:
     """The first stage's pre-training options beyond every model's (`pretraining_options` takes them): the writer,
-    how its rows are read (`written_rows_options`), the practice people's share and the writer's dropout."""
+    how its rows are read (`written_rows_options`), the practice people's share and the writer's corruption."""
     return dict(entity_row_writer=True, written_row_share=settings.written_row_share,
                 written_table=settings.written_table,
                 row_autoencoding_share=settings.row_autoencoding_share,
@@ -368,7 +370,7 @@ def writer_options(settings: GrowthSettings, data: dict) -> dict:
                 fresh_names_like_written_only=settings.fresh_names_like_written_only,
                 writer_decoy_rows=settings.writer_decoy_rows, entity_key_dim=settings.entity_key_dim,
                 **written_rows_options(settings, data), **practice_balance(settings, data),
-                **writer_dropout(settings), **reading_signal_options(settings, data))  # fmt: skip
+                **writer_corruption(settings), **reading_signal_options(settings, data))  # fmt: skip
 
 
 def reading_signal_options(settings: GrowthSettings, data: dict) -> dict:
@@ -409,7 +411,7 @@ def reader_options(settings: GrowthSettings, data: dict) -> dict:
                 writer_decoy_rows=settings.reader_decoy_rows or settings.writer_decoy_rows,
                 writer_decoys_for_every_entity=settings.reader_decoys_for_every_entity,
                 **practice_balance(settings, data),
-                **writer_dropout(settings))  # fmt: skip
+                **writer_corruption(settings))  # fmt: skip
 
 
 def written_rows_options(settings: GrowthSettings, data: dict) -> dict:
@@ -424,9 +426,11 @@ def written_rows_options(settings: GrowthSettings, data: dict) -> dict:
                 writer_answer_rows_by_text=settings.writer_answer_rows_by_text)  # fmt: skip
 
 
-def writer_dropout(settings: GrowthSettings) -> dict:
-    """The writer's model's `dropout` pre-training option (none: every model's)."""
-    return {} if settings.writer_dropout is None else {"dropout": settings.writer_dropout}
+def writer_corruption(settings: GrowthSettings) -> dict:
+    """The writer's model's `dropout` and `random_mask_prob` pre-training options, in both stages (none: every
+    model's)."""
+    options = {"dropout": settings.writer_dropout, "random_mask_prob": settings.writer_random_mask_prob}
+    return {name: value for name, value in options.items() if value is not None}
 
 
 def practice_balance(settings: GrowthSettings, data: dict) -> dict:

@@ -19,7 +19,7 @@ OVERRIDES = ("fit_steps", "continued_steps", "writer", "default_edmem", "written
              "practice_share", "practice_questions_people", "written_table", "row_autoencoding_share",
              "row_autoencoding_written_only", "writer_passages_by_mentions", "writer_passages_per_row",
              "writer_pools_texts", "writer_answer_rows", "writer_reads_answer_rows", "writer_answer_rows_by_text",
-             "writer_mean_row_probability", "mean_row_probability_at_test", "entity_key_dim", "writer_dropout",
+             "writer_mean_row_probability", "mean_row_probability_at_test", "entity_key_dim", "writer_dropout", "writer_random_mask_prob",
              "added_texts", "fresh_names_like_written_only", "writer_decoy_rows", "writer_more_steps", "reader_steps",
              "reader_names_like_written_only", "reader_row_autoencoding_share", "reader_fresh_name_share",
              "reader_decoy_rows", "reader_decoys_for_every_entity", "time_the_base_shape",
@@ -114,6 +114,9 @@ def growth_parser(description: str, setups: tuple[str, ...], recipes: tuple[str,
                              "value, read by the memory (default: all, the paper's row)")  # fmt: skip
     parser.add_argument("--writer-dropout", type=float,
                         help="the writer's model's pre-training dropout (default: every model's, 0.1)")  # fmt: skip
+    parser.add_argument("--writer-random-mask-prob", type=float,
+                        help="the writer's model's per-token mask rate in pre-training, both stages (default: every "
+                             "model's, 0.3; the tiny world passes fewer seeds with it: docs/evidence_history.md)")  # fmt: skip
     parser.add_argument("--added-texts", choices=ADDED_TEXTS,
                         help="what the writer writes an added person's row from: the passages around their mentions, "
                              "or each sentence of their own page, the row the mean (default: passages)")  # fmt: skip
