@@ -73,7 +73,13 @@ def run_setting(system: str, name: str, seed: int, out: Path) -> dict:
 VALIDATION_SEEDS = [0, 1, 2]
 FIGURES = Path(__file__).resolve().parents[1] / "docs/images/toy_world_qa_fair_world"
 HEADLINE = FIGURES / "test_3seeds_questions_in_batches_30000_steps_el_per_token.json"
-RESULTS = FIGURES / "encdec_tuning_validation_seeds012.json"
+RESULTS = FIGURES / "encdec_tuning_validation_seeds012.json"  # EncDec's ledger, which qa_fresh_seeds.py reads
+
+
+def results_file(system: str) -> Path:
+    """A system's ledger: each system its own file, so that tuning one never rewrites the other's."""
+    return RESULTS if system == "encdec" else FIGURES / f"{system}_tuning_validation_seeds012.json"
+
 
 # The settings each system was read with on the validation group before this tuning (the fair world; docs/evidence.md
 # and its appendix, files in docs/images/archive/toy_world_qa_fair_world/ but the last): both systems in each run but
@@ -159,11 +165,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="the validation seeds to run now (the results file always covers all three)")  # fmt: skip
     parser.add_argument("--worlds-only", action="store_true", help="build the seeds' worlds and stop")
     parser.add_argument("--combine", action="store_true", help="write the results file from the runs done")
-    parser.add_argument("--results", type=Path, default=RESULTS,
-                        help="the results file, the ledger of finished runs (committed)")  # fmt: skip
+    parser.add_argument("--results", type=Path,
+                        help="the results file, the ledger of finished runs (committed; default: the system's own, "
+                             f"{RESULTS.name} for EncDec)")  # fmt: skip
     args = parser.parse_args(argv)
     quiet_logging()
-    out = Path(args.out)
+    out, args.results = Path(args.out), args.results or results_file(args.system)
     if args.worlds_only:
         for seed in args.seeds:
             make_world(BASE, seed, out / f"seed-{seed}")

@@ -42,3 +42,17 @@ def test_the_results_file_is_the_ledger_and_the_choice_waits_for_every_run(tunin
     assert second["settings"]["lr_1e-3"]["seeds"] == [0, 1, 2]
     assert second["settings"]["lr_1e-3"]["em"]["entity"] == 60.0 and "lr_1e-3" in second["complete"]
     assert second["encdec_settings_tried"] == 14 and second["chosen"] is None  # other settings still to run
+
+
+def test_each_system_keeps_a_ledger_of_its_own(tuning, tmp_path, monkeypatch):
+    """Tuning EDMem writes EDMem's ledger; EncDec's, which the fresh seeds read, is left as it was."""
+    assert tuning.results_file("encdec") == tuning.RESULTS
+    assert tuning.results_file("edmem") != tuning.RESULTS and tuning.results_file("edmem").parent == tuning.FIGURES
+    written = []
+    monkeypatch.setattr(tuning, "combine", lambda out, system, seeds, results: written.append((system, results)) or
+                        {"edmem_settings_tried": 0, "encdec_settings_tried": 0, "complete": [], "chosen": None,
+                         "best_so_far": None})  # fmt: skip
+    monkeypatch.setattr(tuning, "recorded", lambda results, system: {})
+    monkeypatch.setattr(tuning, "run_setting", lambda *args: pytest.fail("a run started"))
+    tuning.main(["--combine", "--system", "edmem", "--out", str(tmp_path)])
+    assert written == [("edmem", tuning.results_file("edmem"))]
