@@ -1,7 +1,10 @@
 """The knowledge claim on fresh seeds (issue 65, items 2 and 3): EDMem and EncDec, each pre-trained with the recipe
 chosen for it on the validation groups of seeds 0-2, on three seeds no committed run of the experiment has used; the
-test group read once. EDMem's recipe is the headline's (`toy_world_qa.HEADLINE`); EncDec's the same with the setting
-the tuning ledger chose (`qa_tuning.py`'s results file: its changes to the Settings, its pre-training options). The
+test group read once. EncDec's recipe is the headline's (`toy_world_qa.HEADLINE`) with the setting the tuning ledger
+chose (`qa_tuning.py`'s results file: its changes to the Settings, its pre-training options). The lever chosen for
+EncDec is tried on EDMem too, on the same validation groups (`qa_tuning.py --system edmem --settings NAME`, EDMem's
+own ledger): EDMem's recipe is the headline's, or the headline with that setting where its validation figures are
+higher by the same rule (the mean of entity and literal EM over the three seeds). The
 recipes are frozen when the run begins (`--out`/recipes.json, with the commit) and recorded in the results file,
 which a test holds against the ledger. Nothing runs while the ledger has chosen nothing, nor once the results file
 exists (its test group has been read).
@@ -45,6 +48,7 @@ from experiments.training import pretrain_side_by_side  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 SEEDS = qa.FRESH_SEEDS  # no committed run of the knowledge experiment has used them
 LEDGER = tuning.RESULTS  # EncDec's settings read on the validation groups of seeds 0-2, and the one chosen
+EDMEM_LEDGER = tuning.results_file("edmem")  # EDMem's, read with EncDec's choice
 RESULTS = tuning.FIGURES / f"test_fresh_seeds{''.join(map(str, SEEDS))}.json"
 ASKED = ["validation", "test"]  # the validation group beside the test group, read once
 # What a system's own recipe may change: its pre-training. The world, its groups and the asking are shared.
@@ -70,10 +74,11 @@ class FrozenRecipe:
                 "linking": self.linking, "linking_recipe": asdict(qa.RECIPES[self.linking])}  # fmt: skip
 
 
-def frozen_recipes(ledger: Path) -> tuple[dict[str, FrozenRecipe], dict]:
-    """Each system's recipe on the fresh seeds, and the ledger they come from: EDMem's the headline's, EncDec's the
-    headline with the ledger's chosen setting. Refused while the ledger has chosen nothing, and when its choice is
-    not what `qa_tuning.SETTINGS` names or changes more than pre-training (the recipe read on validation)."""
+def frozen_recipes(ledger: Path, edmem_ledger: Path = EDMEM_LEDGER) -> tuple[dict[str, FrozenRecipe], dict]:
+    """Each system's recipe on the fresh seeds, and EncDec's ledger they come from: EncDec's the headline with the
+    ledger's chosen setting, EDMem's the headline or the headline with that setting (`edmem_setting`, read on
+    `edmem_ledger`). Refused while the ledger has chosen nothing, when its choice is not what `qa_tuning.SETTINGS`
+    names or changes more than pre-training (the recipe read on validation), and while EDMem waits for its trial."""
     tuned = json.loads(ledger.read_text())
     chosen = tuned.get("chosen")
     if chosen is None:
@@ -85,9 +90,29 @@ def frozen_recipes(ledger: Path) -> tuple[dict[str, FrozenRecipe], dict]:
     if set(changes) - OWN_FIELDS or set(SEEDS) & set(tuned["validation_seeds"]):
         raise Refused(f"{chosen!r} changes more than pre-training, or the fresh seeds were validation seeds")
     base = replace(qa.HEADLINE, seeds=SEEDS, pretrain_jobs=2)
-    recipes = {"edmem": FrozenRecipe("headline", base, qa.HEADLINE.recipes[0]),
+    mine, tuned["edmem_ledger"] = edmem_setting(chosen, edmem_ledger)
+    edmem_changes, edmem_options = tuning.SETTINGS[mine] if mine != "headline" else ({}, {})
+    recipes = {"edmem": FrozenRecipe(mine, replace(base, **edmem_changes), qa.HEADLINE.recipes[0], dict(edmem_options)),
                "encdec": FrozenRecipe(chosen, replace(base, **changes), "paper", dict(options))}  # fmt: skip
     return recipes, tuned
+
+
+def edmem_setting(chosen: str, edmem_ledger: Path) -> tuple[str, dict | None]:
+    """EDMem's setting on the fresh seeds, "headline" or EncDec's `chosen` setting where EDMem's ledger holds it on
+    every validation seed with a higher mean of entity and literal EM than the headline's; and that ledger. Refused
+    while EDMem has not been tried with it (nothing to try when EncDec's choice is its default, the headline's)."""
+    if chosen == "default":
+        return "headline", None
+    tried = json.loads(edmem_ledger.read_text()) if edmem_ledger.exists() else {"complete": []}
+    tried["file"] = edmem_ledger.name
+    if chosen not in tried["complete"]:
+        raise Refused(f"EDMem has not been tried with EncDec's choice {chosen!r} on every validation seed "
+                      f"(python benchmarks/qa_tuning.py --system edmem --settings {chosen}); the fresh seeds wait")  # fmt: skip
+    mean = {
+        name: sum(tried["settings"][name]["em"][kind] for kind in ("entity", "literal"))
+        for name in ("default", chosen)
+    }
+    return (chosen if mean[chosen] > mean["default"] else "headline"), tried
 
 
 def freeze(recipes: dict[str, FrozenRecipe], tuned: dict, ledger: Path, out: Path) -> dict:
@@ -98,6 +123,8 @@ def freeze(recipes: dict[str, FrozenRecipe], tuned: dict, ledger: Path, out: Pat
     where = ledger.resolve()
     record |= {"ledger": str(where.relative_to(ROOT) if where.is_relative_to(ROOT) else where),
                "ledger_chosen": tuned["chosen"]}  # fmt: skip
+    if tuned.get("edmem_ledger") is not None:  # where EDMem was tried with EncDec's choice
+        record["edmem_ledger"] = tuned["edmem_ledger"]["file"]
     record = json.loads(json.dumps(record))
     frozen = out / "recipes.json"
     if frozen.exists():
@@ -160,13 +187,17 @@ def fresh_result(record: dict, tuned: dict, runs: list[dict], settings: qa.Setti
     interval = gap_bootstrap(*([run["hits"]["test"][system] for run in runs] for system in ("edmem_free", "encdec")),
                              settings.bootstrap_samples)  # fmt: skip
     chosen = tuned["settings"][tuned["chosen"]]
+    mine, edmem_tried = record["edmem"]["setting"], tuned.get("edmem_ledger") or tuned
+    edmem = (tuning.headline_default("edmem", tuning.VALIDATION_SEEDS) if mine == "headline"
+             else edmem_tried["settings"][mine])  # fmt: skip
     return {
         "fresh_seeds": len(runs), "seeds": [run["seed"] for run in runs], "group": "test", "test_group_reads": 1,
         **gap, **{f"{kind}_gap_interval": interval[kind] for kind in GOALS}, "claim": claims(interval, GOALS),
         "goals": {f"{kind}_gap_at_least": bar for kind, bar in GOALS.items()},
-        "edmem_settings_tried": tuned["edmem_settings_tried"], "encdec_settings_tried": tuned["encdec_settings_tried"],
+        "edmem_settings_tried": edmem_tried["edmem_settings_tried"],
+        "encdec_settings_tried": tuned["encdec_settings_tried"],
         "per_seed": {str(run["seed"]): seed_figures(run) for run in runs},
-        "validation_seeds_figures": {"edmem": tuning.headline_default("edmem", tuning.VALIDATION_SEEDS),
+        "validation_seeds_figures": {"edmem": {key: edmem[key] for key in ("seeds", "em", "per_seed")},
                                      "encdec": {key: chosen[key] for key in ("seeds", "em", "per_seed")}},
         "validity": validity(summary, settings), "recipes": record, "summary": summary,
         "runs": [{key: value for key, value in run.items() if key != "hits"} for run in runs],
@@ -205,7 +236,8 @@ def result_line(result: dict) -> str:
                                            "literal_gap_edmem_minus_encdec")}  # fmt: skip
     fields |= {f"{kind}_gap_interval": "[{},{}]".format(*result[f"{kind}_gap_interval"]) for kind in GOALS}
     fields |= {key: result[key] for key in ("edmem_settings_tried", "encdec_settings_tried", "test_group_reads")}
-    fields |= {"seeds": ",".join(map(str, result["seeds"])), "encdec_setting": result["recipes"]["ledger_chosen"]}
+    fields |= {"seeds": ",".join(map(str, result["seeds"])), "encdec_setting": result["recipes"]["ledger_chosen"],
+               "edmem_setting": result["recipes"]["edmem"]["setting"]}  # fmt: skip
     fields |= {f"{kind}_claim": result["claim"][kind] for kind in GOALS} | {"goal": result["claim"]["goal"]}
     return "RESULT " + " ".join(f"{key}={str(value).replace(' ', '_')}" for key, value in fields.items())
 
@@ -213,14 +245,16 @@ def result_line(result: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("runs/qa-fresh-seeds"), help="working directory (reused)")
-    parser.add_argument("--ledger", type=Path, default=LEDGER, help="the tuning ledger (qa_tuning.py's results)")
+    parser.add_argument("--ledger", type=Path, default=LEDGER, help="EncDec's tuning ledger (qa_tuning.py's results)")
+    parser.add_argument("--edmem-ledger", type=Path, default=EDMEM_LEDGER,
+                        help="EDMem's tuning ledger, where it was tried with EncDec's choice")  # fmt: skip
     parser.add_argument("--results", type=Path, default=RESULTS,
                         help="the results file, written once every seed is done (committed)")  # fmt: skip
     parser.add_argument("--no-plots", action="store_true")
     args = parser.parse_args(argv)
     out = args.out
     try:
-        recipes, tuned = frozen_recipes(args.ledger)
+        recipes, tuned = frozen_recipes(args.ledger, args.edmem_ledger)
         if args.results.exists():
             raise Refused(f"{args.results} exists: the fresh seeds' test group was read; give --results elsewhere")
         record = freeze(recipes, tuned, args.ledger, out)

@@ -1,5 +1,6 @@
 """`benchmarks/qa_fresh_seeds.py` (issue 65, items 2 and 3): the fresh seeds' results file was produced from the
-frozen recipes (EDMem's the headline's, EncDec's the one the tuning ledger chose), on seeds no other committed run
+frozen recipes (EncDec's the headline with the setting its tuning ledger chose, EDMem's the headline, with that setting
+too where EDMem's own ledger finds it better on validation), on seeds no other committed run
 of the knowledge experiment has used, its test group read once. The committed file is held to it once it exists;
 the check itself is held here on files built the way the script builds them, and on a tiny run of the script."""
 
@@ -49,25 +50,39 @@ def committed_seeds(leave_out: Path | None = None) -> set[int]:
     return seeds
 
 
-def assert_frozen(result: dict, ledger: dict, headline, other_seeds: set[int], recipes_named: dict) -> None:
-    """`result` (a fresh-seed results file) was produced from the frozen recipes: EDMem's is `headline` (the
-    Settings of docs/evidence.md's headline, its linking recipe), EncDec's the same with the setting `ledger` chose
-    (its changes and pre-training options); on three seeds outside the validation seeds and `other_seeds`; the test
-    group read once. `recipes_named`: toy_world_qa.RECIPES."""
+def assert_frozen(
+    result: dict, ledger: dict, headline, other_seeds: set[int], recipes_named: dict, edmem_ledger: dict | None = None
+) -> None:
+    """`result` (a fresh-seed results file) was produced from the frozen recipes: EncDec's is `headline` (the
+    Settings of docs/evidence.md's headline) with the setting `ledger` chose (its changes and pre-training options);
+    EDMem's the headline's, with its linking recipe, and with that setting too where `edmem_ledger` (EDMem tried with
+    it) holds it above the headline on validation; on three seeds outside the validation seeds and `other_seeds`; the
+    test group read once. `recipes_named`: toy_world_qa.RECIPES."""
     chosen = ledger["chosen"]
     assert chosen is not None, "the ledger has chosen nothing: no fresh seed may have run"
     recipes = result["recipes"]
     assert recipes["ledger_chosen"] == recipes["encdec"]["setting"] == chosen
-    assert recipes["frozen_at_commit"] and recipes["edmem"]["setting"] == "headline"
     changes, options = ledger["settings"][chosen]["changes"], ledger["settings"][chosen]["options"]
+    mine = "headline"
+    if chosen != "default":
+        assert edmem_ledger is not None and chosen in edmem_ledger["complete"], "EDMem was not tried with the choice"
+        assert recipes["edmem_ledger"].endswith(".json")
+
+        def mean(name: str) -> float:
+            return sum(edmem_ledger["settings"][name]["em"][kind] for kind in ("entity", "literal"))
+
+        mine = chosen if mean(chosen) > mean("default") else "headline"
+    assert recipes["frozen_at_commit"] and recipes["edmem"]["setting"] == mine
+    edmem_changes, edmem_options = (changes, options) if mine == chosen else ({}, {})
     expected = json.loads(json.dumps(dataclasses.asdict(headline)))
 
     def recipe_of(settings: dict) -> dict:
         return {key: value for key, value in settings.items() if key not in NOT_THE_RECIPE}
 
-    assert recipe_of(recipes["edmem"]["settings"]) == recipe_of(expected)
+    assert recipe_of(recipes["edmem"]["settings"]) == recipe_of({**expected, **edmem_changes})
     assert recipe_of(recipes["encdec"]["settings"]) == recipe_of({**expected, **changes})
-    assert recipes["edmem"]["pretraining_options"] == {} and recipes["encdec"]["pretraining_options"] == options
+    assert recipes["edmem"]["pretraining_options"] == edmem_options
+    assert recipes["encdec"]["pretraining_options"] == options
     assert recipes["edmem"]["linking"] == headline.recipes[0] and recipes["encdec"]["linking"] == "paper"
     for system in ("edmem", "encdec"):
         assert recipes[system]["linking_recipe"] == dataclasses.asdict(recipes_named[recipes[system]["linking"]])
@@ -77,8 +92,8 @@ def assert_frozen(result: dict, ledger: dict, headline, other_seeds: set[int], r
     assert not seeds & {0, 1, 2} and not seeds & set(ledger["validation_seeds"]), "a validation seed"
     assert not seeds & other_seeds, f"seeds another committed run used: {sorted(seeds & other_seeds)}"
     assert result["group"] == "test" and result["test_group_reads"] == 1
-    for key in ("edmem_settings_tried", "encdec_settings_tried"):
-        assert result[key] == ledger[key]
+    assert result["encdec_settings_tried"] == ledger["encdec_settings_tried"]
+    assert result["edmem_settings_tried"] == (edmem_ledger or ledger)["edmem_settings_tried"]
     for kind in ("entity", "literal"):  # the gap is the mean of the seeds' gaps
         per_seed = [seed[f"{kind}_gap_edmem_minus_encdec"] for seed in result["per_seed"].values()]
         assert abs(result[f"{kind}_gap_edmem_minus_encdec"] - sum(per_seed) / len(per_seed)) <= 0.02
@@ -96,6 +111,22 @@ def write_ledger(tmp_path: Path, chosen: str | None, settings: dict) -> Path:
               "complete": sorted(runs) if chosen else ["default"], "chosen": chosen, "settings": runs,
               "edmem_settings_tried": 15, "encdec_settings_tried": 13 + len(runs) - 1}  # fmt: skip
     path = tmp_path / f"ledger_{chosen}.json"
+    path.write_text(json.dumps(ledger))
+    return path
+
+
+def write_edmem_ledger(tmp_path: Path, setting: str, better: bool) -> Path:
+    """EDMem's tuning ledger as qa_tuning.py --system edmem writes it: the headline's figures and `setting` on every
+    validation seed, `setting` above them when `better`."""
+    figures = {"all": 30.0, "entity": 60.0, "literal": 10.0}
+    tried = {**figures, "entity": 70.0 if better else 50.0}
+    per_seed = {str(seed): tried for seed in (0, 1, 2)}
+    ledger = {"system": "edmem", "group": "validation", "validation_seeds": [0, 1, 2], "test_group_reads": 0,
+              "complete": ["default", setting], "chosen": None, "edmem_settings_tried": 16,
+              "encdec_settings_tried": 13,
+              "settings": {"default": {"seeds": [0, 1, 2], "em": figures, "per_seed": {}},
+                           setting: {"seeds": [0, 1, 2], "em": tried, "per_seed": per_seed}}}  # fmt: skip
+    path = tmp_path / f"edmem_ledger_{setting}_{better}.json"
     path.write_text(json.dumps(ledger))
     return path
 
@@ -126,8 +157,11 @@ def test_a_fresh_seed_file_is_held_to_the_recipes_the_ledger_froze(fresh, tmp_pa
     tuning = fresh.tuning
     ledger_path = write_ledger(tmp_path, "dropout_0", tuning.SETTINGS)
     ledger = json.loads(ledger_path.read_text())
-    recipes, tuned = fresh.frozen_recipes(ledger_path)
+    edmem_path = write_edmem_ledger(tmp_path, "dropout_0", better=False)
+    edmem_ledger = json.loads(edmem_path.read_text())
+    recipes, tuned = fresh.frozen_recipes(ledger_path, edmem_path)
     assert recipes["encdec"].options == {"dropout": 0.0} and recipes["edmem"].settings.seeds == fresh.SEEDS
+    assert recipes["edmem"].setting == "headline" and recipes["edmem"].options == {}  # no better on validation
     record = fresh.freeze(recipes, tuned, ledger_path, tmp_path / "run")
     runs = [made_up_run(seed, (8, 4), (5, 4)) for seed in fresh.SEEDS]
     result = json.loads(json.dumps(fresh.fresh_result(record, tuned, runs, recipes["edmem"].settings)))
@@ -137,19 +171,38 @@ def test_a_fresh_seed_file_is_held_to_the_recipes_the_ledger_froze(fresh, tmp_pa
     assert where["edmem_subject_rows_hidden_at_test"]["entity"] == 10.0 and "by_relation" not in where[
         "memorisation_test_group"]["encdec"]  # fmt: skip
     others = committed_seeds()
-    assert_frozen(result, ledger, fresh.qa.HEADLINE, others, fresh.qa.RECIPES)
+    assert result["edmem_settings_tried"] == 16 and result["validation_seeds_figures"]["edmem"]["em"]["entity"] > 0
+
+    def frozen(result: dict, ledger: dict = ledger, others: set[int] = others, edmem: dict = edmem_ledger) -> None:
+        assert_frozen(result, ledger, fresh.qa.HEADLINE, others, fresh.qa.RECIPES, edmem)
+
+    frozen(result)
     with pytest.raises(AssertionError):  # the ledger chose another setting than the file's
-        assert_frozen(result, {**ledger, "chosen": "lr_1e-3"}, fresh.qa.HEADLINE, others, fresh.qa.RECIPES)
+        frozen(result, {**ledger, "chosen": "lr_1e-3"})
+    with pytest.raises(AssertionError):  # EDMem was not tried with EncDec's choice
+        frozen(result, edmem={**edmem_ledger, "complete": ["default"]})
     tampered = copy.deepcopy(result)
     tampered["recipes"]["encdec"]["pretraining_options"] = {}  # EncDec pre-trained without the chosen dropout
     with pytest.raises(AssertionError):
-        assert_frozen(tampered, ledger, fresh.qa.HEADLINE, others, fresh.qa.RECIPES)
+        frozen(tampered)
     tampered = copy.deepcopy(result)
     tampered["recipes"]["edmem"]["settings"]["pretrain_steps"] = 15_000  # not the headline's EDMem
     with pytest.raises(AssertionError):
-        assert_frozen(tampered, ledger, fresh.qa.HEADLINE, others, fresh.qa.RECIPES)
+        frozen(tampered)
     with pytest.raises(AssertionError):  # a seed a committed run has read
-        assert_frozen(result, ledger, fresh.qa.HEADLINE, others | {fresh.SEEDS[1]}, fresh.qa.RECIPES)
+        frozen(result, others=others | {fresh.SEEDS[1]})
+    # EDMem better with EncDec's choice on validation: its recipe takes it too
+    better = write_edmem_ledger(tmp_path, "dropout_0", better=True)
+    recipes_better, tuned_better = fresh.frozen_recipes(ledger_path, better)
+    assert recipes_better["edmem"].setting == "dropout_0" and recipes_better["edmem"].options == {"dropout": 0.0}
+    record_better = fresh.freeze(recipes_better, tuned_better, ledger_path, tmp_path / "run-better")
+    result_better = json.loads(
+        json.dumps(fresh.fresh_result(record_better, tuned_better, runs, recipes["edmem"].settings))
+    )
+    frozen(result_better, edmem=json.loads(better.read_text()))
+    assert result_better["validation_seeds_figures"]["edmem"]["em"]["entity"] == 70.0
+    with pytest.raises(AssertionError):  # the file's EDMem kept the headline where the ledger says otherwise
+        frozen(result, edmem=json.loads(better.read_text()))
     for seed in fresh.SEEDS:  # published: the file, each pre-training's log and the plots beside it
         for system, recipe in recipes.items():
             log = tmp_path / "run" / f"seed-{seed}" / f"pretrain-{system}-{recipe.setting}" / "log.jsonl"
@@ -173,7 +226,9 @@ def test_the_committed_fresh_seed_file_was_produced_from_the_frozen_recipes(fres
                     "has chosen); the check is held on files built in the other tests")  # fmt: skip
     result = json.loads(fresh.RESULTS.read_text(encoding="utf-8"))
     ledger = json.loads(fresh.LEDGER.read_text(encoding="utf-8"))
-    assert_frozen(result, ledger, fresh.qa.HEADLINE, committed_seeds(leave_out=fresh.RESULTS), fresh.qa.RECIPES)
+    edmem = json.loads(fresh.EDMEM_LEDGER.read_text(encoding="utf-8")) if fresh.EDMEM_LEDGER.exists() else None
+    others = committed_seeds(leave_out=fresh.RESULTS)
+    assert_frozen(result, ledger, fresh.qa.HEADLINE, others, fresh.qa.RECIPES, edmem)
     assert result["recipes"]["ledger"] == str(fresh.LEDGER.relative_to(ROOT))
 
 
@@ -183,9 +238,12 @@ def test_nothing_runs_without_a_choice_or_with_recipes_that_moved(fresh, tmp_pat
     tuning = fresh.tuning
     out = tmp_path / "run"
 
-    def refused(ledger: Path, results: Path = tmp_path / "results.json") -> str:
+    tried = write_edmem_ledger(tmp_path, "lr_1e-3", better=False)
+
+    def refused(ledger: Path, results: Path = tmp_path / "results.json", edmem: Path = tried) -> str:
         capsys.readouterr()
-        assert fresh.main(["--out", str(out), "--ledger", str(ledger), "--results", str(results)]) == 1
+        argv = ["--out", str(out), "--ledger", str(ledger), "--results", str(results), "--edmem-ledger", str(edmem)]
+        assert fresh.main(argv) == 1
         said = capsys.readouterr().err.strip()
         assert len(said.splitlines()) == 1 and said.startswith("qa_fresh_seeds.py refused: ")
         return said
@@ -195,8 +253,11 @@ def test_nothing_runs_without_a_choice_or_with_recipes_that_moved(fresh, tmp_pat
     moved = {**tuning.SETTINGS, "lr_1e-3": ({"pretrain_learning_rate": 5e-4}, {})}
     assert "is not qa_tuning.SETTINGS'" in refused(write_ledger(tmp_path, "lr_1e-3", moved))
     ledger = write_ledger(tmp_path, "lr_1e-3", tuning.SETTINGS)
-    fresh.freeze(*fresh.frozen_recipes(ledger), ledger, out)  # a run began with lr_1e-3
-    assert "differ from those" in refused(write_ledger(tmp_path, "dropout_0", tuning.SETTINGS))
+    said = refused(ledger, edmem=tmp_path / "no_edmem_ledger.json")
+    assert "EDMem has not been tried with EncDec's choice 'lr_1e-3'" in said and not out.exists()
+    fresh.freeze(*fresh.frozen_recipes(ledger, tried), ledger, out)  # a run began with lr_1e-3
+    dropout = write_edmem_ledger(tmp_path, "dropout_0", better=False)
+    assert "differ from those" in refused(write_ledger(tmp_path, "dropout_0", tuning.SETTINGS), edmem=dropout)
     (tmp_path / "read.json").write_text("{}")
     assert "test group was read" in refused(ledger, tmp_path / "read.json")
 
@@ -216,13 +277,15 @@ def test_the_gap_interval_draws_both_systems_alike_and_reads_the_claim():
 
 def test_the_fresh_seeds_run_end_to_end_at_a_tiny_size(fresh, tmp_path, monkeypatch, capsys):
     """The script at a tiny size (16 people, 20 steps): each system pre-trained with its own recipe (EncDec with the
-    ledger's dropout, EDMem with the headline's), the three seeds asked and measured, the results file and the
+    ledger's dropout, EDMem with the headline's, no better with it on validation), the three seeds asked and measured, the results file and the
     pre-training logs written and held to the frozen recipes, the claim and the RESULT line printed."""
     tiny = dataclasses.replace(fresh.qa.HEADLINE, num_people=16, pretrain_steps=20, d_model=32, bootstrap_samples=50)
     monkeypatch.setattr(fresh.qa, "HEADLINE", tiny)
     ledger = write_ledger(tmp_path, "dropout_0", fresh.tuning.SETTINGS)
+    edmem_ledger = write_edmem_ledger(tmp_path, "dropout_0", better=False)
     results = tmp_path / "figures" / "test_fresh_seeds678.json"
-    argv = ["--out", str(tmp_path / "run"), "--ledger", str(ledger), "--results", str(results), "--no-plots"]
+    argv = ["--out", str(tmp_path / "run"), "--ledger", str(ledger), "--results", str(results), "--no-plots",
+            "--edmem-ledger", str(edmem_ledger)]  # fmt: skip
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -230,7 +293,8 @@ def test_the_fresh_seeds_run_end_to_end_at_a_tiny_size(fresh, tmp_path, monkeypa
     finally:
         torch.set_num_threads(threads)
     result = json.loads(results.read_text())
-    assert_frozen(result, json.loads(ledger.read_text()), tiny, committed_seeds(), fresh.qa.RECIPES)
+    tried = json.loads(edmem_ledger.read_text())
+    assert_frozen(result, json.loads(ledger.read_text()), tiny, committed_seeds(), fresh.qa.RECIPES, tried)
     for seed in fresh.SEEDS:
         where = tmp_path / "run" / f"seed-{seed}"
         encdec = json.loads((where / "pretrain-encdec-dropout_0" / "config.json").read_text())
@@ -244,6 +308,7 @@ def test_the_fresh_seeds_run_end_to_end_at_a_tiny_size(fresh, tmp_path, monkeypa
     assert claim.startswith("CLAIM on 3 fresh seeds") and "the goal, at least +5" in claim
     assert last.startswith("RESULT fresh_seeds=3 group=test entity_gap_edmem_minus_encdec=")
     for key in ("literal_gap_edmem_minus_encdec", "entity_gap_interval=[", "literal_gap_interval=[",
-                "edmem_settings_tried=15", "encdec_settings_tried=18", "encdec_setting=dropout_0"):  # fmt: skip
+                "edmem_settings_tried=16", "encdec_settings_tried=18", "encdec_setting=dropout_0",
+                "edmem_setting=headline"):  # fmt: skip
         assert f" {key}" in last
     assert fresh.main(argv) == 1  # read once: the results file exists
