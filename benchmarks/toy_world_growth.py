@@ -113,7 +113,7 @@ from experiments.growth import (  # noqa: E402
 )
 from experiments.growth_diagnostics import diagnostics, passage_facts, rows_alone_ceiling  # noqa: E402
 from experiments.growth_options import growth_parser, with_growth_overrides  # noqa: E402
-from experiments.growth_scoring import headline_figures, split_figures, summarise  # noqa: E402
+from experiments.growth_scoring import across_seeds, headline_figures, split_figures, summarise  # noqa: E402
 from experiments.options import quiet_logging  # noqa: E402
 from experiments.plots import plot_growth  # noqa: E402
 from experiments.scoring import floors  # noqa: E402
@@ -322,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     runs = [run_seed(settings, seed, out / f"seed-{seed}") for seed in settings.qa.seeds]
     summary = summarise(runs)
-    headline = headline_figures(summary, settings.writer)
+    headline = headline_figures(summary, settings.writer) | across_seeds(runs, settings.writer)
     result = {"settings": asdict(settings), "headline": headline, "runs": runs, "summary": summary}
     (out / "results.json").write_text(json.dumps(result, indent=1))  # the answers, before the timing
     first = {name: Path(path) for name, path in runs[0]["models"].items()}  # fine-tuned, or pre-trained without it

@@ -327,6 +327,25 @@ def test_the_writer_s_corruption_is_its_own_model_in_both_stages(bench):
     assert "random-mask" not in growth.writer_folder(headline)
 
 
+def test_the_headline_reads_the_worst_seed_and_the_seeds_that_read_rows():
+    """`growth_scoring.across_seeds`: the worst seed's added-over-trained ratio (not the mean's), the seeds whose
+    added people are answered with the read forced onto their rows at >= 50 %, and which seeds are fresh."""
+    from experiments import growth_scoring
+
+    def run(seed: int, added: float, oracle: float) -> dict:
+        return {"seed": seed, "results": {
+            "test": {"writer_before": {"free": {"all": 54.0}}, "writer": {"free": {"all": 52.0}}},
+            "added": {"writer": {"free": {"all": added}, "memory_recall": 90.0}},
+            "floor": {"added": 4.0, "test": 4.0},
+            "diagnostics": {"writer": {"row_swap": {"follow": 0.0}, "oracle_read": {"oracle": oracle}}}}}  # fmt: skip
+
+    runs = [run(0, 44.0, 80.0), run(3, 4.0, 49.9), run(4, 29.0, 50.0)]
+    figures = growth_scoring.across_seeds(runs, writer=True)
+    assert figures == {"added_over_trained_em_min": 0.0, "reading_learned_seeds": 2, "seeds_run": 3, "fresh_seeds": 2}
+    mean = growth_scoring.headline_figures(growth_scoring.summarise(runs), writer=True)["added_over_trained_em"]
+    assert mean == 0.433  # the mean's ratio, (25.67 - 4) / (54 - 4), hides the seed at the floor
+
+
 def test_the_first_stage_alone_records_its_reading_signal(bench, tmp_path, capsys):
     """`--first-stage-only`: the writer's first stage and nothing else (no default EDMem, no second stage), its
     reading signal on practice_validation as training went, and whether reading was learnt read from its last."""
@@ -373,7 +392,10 @@ def test_the_writer_s_model_alone_trains_no_default_edmem(bench, tmp_path, capsy
         "writer_name_guided",
     }
     assert set(result["summary"]["diagnostics"]) == {"writer"} and result["seconds_to_add"] == {}
-    assert "added_over_trained_em" in result["headline"] and "writer_cost_on_trained_em" not in result["headline"]
+    headline = result["headline"]
+    assert "added_over_trained_em" in headline and "writer_cost_on_trained_em" not in headline
+    assert (headline["seeds_run"], headline["fresh_seeds"]) == (1, 0) and headline["reading_learned_seeds"] in (0, 1)
+    assert headline["added_over_trained_em_plain_min"] == headline["added_over_trained_em_plain"]  # one seed
     folders = sorted(path.name for path in (out / "seed-0").iterdir() if path.is_dir())
     assert not any(name in ("pretrain-edmem", "finetune") or "continued" in name for name in folders), folders
     with pytest.raises(SystemExit):
