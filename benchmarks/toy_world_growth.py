@@ -42,9 +42,9 @@ Each model before and after adding (the default EDMem's and the writer's) is als
 `...-name-guided`, with `EDMemConfig.name_guided_read`): the headline's figures are the guided reads', the plain
 read's beside them (`..._plain`). `--validation-added-people` and `--validation-practice-people` give the choices
 groups of their own (`added_validation`, `practice_validation`, never in a batch; the writer's first stage then logs
-its reading signal, `edmem_hf.research.reading_signal`); the test groups are read once a recipe. `--first-stage-only`
-runs that first stage alone on each seed, the signal by evaluation in `first_stages.json`: what a lever of the first
-stage is chosen on. `--no-default-edmem` trains the writer's model alone (no default EDMem, no ceiling).
+its reading signal, `edmem_hf.research.reading_signal`); the test groups are read once a recipe (`test_group_reads`).
+`--first-stage-only`: that first stage alone, its signal in `first_stages.json`, what a first-stage lever is chosen
+on. `--no-default-edmem` trains the writer's model alone (no default EDMem, no ceiling).
 
 Scored by `edmem evaluate`'s code, free and static decoding: *added*, the six questions about each added person;
 *trained*, the questions about the test-half people (read in pre-training, never fine-tuned on), before and after
@@ -93,6 +93,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from experiments import growth_scoring  # noqa: E402
 from experiments.growth import (  # noqa: E402
     DEFAULT_ESTIMATOR,
     ESTIMATORS,
@@ -113,7 +114,6 @@ from experiments.growth import (  # noqa: E402
 )
 from experiments.growth_diagnostics import diagnostics, passage_facts, rows_alone_ceiling  # noqa: E402
 from experiments.growth_options import growth_parser, with_growth_overrides  # noqa: E402
-from experiments.growth_scoring import across_seeds, headline_figures, split_figures, summarise  # noqa: E402
 from experiments.options import quiet_logging  # noqa: E402
 from experiments.plots import plot_growth  # noqa: E402
 from experiments.scoring import floors  # noqa: E402
@@ -265,7 +265,7 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
     for name in (DEFAULT_ESTIMATOR, "before", WRITER, f"{WRITER}_before"):  # each read guided by names too
         if name in models:
             models[name + NAME_GUIDED] = with_name_guided_read(models[name])
-    results = split_figures(models, data, settings, seed)
+    results = growth_scoring.split_figures(models, data, settings, seed)
     if settings.default_edmem:
         results["rows_alone"] = rows_alone_ceiling(models["before"], files)
     asked = [files[split] for split in ("train", "test", "practice") if split in files]
@@ -285,6 +285,7 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
     # this call's time: what a rerun with the same --out reuses (pre-training, fine-tuning) costs nothing here
     return {"seed": seed, "held_out": held, "questions": sizes, "results": results, "seconds_to_add": seconds,
             "models": {name: str(path) for name, path in models.items()},
+            "test_group_reads": growth_scoring.test_group_reads(world),
             "seconds_this_call": round(time.perf_counter() - started)}  # fmt: skip
 
 
@@ -321,8 +322,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"RESULT seeds_run={len(stages)} validation_reading_learned_seeds={learned} group=practice_validation")
         return 0
     runs = [run_seed(settings, seed, out / f"seed-{seed}") for seed in settings.qa.seeds]
-    summary = summarise(runs)
-    headline = headline_figures(summary, settings.writer) | across_seeds(runs, settings.writer)
+    summary = growth_scoring.summarise(runs)
+    headline = growth_scoring.headline_figures(summary, settings.writer) | growth_scoring.across_seeds(
+        runs, settings.writer
+    )
     result = {"settings": asdict(settings), "headline": headline, "runs": runs, "summary": summary}
     (out / "results.json").write_text(json.dumps(result, indent=1))  # the answers, before the timing
     first = {name: Path(path) for name, path in runs[0]["models"].items()}  # fine-tuned, or pre-trained without it

@@ -341,7 +341,8 @@ def test_the_headline_reads_the_worst_seed_and_the_seeds_that_read_rows():
 
     runs = [run(0, 44.0, 80.0), run(3, 4.0, 49.9), run(4, 29.0, 50.0)]
     figures = growth_scoring.across_seeds(runs, writer=True)
-    assert figures == {"added_over_trained_em_min": 0.0, "reading_learned_seeds": 2, "seeds_run": 3, "fresh_seeds": 2}
+    assert figures == {"added_over_trained_em_min": 0.0, "reading_learned_seeds": 2, "seeds_run": 3, "fresh_seeds": 2,
+                       "test_group_reads": 0}  # fmt: skip
     mean = growth_scoring.headline_figures(growth_scoring.summarise(runs), writer=True)["added_over_trained_em"]
     assert mean == 0.433  # the mean's ratio, (25.67 - 4) / (54 - 4), hides the seed at the floor
 
@@ -396,6 +397,7 @@ def test_the_writer_s_model_alone_trains_no_default_edmem(bench, tmp_path, capsy
     assert "added_over_trained_em" in headline and "writer_cost_on_trained_em" not in headline
     assert (headline["seeds_run"], headline["fresh_seeds"]) == (1, 0) and headline["reading_learned_seeds"] in (0, 1)
     assert headline["added_over_trained_em_plain_min"] == headline["added_over_trained_em_plain"]  # one seed
+    assert headline["test_group_reads"] == 1  # the writer's grown model; its name-guided copy is the same reading
     folders = sorted(path.name for path in (out / "seed-0").iterdir() if path.is_dir())
     assert not any(name in ("pretrain-edmem", "finetune") or "continued" in name for name in folders), folders
     with pytest.raises(SystemExit):

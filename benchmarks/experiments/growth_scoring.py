@@ -144,10 +144,18 @@ def headline_figures(summary: dict, writer: bool) -> dict:
     return figures
 
 
+def test_group_reads(world: Path) -> int:
+    """How many grown models of the world in `world` (every recipe's folder under it) have answered its test group
+    of added people: each a reading of that group (a model's name-guided copy is the same model's reading)."""
+    answered = {path.parent for path in world.glob("**/grown-*/predict-added-free")}
+    return len({folder for folder in answered if not folder.name.endswith("-name-guided")})
+
+
 def across_seeds(runs: list[dict], writer: bool) -> dict:
     """What a mean hides, for the headline: the worst seed's added-over-trained ratio (each read's: `..._min`,
     `..._plain_min`); with the writer, on how many seeds its added people's rows are read (the oracle read, the read
-    forced onto their rows, at least `READING_LEARNED`), of the seeds run; how many of them are fresh (`FRESH_SEEDS`)."""
+    forced onto their rows, at least `READING_LEARNED`), of the seeds run; how many of them are fresh (`FRESH_SEEDS`);
+    and how often the most read seed's test group of added people has been answered (`test_group_reads`)."""
     per_seed = [headline_figures(summarise([run]), writer) for run in runs]
     figures = {}
     for key in ("added_over_trained_em", "added_over_trained_em_plain"):
@@ -158,4 +166,5 @@ def across_seeds(runs: list[dict], writer: bool) -> dict:
         figures["reading_learned_seeds"] = sum(read >= READING_LEARNED for read in oracle)
     figures["seeds_run"] = len(runs)
     figures["fresh_seeds"] = len({run["seed"] for run in runs} & set(FRESH_SEEDS))
+    figures["test_group_reads"] = max(run.get("test_group_reads", 0) for run in runs)  # the most read seed's
     return figures
