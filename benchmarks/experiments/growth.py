@@ -339,7 +339,7 @@ def pretrain_writer(settings: GrowthSettings, data: dict, out: Path, seed: int, 
     return writer
 
 
-READING_LEARNED = 50.0  # % of practice_validation answered with the read forced onto the rows: reading is learnt
+READING_LEARNED = 50.0  # % answered with the read forced onto the subjects' rows (oracle read): reading is learnt
 
 
 def first_stage_signal(settings: GrowthSettings, seed: int, out: Path, recipe: Recipe = PAPER) -> dict:
