@@ -92,8 +92,8 @@ def frozen_recipes(ledger: Path, edmem_ledger: Path = EDMEM_LEDGER) -> tuple[dic
     base = replace(qa.HEADLINE, seeds=SEEDS, pretrain_jobs=2)
     mine, tuned["edmem_ledger"] = edmem_setting(chosen, edmem_ledger)
     edmem_changes, edmem_options = tuning.SETTINGS[mine] if mine != "headline" else ({}, {})
-    recipes = {"edmem": FrozenRecipe(mine, replace(base, **edmem_changes), qa.HEADLINE.recipes[0], dict(edmem_options)),
-               "encdec": FrozenRecipe(chosen, replace(base, **changes), "paper", dict(options))}  # fmt: skip
+    edmem = FrozenRecipe(mine, replace(base, **edmem_changes), qa.HEADLINE.recipes[0], dict(edmem_options))
+    recipes = {"edmem": edmem, "encdec": FrozenRecipe(chosen, replace(base, **changes), "paper", dict(options))}
     return recipes, tuned
 
 

@@ -266,15 +266,15 @@ def run_seed(settings: GrowthSettings, seed: int, out: Path) -> dict:
         if name in models:
             models[name + NAME_GUIDED] = with_name_guided_read(models[name])
     results = growth_scoring.split_figures(models, data, settings, seed)
-    if settings.default_edmem:
-        results["rows_alone"] = rows_alone_ceiling(models["before"], files)
     asked = [files[split] for split in ("train", "test", "practice") if split in files]
     results["passage_facts"] = passage_facts(data["corpus"], asked)
     results["floor"] = floors(files, world)
     results["diagnostics"] = {}
-    if settings.default_edmem:
+    if settings.default_edmem:  # what its rows alone answer, and where it keeps what it knows
+        results["rows_alone"] = rows_alone_ceiling(models["before"], files)
         results["diagnostics"]["default"] = diagnostics(models["before"], models[DEFAULT_ESTIMATOR], DEFAULT_ESTIMATOR,
-                                                        files, data["new_dump"], seed, out / "diagnostics-default.json")  # fmt: skip
+                                                        files, data["new_dump"], seed,
+                                                        out / "diagnostics-default.json")  # fmt: skip
     if settings.writer:
         results["diagnostics"][WRITER] = diagnostics(models[f"{WRITER}_before"], models[WRITER], WRITER, files,
                                                      data["new_dump"], seed,
@@ -348,10 +348,10 @@ RESULT_SETTINGS = ("practice_people", "practice_biographies", "practice_one_fact
                    "row_autoencoding_share", "row_autoencoding_written_only", "writer_passages_by_mentions",
                    "writer_passages_per_row", "writer_pools_texts", "writer_answer_rows", "writer_reads_answer_rows",
                    "writer_answer_rows_by_text", "writer_mean_row_probability", "mean_row_probability_at_test",
-                   "entity_key_dim", "writer_dropout", "writer_random_mask_prob", "added_texts", "fresh_names_like_written_only",
-                   "writer_decoy_rows", "written_row_share", "writer_more_steps", "reader_steps",
-                   "reader_names_like_written_only", "reader_row_autoencoding_share", "reader_fresh_name_share",
-                   "reader_decoy_rows", "reader_decoys_for_every_entity")  # fmt: skip
+                   "entity_key_dim", "writer_dropout", "writer_random_mask_prob", "added_texts",
+                   "fresh_names_like_written_only", "writer_decoy_rows", "written_row_share", "writer_more_steps",
+                   "reader_steps", "reader_names_like_written_only", "reader_row_autoencoding_share",
+                   "reader_fresh_name_share", "reader_decoy_rows", "reader_decoys_for_every_entity")  # fmt: skip
 
 
 def result_fields(

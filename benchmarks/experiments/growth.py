@@ -29,10 +29,11 @@ from edmem_hf.knowledge_world import (
     split_people,
     without_people,
 )
-from edmem_hf.pretraining import load_corpus, pretrain, pretraining_options
+from edmem_hf.pretraining import LOG_NAME, load_corpus, pretrain, pretraining_options
 from edmem_hf.research.entity_growth import add_entities
 from edmem_hf.research.new_entity_text import new_entity_passages, own_page_sentences
 from edmem_hf.research.row_fitting import corpus_entity_ids, fit_new_entities, fit_rows, pretraining_examples
+from edmem_hf.task_files import read_jsonl
 from edmem_hf.toy_world import write_mediawiki_dump
 from experiments.qa_world import with_questions_in_pages, write_released_format
 from experiments.training import PAPER, Recipe, pretrain_variant, pretraining_schedule
@@ -351,7 +352,7 @@ def first_stage_signal(settings: GrowthSettings, seed: int, out: Path, recipe: R
     first_stage = replace(settings, reader_steps=0, writer_more_steps=0, mean_row_probability_at_test=False)
     model = pretrain_writer(first_stage, data, models_folder(out, settings), seed, recipe, data["mixed_questions"])
     keys = ("reading_em", "reading_oracle_em", "written_fact_share")
-    records = [json.loads(line) for line in (model / "log.jsonl").read_text().splitlines() if line.strip()]
+    records = read_jsonl(model / LOG_NAME)
     signal = [{"step": r["step"], **{key: r[key] for key in keys}} for r in records if "reading_em" in r]
     last = signal[-1] if signal else {}
     return {"seed": seed, "model": str(model), "signal": signal,

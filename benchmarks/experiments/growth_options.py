@@ -14,16 +14,17 @@ if TYPE_CHECKING:
     from toy_world_growth import GrowthSettings
 
 # the settings each option of the same name overrides when given
-OVERRIDES = ("fit_steps", "continued_steps", "writer", "default_edmem", "written_row_share", "written_only_share", "recipe",
-             "practice_people", "practice_biographies", "practice_one_fact_pages", "practice_sentence_pages",
-             "practice_share", "practice_questions_people", "written_table", "row_autoencoding_share",
-             "row_autoencoding_written_only", "writer_passages_by_mentions", "writer_passages_per_row",
-             "writer_pools_texts", "writer_answer_rows", "writer_reads_answer_rows", "writer_answer_rows_by_text",
-             "writer_mean_row_probability", "mean_row_probability_at_test", "entity_key_dim", "writer_dropout", "writer_random_mask_prob",
-             "added_texts", "fresh_names_like_written_only", "writer_decoy_rows", "writer_more_steps", "reader_steps",
+OVERRIDES = ("fit_steps", "continued_steps", "writer", "default_edmem", "written_row_share", "written_only_share",
+             "recipe", "practice_people", "practice_biographies", "practice_one_fact_pages",
+             "practice_sentence_pages", "practice_share", "practice_questions_people", "written_table",
+             "row_autoencoding_share", "row_autoencoding_written_only", "writer_passages_by_mentions",
+             "writer_passages_per_row", "writer_pools_texts", "writer_answer_rows", "writer_reads_answer_rows",
+             "writer_answer_rows_by_text", "writer_mean_row_probability", "mean_row_probability_at_test",
+             "entity_key_dim", "writer_dropout", "writer_random_mask_prob", "added_texts",
+             "fresh_names_like_written_only", "writer_decoy_rows", "writer_more_steps", "reader_steps",
              "reader_names_like_written_only", "reader_row_autoencoding_share", "reader_fresh_name_share",
-             "reader_decoy_rows", "reader_decoys_for_every_entity", "time_the_base_shape",
-             "validation_added_people", "validation_practice_people")  # fmt: skip
+             "reader_decoy_rows", "reader_decoys_for_every_entity", "time_the_base_shape", "validation_added_people",
+             "validation_practice_people")  # fmt: skip
 
 
 def growth_parser(description: str, setups: tuple[str, ...], recipes: tuple[str, ...]) -> argparse.ArgumentParser:
