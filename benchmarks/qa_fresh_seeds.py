@@ -5,9 +5,9 @@ chose (`qa_tuning.py`'s results file: its changes to the Settings, its pre-train
 EncDec is tried on EDMem too, on the same validation groups (`qa_tuning.py --system edmem --settings NAME`, EDMem's
 own ledger): EDMem's recipe is the headline's, or the headline with that setting where its validation figures are
 higher by the same rule (the mean of entity and literal EM over the three seeds). The
-recipes are frozen when the run begins (`--out`/recipes.json, with the commit) and recorded in the results file,
-which a test holds against the ledger. Nothing runs while the ledger has chosen nothing, nor once the results file
-exists (its test group has been read).
+recipes are frozen when the run begins, with the commit, in the runs file (`--runs`, committed), and recorded in the
+results file, which a test holds against the ledgers. Nothing runs while the ledger has chosen nothing, nor once the
+results file exists (its test group has been read).
 
 For each seed: the world, each system pre-trained with its own recipe (side by side), the validation and test
 groups asked, and where the entity gap comes from (the memory's recall at the subject, EDMem with the asked
@@ -15,10 +15,13 @@ subjects' rows hidden at test, each model's memorisation probe). Then the gaps E
 headline's) with seed-level intervals (seeds, then questions, both systems drawn alike), and the claim they support
 against the project's goal: EDMem's literal EM at least EncDec's - 3, its entity EM at least EncDec's + 5.
 
-    python benchmarks/qa_fresh_seeds.py --out runs/qa-fresh-seeds
+    python benchmarks/qa_fresh_seeds.py --out runs/qa-fresh-seeds [--seeds 6]
 
-A rerun with the same `--out` reuses what is done. Once the three seeds are done the results file (`--results`) is
-written, each pre-training's log and the plots beside it. Ends with the claim and one line `RESULT key=value ...`.
+Each seed is about 90 minutes. As each finishes, its run (the per-question hits) is added to the runs file and its
+pre-trainings' logs are copied beside it: commit them, and a rerun on another machine runs only the seeds the file
+lacks, with the recipes it froze (a rerun with the same `--out` also reuses the seeds' half-done pre-trainings).
+Once the three seeds are done the results file (`--results`) and the plots are written. Ends with the claim and one
+line `RESULT key=value ...`.
 """
 
 from __future__ import annotations
@@ -49,7 +52,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SEEDS = qa.FRESH_SEEDS  # no committed run of the knowledge experiment has used them
 LEDGER = tuning.RESULTS  # EncDec's settings read on the validation groups of seeds 0-2, and the one chosen
 EDMEM_LEDGER = tuning.results_file("edmem")  # EDMem's, read with EncDec's choice
-RESULTS = tuning.FIGURES / f"test_fresh_seeds{''.join(map(str, SEEDS))}.json"
+TAG = f"fresh_seeds{''.join(map(str, SEEDS))}"
+RESULTS = tuning.FIGURES / f"test_{TAG}.json"
+RUNS = tuning.FIGURES / f"{TAG}_runs.json"  # the frozen recipes and each seed's run as it finishes
 ASKED = ["validation", "test"]  # the validation group beside the test group, read once
 # What a system's own recipe may change: its pre-training. The world, its groups and the asking are shared.
 OWN_FIELDS = frozenset({"pretrain_steps", "pretrain_batch_size", "pretrain_learning_rate"})
@@ -58,6 +63,16 @@ GOALS = {"entity": 5.0, "literal": -3.0}  # the project's goal: EDMem's EM minus
 
 class Refused(Exception):
     """A reason not to run, said in one line."""
+
+
+@dataclass(frozen=True)
+class Ledgers:
+    """The tuning ledgers the recipes come from: EncDec's, with its choice, and EDMem's, where EDMem was tried with
+    that choice (none when the choice is EncDec's default, the headline's: nothing to try)."""
+
+    encdec: dict
+    edmem: dict | None = None
+    edmem_file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -74,8 +89,8 @@ class FrozenRecipe:
                 "linking": self.linking, "linking_recipe": asdict(qa.RECIPES[self.linking])}  # fmt: skip
 
 
-def frozen_recipes(ledger: Path, edmem_ledger: Path = EDMEM_LEDGER) -> tuple[dict[str, FrozenRecipe], dict]:
-    """Each system's recipe on the fresh seeds, and EncDec's ledger they come from: EncDec's the headline with the
+def frozen_recipes(ledger: Path, edmem_ledger: Path = EDMEM_LEDGER) -> tuple[dict[str, FrozenRecipe], Ledgers]:
+    """Each system's recipe on the fresh seeds, and the ledgers they come from: EncDec's the headline with the
     ledger's chosen setting, EDMem's the headline or the headline with that setting (`edmem_setting`, read on
     `edmem_ledger`). Refused while the ledger has chosen nothing, when its choice is not what `qa_tuning.SETTINGS`
     names or changes more than pre-training (the recipe read on validation), and while EDMem waits for its trial."""
@@ -90,11 +105,11 @@ def frozen_recipes(ledger: Path, edmem_ledger: Path = EDMEM_LEDGER) -> tuple[dic
     if set(changes) - OWN_FIELDS or set(SEEDS) & set(tuned["validation_seeds"]):
         raise Refused(f"{chosen!r} changes more than pre-training, or the fresh seeds were validation seeds")
     base = replace(qa.HEADLINE, seeds=SEEDS, pretrain_jobs=2)
-    mine, tuned["edmem_ledger"] = edmem_setting(chosen, edmem_ledger)
+    mine, tried = edmem_setting(chosen, edmem_ledger)
     edmem_changes, edmem_options = tuning.SETTINGS[mine] if mine != "headline" else ({}, {})
     edmem = FrozenRecipe(mine, replace(base, **edmem_changes), qa.HEADLINE.recipes[0], dict(edmem_options))
     recipes = {"edmem": edmem, "encdec": FrozenRecipe(chosen, replace(base, **changes), "paper", dict(options))}
-    return recipes, tuned
+    return recipes, Ledgers(tuned, tried, edmem_ledger.name if tried is not None else None)
 
 
 def edmem_setting(chosen: str, edmem_ledger: Path) -> tuple[str, dict | None]:
@@ -104,7 +119,6 @@ def edmem_setting(chosen: str, edmem_ledger: Path) -> tuple[str, dict | None]:
     if chosen == "default":
         return "headline", None
     tried = json.loads(edmem_ledger.read_text()) if edmem_ledger.exists() else {"complete": []}
-    tried["file"] = edmem_ledger.name
     if chosen not in tried["complete"]:
         raise Refused(f"EDMem has not been tried with EncDec's choice {chosen!r} on every validation seed "
                       f"(python benchmarks/qa_tuning.py --system edmem --settings {chosen}); the fresh seeds wait")  # fmt: skip
@@ -115,29 +129,34 @@ def edmem_setting(chosen: str, edmem_ledger: Path) -> tuple[str, dict | None]:
     return (chosen if mean[chosen] > mean["default"] else "headline"), tried
 
 
-def freeze(recipes: dict[str, FrozenRecipe], tuned: dict, ledger: Path, out: Path) -> dict:
+def freeze(recipes: dict[str, FrozenRecipe], ledgers: Ledgers, ledger: Path, runs_file: Path) -> dict:
     """The recipes as the results file records them, with the ledger, its choice and the commit they were frozen
-    at; written to `out` at the run's first call. A later call whose recipes differ is refused (the ledger or the
-    code changed meanwhile: the seeds would not share one recipe)."""
+    at; written to the runs file (`runs_file`, with no run yet) at the run's first call. A later call whose recipes
+    differ is refused (the ledgers or the code changed meanwhile: the seeds would not share one recipe)."""
     record = {system: recipe.record() for system, recipe in recipes.items()}
     where = ledger.resolve()
     record |= {"ledger": str(where.relative_to(ROOT) if where.is_relative_to(ROOT) else where),
-               "ledger_chosen": tuned["chosen"]}  # fmt: skip
-    if tuned.get("edmem_ledger") is not None:  # where EDMem was tried with EncDec's choice
-        record["edmem_ledger"] = tuned["edmem_ledger"]["file"]
+               "ledger_chosen": ledgers.encdec["chosen"]}  # fmt: skip
+    if ledgers.edmem_file is not None:  # where EDMem was tried with EncDec's choice
+        record["edmem_ledger"] = ledgers.edmem_file
     record = json.loads(json.dumps(record))
-    frozen = out / "recipes.json"
-    if frozen.exists():
-        earlier = json.loads(frozen.read_text())
+    if runs_file.exists():
+        earlier = json.loads(runs_file.read_text())["recipes"]
         if {key: value for key, value in earlier.items() if key in record} != record:
-            raise Refused(f"the recipes differ from those {frozen} froze when this run began: give it a new --out")
+            raise Refused(f"the recipes differ from those {runs_file.name} froze when the fresh seeds began: the "
+                          "seeds would not share one recipe")  # fmt: skip
         return earlier
     mine = [str(path) for path in (where, ROOT / "benchmarks") if path.is_relative_to(ROOT)]  # what the recipes are
     record |= {"frozen_at_commit": git("rev-parse", "HEAD").strip(),
                "uncommitted_changes_then": git("status", "--porcelain", "--", *mine).splitlines()}  # fmt: skip
-    out.mkdir(parents=True, exist_ok=True)
-    frozen.write_text(json.dumps(record, indent=1))
+    save_runs(runs_file, record, [])
     return record
+
+
+def save_runs(runs_file: Path, record: dict, runs: list[dict]) -> None:
+    """The runs file: the frozen recipes and each finished seed's run, hits included (the results are made from it)."""
+    runs_file.parent.mkdir(parents=True, exist_ok=True)
+    runs_file.write_text(json.dumps({"recipes": record, "runs": runs}, indent=1))
 
 
 def git(*arguments: str) -> str:
@@ -178,7 +197,7 @@ def seed_figures(run: dict) -> dict:
     return figures
 
 
-def fresh_result(record: dict, tuned: dict, runs: list[dict], settings: qa.Settings) -> dict:
+def fresh_result(record: dict, ledgers: Ledgers, runs: list[dict], settings: qa.Settings) -> dict:
     """The results file: the gaps on the test group with their seed-level intervals and the claim they support,
     each seed's figures, the settings each system was tried with on validation and the validation seeds' figures
     of the chosen recipes, the frozen recipes, the summary and every seed's run (without the per-question hits)."""
@@ -186,8 +205,9 @@ def fresh_result(record: dict, tuned: dict, runs: list[dict], settings: qa.Setti
     gap = gaps(summary)  # the test group, EDMem in free decoding
     interval = gap_bootstrap(*([run["hits"]["test"][system] for run in runs] for system in ("edmem_free", "encdec")),
                              settings.bootstrap_samples)  # fmt: skip
+    tuned = ledgers.encdec
     chosen = tuned["settings"][tuned["chosen"]]
-    mine, edmem_tried = record["edmem"]["setting"], tuned.get("edmem_ledger") or tuned
+    mine, edmem_tried = record["edmem"]["setting"], ledgers.edmem or tuned
     edmem = (tuning.headline_default("edmem", tuning.VALIDATION_SEEDS) if mine == "headline"
              else edmem_tried["settings"][mine])  # fmt: skip
     return {
@@ -204,17 +224,20 @@ def fresh_result(record: dict, tuned: dict, runs: list[dict], settings: qa.Setti
     }  # fmt: skip
 
 
-def publish(result: dict, recipes: dict[str, FrozenRecipe], out: Path, results: Path, plots: bool) -> None:
-    """The results file, each pre-training's log beside it, and the plots (named after the results file)."""
+def copy_logs(seed: int, recipes: dict[str, FrozenRecipe], out: Path, figures: Path) -> None:
+    """A finished seed's pre-training logs, beside the results file (committed with the runs file)."""
+    figures.mkdir(parents=True, exist_ok=True)
+    for system, recipe in recipes.items():
+        log = out / f"seed-{seed}" / f"pretrain-{system}-{recipe.setting}" / "log.jsonl"
+        shutil.copyfile(log, figures / f"pretrain_log_{TAG}_seed{seed}_{system}_{recipe.setting}.jsonl")
+
+
+def publish(result: dict, out: Path, results: Path, plots: bool) -> None:
+    """The results file and the plots (named after it)."""
     results.parent.mkdir(parents=True, exist_ok=True)
     results.write_text(json.dumps(result, indent=1))
-    tag = results.stem.removeprefix("test_")
-    for seed in result["seeds"]:
-        for system, recipe in recipes.items():
-            log = out / f"seed-{seed}" / f"pretrain-{system}-{recipe.setting}" / "log.jsonl"
-            shutil.copyfile(log, results.parent / f"pretrain_log_{tag}_seed{seed}_{system}_{recipe.setting}.jsonl")
     for plot in plot_qa(result["summary"], out) if plots else []:
-        shutil.copyfile(plot, results.parent / f"{plot.stem}_{tag}.png")
+        shutil.copyfile(plot, results.parent / f"{plot.stem}_{results.stem.removeprefix('test_')}.png")
 
 
 def statement(result: dict) -> str:
@@ -250,24 +273,34 @@ def main(argv: list[str] | None = None) -> int:
                         help="EDMem's tuning ledger, where it was tried with EncDec's choice")  # fmt: skip
     parser.add_argument("--results", type=Path, default=RESULTS,
                         help="the results file, written once every seed is done (committed)")  # fmt: skip
+    parser.add_argument("--runs", type=Path, default=RUNS,
+                        help="the frozen recipes and each finished seed's run, written as each seed finishes "
+                             "(committed: a rerun elsewhere runs only the seeds it lacks)")  # fmt: skip
+    parser.add_argument("--seeds", type=int, nargs="+", choices=SEEDS, default=list(SEEDS),
+                        help="the fresh seeds to run now (the results file waits for all three)")  # fmt: skip
     parser.add_argument("--no-plots", action="store_true")
     args = parser.parse_args(argv)
     out = args.out
     try:
-        recipes, tuned = frozen_recipes(args.ledger, args.edmem_ledger)
+        recipes, ledgers = frozen_recipes(args.ledger, args.edmem_ledger)
         if args.results.exists():
             raise Refused(f"{args.results} exists: the fresh seeds' test group was read; give --results elsewhere")
-        record = freeze(recipes, tuned, args.ledger, out)
+        record = freeze(recipes, ledgers, args.ledger, args.runs)
     except Refused as reason:
         print(f"qa_fresh_seeds.py refused: {reason}", file=sys.stderr)
         return 1
     quiet_logging()
-    runs = []
-    for seed in SEEDS:
-        runs.append(run_seed(recipes, seed, out / f"seed-{seed}"))
-        result = fresh_result(record, tuned, runs, recipes["edmem"].settings)
-        (out / "results.json").write_text(json.dumps(result, indent=1))  # each seed's figures as soon as they exist
-    publish(result, recipes, out, args.results, plots=not args.no_plots)
+    runs = json.loads(args.runs.read_text())["runs"]
+    for seed in sorted(set(args.seeds) - {run["seed"] for run in runs}):
+        runs.append(json.loads(json.dumps(run_seed(recipes, seed, out / f"seed-{seed}"))))  # as a rerun reads it
+        save_runs(args.runs, record, runs)
+        copy_logs(seed, recipes, out, args.results.parent)
+        print(f"seed {seed} done: {args.runs} holds seeds {sorted(run['seed'] for run in runs)}", flush=True)
+    if len(runs) < len(SEEDS):
+        print(f"the results file waits for seeds {sorted(set(SEEDS) - {run['seed'] for run in runs})}")
+        return 0
+    result = fresh_result(record, ledgers, sorted(runs, key=lambda run: run["seed"]), recipes["edmem"].settings)
+    publish(result, out, args.results, plots=not args.no_plots)
     print(statement(result))
     print(result_line(result))
     return 0

@@ -1,8 +1,9 @@
 """`benchmarks/qa_fresh_seeds.py` (issue 65, items 2 and 3): the fresh seeds' results file was produced from the
 frozen recipes (EncDec's the headline with the setting its tuning ledger chose, EDMem's the headline, with that setting
 too where EDMem's own ledger finds it better on validation), on seeds no other committed run
-of the knowledge experiment has used, its test group read once. The committed file is held to it once it exists;
-the check itself is held here on files built the way the script builds them, and on a tiny run of the script."""
+of the knowledge experiment has used, its test group read once. The committed files (the runs file, as seeds finish,
+and the results file) are held to it once they exist; the check itself is held here on files built the way the
+script builds them, and on a tiny run of the script."""
 
 from __future__ import annotations
 
@@ -29,8 +30,9 @@ def fresh():
     return load_benchmark("qa_fresh_seeds")
 
 
-def committed_seeds(leave_out: Path | None = None) -> set[int]:
-    """Every seed a committed results file of the knowledge experiment names (its folders and their archive)."""
+def committed_seeds(leave_out: tuple[Path, ...] = ()) -> set[int]:
+    """Every seed a committed results file of the knowledge experiment names (its folders and their archive), but
+    the files in `leave_out`."""
     seeds: set[int] = set()
 
     def walk(value) -> None:
@@ -45,22 +47,20 @@ def committed_seeds(leave_out: Path | None = None) -> set[int]:
 
     images = ROOT / "docs" / "images"
     for path in [*images.glob("toy_world_qa*/*.json"), *images.glob("archive/toy_world_qa*/*.json")]:
-        if path != leave_out:
+        if path not in leave_out:
             walk(json.loads(path.read_text(encoding="utf-8")))
     return seeds
 
 
-def assert_frozen(
-    result: dict, ledger: dict, headline, other_seeds: set[int], recipes_named: dict, edmem_ledger: dict | None = None
+def assert_recipes_frozen(
+    recipes: dict, ledger: dict, headline, recipes_named: dict, edmem_ledger: dict | None = None
 ) -> None:
-    """`result` (a fresh-seed results file) was produced from the frozen recipes: EncDec's is `headline` (the
+    """`recipes` (as the runs and results files record them) are the frozen recipes: EncDec's is `headline` (the
     Settings of docs/evidence.md's headline) with the setting `ledger` chose (its changes and pre-training options);
     EDMem's the headline's, with its linking recipe, and with that setting too where `edmem_ledger` (EDMem tried with
-    it) holds it above the headline on validation; on three seeds outside the validation seeds and `other_seeds`; the
-    test group read once. `recipes_named`: toy_world_qa.RECIPES."""
+    it) holds it above the headline on validation. `recipes_named`: toy_world_qa.RECIPES."""
     chosen = ledger["chosen"]
     assert chosen is not None, "the ledger has chosen nothing: no fresh seed may have run"
-    recipes = result["recipes"]
     assert recipes["ledger_chosen"] == recipes["encdec"]["setting"] == chosen
     changes, options = ledger["settings"][chosen]["changes"], ledger["settings"][chosen]["options"]
     mine = "headline"
@@ -86,6 +86,15 @@ def assert_frozen(
     assert recipes["edmem"]["linking"] == headline.recipes[0] and recipes["encdec"]["linking"] == "paper"
     for system in ("edmem", "encdec"):
         assert recipes[system]["linking_recipe"] == dataclasses.asdict(recipes_named[recipes[system]["linking"]])
+
+
+def assert_frozen(
+    result: dict, ledger: dict, headline, other_seeds: set[int], recipes_named: dict, edmem_ledger: dict | None = None
+) -> None:
+    """`result` (a fresh-seed results file) was produced from the frozen recipes (`assert_recipes_frozen`), on three
+    seeds outside the validation seeds and `other_seeds`; the test group read once."""
+    recipes = result["recipes"]
+    assert_recipes_frozen(recipes, ledger, headline, recipes_named, edmem_ledger)
     seeds = set(result["seeds"])
     assert result["fresh_seeds"] == len(seeds) == 3 and {int(seed) for seed in result["per_seed"]} == seeds
     assert all(set(recipes[system]["settings"]["seeds"]) == seeds for system in ("edmem", "encdec"))
@@ -162,7 +171,7 @@ def test_a_fresh_seed_file_is_held_to_the_recipes_the_ledger_froze(fresh, tmp_pa
     recipes, tuned = fresh.frozen_recipes(ledger_path, edmem_path)
     assert recipes["encdec"].options == {"dropout": 0.0} and recipes["edmem"].settings.seeds == fresh.SEEDS
     assert recipes["edmem"].setting == "headline" and recipes["edmem"].options == {}  # no better on validation
-    record = fresh.freeze(recipes, tuned, ledger_path, tmp_path / "run")
+    record = fresh.freeze(recipes, tuned, ledger_path, tmp_path / "runs.json")
     runs = [made_up_run(seed, (8, 4), (5, 4)) for seed in fresh.SEEDS]
     result = json.loads(json.dumps(fresh.fresh_result(record, tuned, runs, recipes["edmem"].settings)))
     assert result["entity_gap_edmem_minus_encdec"] == 30.0 and result["literal_gap_edmem_minus_encdec"] == 0.0
@@ -195,7 +204,7 @@ def test_a_fresh_seed_file_is_held_to_the_recipes_the_ledger_froze(fresh, tmp_pa
     better = write_edmem_ledger(tmp_path, "dropout_0", better=True)
     recipes_better, tuned_better = fresh.frozen_recipes(ledger_path, better)
     assert recipes_better["edmem"].setting == "dropout_0" and recipes_better["edmem"].options == {"dropout": 0.0}
-    record_better = fresh.freeze(recipes_better, tuned_better, ledger_path, tmp_path / "run-better")
+    record_better = fresh.freeze(recipes_better, tuned_better, ledger_path, tmp_path / "runs-better.json")
     result_better = json.loads(
         json.dumps(fresh.fresh_result(record_better, tuned_better, runs, recipes["edmem"].settings))
     )
@@ -203,20 +212,21 @@ def test_a_fresh_seed_file_is_held_to_the_recipes_the_ledger_froze(fresh, tmp_pa
     assert result_better["validation_seeds_figures"]["edmem"]["em"]["entity"] == 70.0
     with pytest.raises(AssertionError):  # the file's EDMem kept the headline where the ledger says otherwise
         frozen(result, edmem=json.loads(better.read_text()))
-    for seed in fresh.SEEDS:  # published: the file, each pre-training's log and the plots beside it
+    figures = tmp_path / "figures"
+    for seed in fresh.SEEDS:  # each seed's pre-training logs copied as it finishes
         for system, recipe in recipes.items():
             log = tmp_path / "run" / f"seed-{seed}" / f"pretrain-{system}-{recipe.setting}" / "log.jsonl"
             log.parent.mkdir(parents=True)
             log.write_text(f'{{"seed": {seed}}}\n')
-    figures = tmp_path / "figures"
-    fresh.publish(result, recipes, tmp_path / "run", figures / "test_fresh_seeds678.json", plots=True)
+        fresh.copy_logs(seed, recipes, tmp_path / "run", figures)
+    fresh.publish(result, tmp_path / "run", figures / "test_fresh_seeds678.json", plots=True)
     assert json.loads((figures / "test_fresh_seeds678.json").read_text()) == result
     assert (figures / "pretrain_log_fresh_seeds678_seed7_encdec_dropout_0.jsonl").read_text() == '{"seed": 7}\n'
     assert (figures / "em_by_model_fresh_seeds678.png").stat().st_size > 0
 
 
 def test_the_fresh_seeds_are_the_first_no_committed_run_used(fresh):
-    assert not set(fresh.SEEDS) & committed_seeds() and len(fresh.SEEDS) == 3
+    assert not set(fresh.SEEDS) & committed_seeds(leave_out=(fresh.RESULTS, fresh.RUNS)) and len(fresh.SEEDS) == 3
     assert fresh.qa.ONE_SEED not in fresh.SEEDS  # a check anyone runs reads none of their test groups
 
 
@@ -227,9 +237,23 @@ def test_the_committed_fresh_seed_file_was_produced_from_the_frozen_recipes(fres
     result = json.loads(fresh.RESULTS.read_text(encoding="utf-8"))
     ledger = json.loads(fresh.LEDGER.read_text(encoding="utf-8"))
     edmem = json.loads(fresh.EDMEM_LEDGER.read_text(encoding="utf-8")) if fresh.EDMEM_LEDGER.exists() else None
-    others = committed_seeds(leave_out=fresh.RESULTS)
+    others = committed_seeds(leave_out=(fresh.RESULTS, fresh.RUNS))
     assert_frozen(result, ledger, fresh.qa.HEADLINE, others, fresh.qa.RECIPES, edmem)
     assert result["recipes"]["ledger"] == str(fresh.LEDGER.relative_to(ROOT))
+    assert result["recipes"] == json.loads(fresh.RUNS.read_text(encoding="utf-8"))["recipes"]
+
+
+def test_the_committed_runs_file_holds_the_frozen_recipes_and_fresh_seeds_only(fresh):
+    """The runs file, committed as each fresh seed finishes, before the results file exists."""
+    if not fresh.RUNS.exists():
+        pytest.skip(f"{fresh.RUNS.name} is not committed yet (the fresh seeds begin once the tuning has chosen)")
+    held = json.loads(fresh.RUNS.read_text(encoding="utf-8"))
+    ledger = json.loads(fresh.LEDGER.read_text(encoding="utf-8"))
+    edmem = json.loads(fresh.EDMEM_LEDGER.read_text(encoding="utf-8")) if fresh.EDMEM_LEDGER.exists() else None
+    assert_recipes_frozen(held["recipes"], ledger, fresh.qa.HEADLINE, fresh.qa.RECIPES, edmem)
+    seeds = [run["seed"] for run in held["runs"]]
+    assert len(seeds) == len(set(seeds)) and set(seeds) <= set(fresh.SEEDS)
+    assert held["recipes"]["frozen_at_commit"]
 
 
 def test_nothing_runs_without_a_choice_or_with_recipes_that_moved(fresh, tmp_path, capsys):
@@ -240,22 +264,25 @@ def test_nothing_runs_without_a_choice_or_with_recipes_that_moved(fresh, tmp_pat
 
     tried = write_edmem_ledger(tmp_path, "lr_1e-3", better=False)
 
+    runs = tmp_path / "runs.json"
+
     def refused(ledger: Path, results: Path = tmp_path / "results.json", edmem: Path = tried) -> str:
         capsys.readouterr()
-        argv = ["--out", str(out), "--ledger", str(ledger), "--results", str(results), "--edmem-ledger", str(edmem)]
+        argv = ["--out", str(out), "--ledger", str(ledger), "--results", str(results), "--edmem-ledger", str(edmem),
+                "--runs", str(runs)]  # fmt: skip
         assert fresh.main(argv) == 1
         said = capsys.readouterr().err.strip()
         assert len(said.splitlines()) == 1 and said.startswith("qa_fresh_seeds.py refused: ")
         return said
 
     assert "has chosen no EncDec setting yet" in refused(write_ledger(tmp_path, None, tuning.SETTINGS))
-    assert not out.exists()
+    assert not out.exists() and not runs.exists()
     moved = {**tuning.SETTINGS, "lr_1e-3": ({"pretrain_learning_rate": 5e-4}, {})}
     assert "is not qa_tuning.SETTINGS'" in refused(write_ledger(tmp_path, "lr_1e-3", moved))
     ledger = write_ledger(tmp_path, "lr_1e-3", tuning.SETTINGS)
     said = refused(ledger, edmem=tmp_path / "no_edmem_ledger.json")
-    assert "EDMem has not been tried with EncDec's choice 'lr_1e-3'" in said and not out.exists()
-    fresh.freeze(*fresh.frozen_recipes(ledger, tried), ledger, out)  # a run began with lr_1e-3
+    assert "EDMem has not been tried with EncDec's choice 'lr_1e-3'" in said and not runs.exists()
+    fresh.freeze(*fresh.frozen_recipes(ledger, tried), ledger, runs)  # a run began with lr_1e-3
     dropout = write_edmem_ledger(tmp_path, "dropout_0", better=False)
     assert "differ from those" in refused(write_ledger(tmp_path, "dropout_0", tuning.SETTINGS), edmem=dropout)
     (tmp_path / "read.json").write_text("{}")
@@ -277,26 +304,38 @@ def test_the_gap_interval_draws_both_systems_alike_and_reads_the_claim():
 
 def test_the_fresh_seeds_run_end_to_end_at_a_tiny_size(fresh, tmp_path, monkeypatch, capsys):
     """The script at a tiny size (16 people, 20 steps): each system pre-trained with its own recipe (EncDec with the
-    ledger's dropout, EDMem with the headline's, no better with it on validation), the three seeds asked and measured, the results file and the
-    pre-training logs written and held to the frozen recipes, the claim and the RESULT line printed."""
+    ledger's dropout, EDMem with the headline's, no better with it on validation). One seed first, on one machine;
+    the other two on another (a new --out), which reads the first seed's run from the runs file rather than running
+    it again; then the results file, held to the frozen recipes, each seed's pre-training logs, the claim and the
+    RESULT line."""
     tiny = dataclasses.replace(fresh.qa.HEADLINE, num_people=16, pretrain_steps=20, d_model=32, bootstrap_samples=50)
     monkeypatch.setattr(fresh.qa, "HEADLINE", tiny)
     ledger = write_ledger(tmp_path, "dropout_0", fresh.tuning.SETTINGS)
     edmem_ledger = write_edmem_ledger(tmp_path, "dropout_0", better=False)
-    results = tmp_path / "figures" / "test_fresh_seeds678.json"
-    argv = ["--out", str(tmp_path / "run"), "--ledger", str(ledger), "--results", str(results), "--no-plots",
-            "--edmem-ledger", str(edmem_ledger)]  # fmt: skip
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        assert fresh.main(argv) == 0
-    finally:
-        torch.set_num_threads(threads)
+    results, runs = tmp_path / "figures" / "test_fresh_seeds678.json", tmp_path / "figures" / "runs.json"
+    first, first_seed = fresh.SEEDS[0], str(fresh.SEEDS[0])
+
+    def run(out: str, *more: str) -> int:
+        argv = ["--out", str(tmp_path / out), "--ledger", str(ledger), "--results", str(results), "--no-plots",
+                "--edmem-ledger", str(edmem_ledger), "--runs", str(runs), *more]  # fmt: skip
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return fresh.main(argv)
+        finally:
+            torch.set_num_threads(threads)
+
+    assert run("run", "--seeds", first_seed) == 0
+    assert not results.exists() and [held["seed"] for held in json.loads(runs.read_text())["runs"]] == [first]
+    assert "the results file waits for seeds" in capsys.readouterr().out
+    assert run("elsewhere") == 0  # another machine: the first seed's run comes from the runs file
+    assert not (tmp_path / "elsewhere" / f"seed-{first}").exists()
     result = json.loads(results.read_text())
     tried = json.loads(edmem_ledger.read_text())
     assert_frozen(result, json.loads(ledger.read_text()), tiny, committed_seeds(), fresh.qa.RECIPES, tried)
+    assert result["recipes"] == json.loads(runs.read_text())["recipes"] and result["seeds"] == list(fresh.SEEDS)
     for seed in fresh.SEEDS:
-        where = tmp_path / "run" / f"seed-{seed}"
+        where = tmp_path / ("run" if seed == first else "elsewhere") / f"seed-{seed}"
         encdec = json.loads((where / "pretrain-encdec-dropout_0" / "config.json").read_text())
         edmem = json.loads((where / "pretrain-edmem-headline" / "config.json").read_text())
         assert (encdec["variant"], encdec["dropout"]) == ("encdec", 0.0) and edmem["dropout"] == 0.1
@@ -311,4 +350,4 @@ def test_the_fresh_seeds_run_end_to_end_at_a_tiny_size(fresh, tmp_path, monkeypa
                 "edmem_settings_tried=16", "encdec_settings_tried=18", "encdec_setting=dropout_0",
                 "edmem_setting=headline"):  # fmt: skip
         assert f" {key}" in last
-    assert fresh.main(argv) == 1  # read once: the results file exists
+    assert run("elsewhere") == 1  # read once: the results file exists
