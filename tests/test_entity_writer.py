@@ -694,3 +694,35 @@ def test_the_writer_s_row_is_made_of_the_state_at_e_s_and_an_attention_pool_over
     with torch.no_grad():
         torch.testing.assert_close(writer(padded, WRITER_INPUTS, mask), row)
         assert not torch.allclose(writer(moved, WRITER_INPUTS, mask)[0], row[0])
+
+
+def test_texts_read_a_few_at_a_time_by_length_make_the_one_pass_rows_and_gradients():
+    """`write_entity_rows` reads its texts in groups of similar length, each cut after its longest text (the fast
+    path training takes): rows and gradients equal those of one pass over the whole padded batch, in the texts'
+    order, with right padding and with a text padded on the left."""
+    model = tiny_model(seed=8, entity_row_writer=True, dropout=0.0)
+    generator = torch.Generator().manual_seed(0)
+    lengths = [3, 9, 4, 15, 6, 6, 12, 5, 20, 7, 3]
+    width = max(lengths) + 4
+    ids = torch.full((len(lengths), width), PAD)
+    for k, length in enumerate(lengths):
+        words = torch.randint(10, 30, (length,), generator=generator)
+        ids[k, : length + 4] = torch.tensor([BOS, ES, *words.tolist(), EE, EOS])
+    left = int(torch.tensor(lengths).argmin())  # one text padded on the left instead
+    ids[left] = torch.cat([ids[left][ids[left] == PAD], ids[left][ids[left] != PAD]])
+    mask = (ids != PAD).long()
+
+    def rows_and_gradients(texts_per_pass: int | None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model.zero_grad()
+        rows = model.write_entity_rows(ids, mask, texts_per_pass=texts_per_pass)
+        (rows * torch.linspace(-1, 1, rows.numel()).view_as(rows)).sum().backward()
+        return rows.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    one_pass, one_pass_gradients = rows_and_gradients(None)
+    for texts_per_pass in (4, 32):
+        rows, gradients = rows_and_gradients(texts_per_pass)
+        torch.testing.assert_close(rows, one_pass, atol=1e-5, rtol=1e-5)
+        assert len(gradients) == len(one_pass_gradients) > 0
+        for grouped, whole in zip(gradients, one_pass_gradients):
+            torch.testing.assert_close(grouped, whole, atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(rows[0], rows[1])  # the rows are the texts' own, in their order

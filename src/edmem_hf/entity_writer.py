@@ -19,6 +19,10 @@ from torch import nn
 from .configuration_edmem import EDMemConfig
 from .entity_attention import WrittenRows
 
+# Texts the writer reads in one pass, grouped by length (`EDMemForConditionalGeneration.write_entity_rows`): measured
+# on the knowledge world's first stage (about 90 texts a batch), 32 trained 1.57x faster than one pass, 16 1.50x.
+WRITER_TEXTS_PER_PASS = 32
+
 
 class EntityRowWriter(nn.Module):
     """`(K, L, d_model)` lower-layer states of K writer inputs -> `(K, entity_embed_dim)` rows.

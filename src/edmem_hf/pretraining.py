@@ -892,6 +892,7 @@ class _PretrainingRun:
             model, optimizer, train_dl, scheduler
         )
         self.eval_dl = accelerator.prepare(eval_dl) if eval_dl is not None else None
+        self.encoder_only = _is_encoder_only(self.model, accelerator)  # once: 3% of a small step
 
         self.progress = _Progress(num_processes=accelerator.num_processes)
         accelerator.register_for_checkpointing(self.progress)
@@ -1026,7 +1027,7 @@ class _PretrainingRun:
         """One micro-batch; the optimizer steps when Accelerate syncs the gradients (end of an accumulation)."""
         accelerator = self.accelerator
         with accelerator.accumulate(self.model):
-            outputs = self.model(**_model_inputs(batch, _is_encoder_only(self.model, accelerator)))
+            outputs = self.model(**_model_inputs(batch, self.encoder_only))
             accelerator.backward(outputs.loss)
             if accelerator.sync_gradients and self.args.max_grad_norm > 0:
                 accelerator.clip_grad_norm_(self.model.parameters(), self.args.max_grad_norm)
