@@ -11,6 +11,7 @@ forward pass (`EDMemForConditionalGeneration.forward(rows_to_write=...)`). Copie
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, fields
 
 import torch
@@ -69,6 +70,26 @@ class EntityRowWriter(nn.Module):
         weights = torch.softmax(scores, dim=-1).to(values.dtype)
         pooled = torch.einsum("bhl,blhd->bhd", weights, values).reshape(batch, -1)
         return self.dropout(self.row_proj(self.layer_norm(torch.cat([at_name, pooled], dim=-1))))
+
+
+def groups_by_length(
+    input_ids: torch.LongTensor, attention_mask: torch.Tensor | None, texts_per_pass: int | None
+) -> Iterator[tuple[torch.LongTensor, torch.LongTensor, torch.Tensor]]:
+    """`(indices, input_ids, attention_mask)` of the writer's texts `texts_per_pass` at a time in order of length,
+    each group cut after its longest text's last token (None: all of them as they are; no mask: no padding). A
+    batch's texts vary in length, and one pass over them padded to the longest spends most of its work on padding
+    (two thirds in the knowledge world's first stage); cutting only trailing padding keeps every token where it
+    was, so that each row is the one pass's up to float rounding."""
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    if texts_per_pass is None:
+        yield torch.arange(input_ids.shape[0], device=input_ids.device), input_ids, attention_mask
+        return
+    positions = torch.arange(1, input_ids.shape[1] + 1, device=input_ids.device)
+    ends = (attention_mask * positions).amax(dim=1).clamp(min=1)  # after each text's last token
+    for texts in torch.argsort(ends).split(texts_per_pass):
+        width = int(ends[texts].max())
+        yield texts, input_ids[texts, :width], attention_mask[texts, :width]
 
 
 def writer_input_ids(
@@ -133,4 +154,4 @@ class RowsToWrite:
         )
 
 
-__all__ = ["EntityRowWriter", "RowsToWrite", "writer_input_ids"]
+__all__ = ["EntityRowWriter", "RowsToWrite", "groups_by_length", "writer_input_ids"]

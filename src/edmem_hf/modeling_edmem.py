@@ -44,7 +44,7 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 from .configuration_edmem import IGNORE_INDEX, EDMemConfig
 from .entity_attention import EntityTable, WrittenRows, entity_attention
 from .entity_index import EntityIndexMixin
-from .entity_writer import WRITER_TEXTS_PER_PASS, EntityRowWriter, RowsToWrite
+from .entity_writer import WRITER_TEXTS_PER_PASS, EntityRowWriter, RowsToWrite, groups_by_length
 from .generation_edmem import EDMemGenerationMixin
 from .hub_edmem import EDMemHubMixin
 from .input_checks import check_entity_labels, check_mention_markers
@@ -992,29 +992,13 @@ class EDMemForConditionalGeneration(EDMemGenerationMixin, _EDMemSeq2SeqLM):
         writer_attention_mask: torch.Tensor | None = None,
         texts_per_pass: int | None = WRITER_TEXTS_PER_PASS,
     ) -> torch.Tensor:
-        """`(K, entity_embed_dim)`: the rows the writer makes of K texts `<s> <E_s> name <E_e> passage </s>`
-        (`entity_writer.writer_input_ids`), read by the encoder's lower layers (the memory is not read).
-
-        The texts are read `texts_per_pass` at a time in order of length, each pass cut after its longest text's
-        last token: a batch's texts vary in length, and one pass over them all padded to the longest spends most
-        of its work on padding (two thirds in the knowledge world's pre-training). Each text's row is the one pass's
-        (`texts_per_pass=None`) up to float rounding."""
+        """`(K, entity_embed_dim)`: the rows the writer makes of K texts `<s> <E_s> name <E_e> passage </s>` read by the
+        lower encoder layers (no memory read), a few of like length a pass (`entity_writer.groups_by_length`)."""
         if self.entity_writer is None:
             raise ValueError("this model has no entity row writer (EDMemConfig(entity_row_writer=True) builds one)")
-        if writer_attention_mask is None:
-            writer_attention_mask = torch.ones_like(writer_input_ids)
-        if texts_per_pass is None:
-            hidden = self.model.encoder.lower_hidden_states(writer_input_ids, writer_attention_mask)
-            return self.entity_writer(hidden, writer_input_ids, writer_attention_mask)
-        positions = torch.arange(1, writer_input_ids.shape[1] + 1, device=writer_input_ids.device)
-        ends = (writer_attention_mask * positions).amax(dim=1).clamp(min=1)  # after each text's last token
-        order = torch.argsort(ends)
-        rows = []
-        for texts in order.split(texts_per_pass):
-            width = int(ends[texts].max())
-            ids, mask = writer_input_ids[texts, :width], writer_attention_mask[texts, :width]
-            rows.append(self.entity_writer(self.model.encoder.lower_hidden_states(ids, mask), ids, mask))
-        return torch.cat(rows)[torch.argsort(order)]
+        groups = list(groups_by_length(writer_input_ids, writer_attention_mask, texts_per_pass))
+        rows = [self.entity_writer(self.model.encoder.lower_hidden_states(i, m), i, m) for _, i, m in groups]
+        return torch.cat(rows)[torch.argsort(torch.cat([texts for texts, _, _ in groups]))]
 
     @can_return_tuple
     def forward(
