@@ -121,7 +121,8 @@ def written_rows(
             ids = torch.tensor([item[2] + [pad] * (width - item[0]) for item in chunk], device=model.device)
             mask = torch.tensor([[1] * item[0] + [0] * (width - item[0]) for item in chunk], device=model.device)
             owners = torch.tensor([item[1] for item in chunk])
-            sums.index_add_(0, owners, model.write_entity_rows(ids, mask).float().cpu())
+            rows = model.write_entity_rows(ids, mask, texts_per_pass=None)  # grouped by length here already
+            sums.index_add_(0, owners, rows.float().cpu())
             counts += torch.bincount(owners, minlength=len(inputs)).float()
     finally:
         model.train(was_training)
