@@ -78,7 +78,13 @@ paper setup, every estimator, the writer's default training, the time to add).
     python benchmarks/toy_world_growth.py --quick --out runs/growth-quick    # one seed of the paper's setup, small
 
 A rerun with the same `--out` reuses what is done: seeds run apart (`--seeds 0`, ... with the same `--out`) are
-combined by the plain command, every model reused. Ends with one line `RESULT key=value ...` (means over seeds).
+combined by the plain command, every model reused. Seeds run on machines of their own (each its `--out`) are combined
+from their results files by the same command line with `--combine`, which runs nothing:
+
+    python benchmarks/toy_world_growth.py --seeds 3 --out runs/growth-3        # a seed a machine, its results.json
+    python benchmarks/toy_world_growth.py --out runs/growth-345 --combine runs/growth-{3,4,5}/results.json
+
+Ends with one line `RESULT key=value ...` (means over seeds).
 """
 
 from __future__ import annotations
@@ -311,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(error))
     if args.first_stage_only and not settings.validation_practice_people:
         parser.error("--first-stage-only reads its signal on practice_validation: give --validation-practice-people")
+    if args.first_stage_only and args.combine:
+        parser.error("--combine joins whole runs' results.json files; --first-stage-only writes first_stages.json")
     quiet_logging()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -321,16 +329,23 @@ def main(argv: list[str] | None = None) -> int:
         learned = sum(stage["reading_learned"] for stage in stages)
         print(f"RESULT seeds_run={len(stages)} validation_reading_learned_seeds={learned} group=practice_validation")
         return 0
-    runs = [run_seed(settings, seed, out / f"seed-{seed}") for seed in settings.qa.seeds]
+    if args.combine:  # the seeds' runs made apart, each its results file: nothing runs, nothing is timed
+        try:
+            runs = growth_scoring.combined_runs(args.combine, json.loads(json.dumps(asdict(settings))))
+        except ValueError as error:
+            parser.error(str(error))
+        settings = replace(settings, qa=replace(settings.qa, seeds=tuple(run["seed"] for run in runs)))
+    else:
+        runs = [run_seed(settings, seed, out / f"seed-{seed}") for seed in settings.qa.seeds]
     summary = growth_scoring.summarise(runs)
     headline = growth_scoring.headline_figures(summary, settings.writer) | growth_scoring.across_seeds(
         runs, settings.writer
     )
     result = {"settings": asdict(settings), "headline": headline, "runs": runs, "summary": summary}
     (out / "results.json").write_text(json.dumps(result, indent=1))  # the answers, before the timing
-    first = {name: Path(path) for name, path in runs[0]["models"].items()}  # fine-tuned, or pre-trained without it
     timing = {}
-    if settings.default_edmem:
+    if settings.default_edmem and not args.combine:
+        first = {name: Path(path) for name, path in runs[0]["models"].items()}  # fine-tuned, or pre-trained without it
         timing = time_additions(first["before"], settings.timed_additions, settings, out / "seconds_to_add.json",
                                 settings.time_the_base_shape, first.get(f"{WRITER}_before"))  # fmt: skip
     result["seconds_to_add"] = timing
@@ -338,62 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_plots:
         result["plot"] = str(plot_growth(summary, out))
     print(json.dumps({"headline": headline, "summary": summary, "seconds_to_add": timing}, indent=1))
-    print("RESULT " + " ".join(result_fields(settings, runs, summary, headline, timing)))
+    print("RESULT " + " ".join(growth_scoring.result_fields(settings, runs, summary, headline, timing)))
     return 0
-
-
-# The settings the RESULT line names, in its order (a switch as 0 or 1; `pretrain_steps` is `settings.qa`'s)
-RESULT_SETTINGS = ("practice_people", "practice_biographies", "practice_one_fact_pages", "practice_sentence_pages",
-                   "practice_share", "practice_questions_people", "pretrain_steps", "written_table",
-                   "row_autoencoding_share", "row_autoencoding_written_only", "writer_passages_by_mentions",
-                   "writer_passages_per_row", "writer_pools_texts", "writer_answer_rows", "writer_reads_answer_rows",
-                   "writer_answer_rows_by_text", "writer_mean_row_probability", "mean_row_probability_at_test",
-                   "entity_key_dim", "writer_dropout", "writer_random_mask_prob", "added_texts",
-                   "fresh_names_like_written_only", "writer_decoy_rows", "written_row_share", "writer_more_steps",
-                   "reader_steps", "reader_names_like_written_only", "reader_row_autoencoding_share",
-                   "reader_fresh_name_share", "reader_decoy_rows", "reader_decoys_for_every_entity")  # fmt: skip
-
-
-def result_fields(
-    settings: GrowthSettings, runs: list[dict], summary: dict, headline: dict, timing: dict
-) -> list[str]:
-    """The RESULT line's `key=value` fields: the run's size and settings, the headline figures, then each model's EM
-    and recall, the bounds and floors, the diagnostics and the time to add."""
-
-    def setting(name: str):
-        value = settings.qa.pretrain_steps if name == "pretrain_steps" else getattr(settings, name)
-        return int(value) if isinstance(value, bool) else value
-
-    def figure(split: str, name: str, mode: str, kind: str = "all") -> float:
-        return summary[split][name][mode][kind]["mean"]
-
-    fields = [f"seeds={len(runs)}", f"people_added={len(runs[0]['held_out'])}"]
-    fields += [f"{name}={setting(name)}" for name in RESULT_SETTINGS]
-    fields += [f"added_questions={runs[0]['questions']['added']}", f"trained_questions={runs[0]['questions']['test']}"]
-    fields += [f"{key}={value}" for key, value in headline.items()]  # fmt: skip
-    for name in summary["added"]:
-        fields += [f"added_em_{name}={figure('added', name, 'free')}",
-                   f"added_em_entity_{name}={figure('added', name, 'free', 'entity')}",
-                   f"added_memory_recall_{name}={summary['added'][name]['memory_recall']['mean']}"]  # fmt: skip
-    for name in summary["test"]:
-        fields += [f"trained_em_{name}={figure('test', name, 'free')}",
-                   f"trained_memory_recall_{name}={summary['test'][name]['memory_recall']['mean']}"]  # fmt: skip
-        if "memory_recall_practice_rows_hidden" in summary["test"][name]:
-            hidden = summary["test"][name]["memory_recall_practice_rows_hidden"]["mean"]
-            fields.append(f"trained_memory_recall_practice_rows_hidden_{name}={hidden}")
-    for name in summary.get("practice", {}):  # questions in pre-training, through written rows for the writer
-        fields.append(f"practice_em_{name}={figure('practice', name, 'free')}")
-    fields += [f"{key}={value['mean']}" for key, value in summary.get("rows_alone", {}).items()]
-    fields += [f"floor_em_{split}={value['mean']}" for split, value in summary["floor"].items()]
-    fields += [f"passage_facts_{draw}={value['all']['mean']}" for draw, value in summary["passage_facts"].items()]
-    for system, figures in summary["diagnostics"].items():
-        fields += [f"{name}_{key}_{system}={value['mean']}" for name, group in figures.items()
-                   for key, value in group.items()]  # fmt: skip
-    for shape, estimators in timing.items():
-        for estimator, sizes in estimators.items():
-            at = "" if shape == "toy_model" else "_at_edmem_base_shape"
-            fields += [f"seconds_to_add_{n}_{estimator}{at}={s}" for n, s in sizes.items()]
-    return fields
 
 
 if __name__ == "__main__":

@@ -404,6 +404,26 @@ def test_the_writer_s_model_alone_trains_no_default_edmem(bench, tmp_path, capsy
         bench.main(["--out", str(tmp_path / "none"), "--no-default-edmem", "--no-writer"])
     assert "leaves no model to train" in capsys.readouterr().err
 
+    # a seed run on a machine of its own, combined from its results file by the same command line: nothing runs
+    other = json.loads((out / "results.json").read_text())
+    other["runs"][0]["seed"], other["settings"]["qa"]["seeds"] = 4, [4]
+    (tmp_path / "seed-4.json").write_text(json.dumps(other))
+    files = ["--combine", str(out / "results.json"), str(tmp_path / "seed-4.json")]
+    recipe, combined = argv[: argv.index("--out")] + argv[argv.index("--out") + 2 :], tmp_path / "combined"
+    assert bench.main([*recipe, "--out", str(combined), *files]) == 0
+    assert "RESULT seeds=2" in capsys.readouterr().out
+    both = json.loads((combined / "results.json").read_text())
+    assert [p.name for p in combined.iterdir()] == ["results.json"] and both["settings"]["qa"]["seeds"] == [0, 4]
+    assert (both["headline"]["seeds_run"], both["headline"]["fresh_seeds"]) == (2, 1)
+    assert both["headline"]["added_over_trained_em"] == headline["added_over_trained_em"]  # the same figures twice
+    # refused: a file of another recipe (the setting named), a seed twice
+    with pytest.raises(SystemExit):
+        bench.main([*recipe, "--reader-steps", "5", "--out", str(tmp_path / "other"), *files])
+    assert "reader_steps differ" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main([*recipe, "--out", str(tmp_path / "twice"), *files, str(out / "results.json")])
+    assert "a seed comes twice" in capsys.readouterr().err
+
 
 def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
     """A tiny world, a few steps: the model is grown by each estimator, decoded and scored, the plot drawn."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from experiments.growth import ADDED_TEXTS, ESTIMATORS, TIMED_ESTIMATORS
@@ -150,6 +151,9 @@ def growth_parser(description: str, setups: tuple[str, ...], recipes: tuple[str,
     parser.add_argument("--first-stage-only", action="store_true",
                         help="the writer's first stage alone on each seed, its reading signal on practice_validation "
                              "written to first_stages.json (needs --validation-practice-people)")  # fmt: skip
+    parser.add_argument("--combine", nargs="+", type=Path, metavar="RESULTS",
+                        help="results.json files of this command line's recipe run apart (--seeds N each, on "
+                             "machines of their own), combined as one run of their seeds into --out; nothing runs")  # fmt: skip
     parser.add_argument("--recipe", choices=recipes,
                         help="toy_world_qa's pre-training and fine-tuning levers, for every model (default: paper); "
                              "another recipe's models go to seed-N/recipe-NAME")  # fmt: skip

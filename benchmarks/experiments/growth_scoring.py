@@ -4,6 +4,7 @@ spread over seeds, and the issue's headline figures read from them."""
 
 from __future__ import annotations
 
+import json
 import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -168,3 +169,80 @@ def across_seeds(runs: list[dict], writer: bool) -> dict:
     figures["fresh_seeds"] = len({run["seed"] for run in runs} & set(FRESH_SEEDS))
     figures["test_group_reads"] = max(run.get("test_group_reads", 0) for run in runs)  # the most read seed's
     return figures
+
+
+def combined_runs(paths: list[Path], settings: dict) -> list[dict]:
+    """The runs of results files written apart (`toy_world_growth.py --seeds N`, each on a machine of its own), in
+    order of seed, as one run of their seeds would hold them. Refused (a ValueError naming the settings) where a
+    file's recipe is not `settings`' (the command line's, as results.json records it) beyond its seeds, or a seed
+    comes twice: the figures would mix recipes or count a seed twice."""
+
+    def recipe(settings: dict) -> dict:  # the settings but the seeds, `qa`'s flattened
+        qa = {f"qa.{key}": value for key, value in settings["qa"].items() if key != "seeds"}
+        return {key: value for key, value in settings.items() if key != "qa"} | qa
+
+    wanted, runs = recipe(settings), []
+    for path in paths:
+        result = json.loads(Path(path).read_text(encoding="utf-8"))
+        found = recipe(result["settings"])
+        if differ := sorted(key for key in wanted.keys() | found.keys() if wanted.get(key) != found.get(key)):
+            raise ValueError(f"{path} is a run of another recipe than the command line's: {', '.join(differ)} differ")
+        runs += result["runs"]
+    seeds = sorted(run["seed"] for run in runs)
+    if len(set(seeds)) < len(seeds):
+        raise ValueError(f"a seed comes twice among the results files: {seeds}")
+    return sorted(runs, key=lambda run: run["seed"])
+
+
+# The settings the RESULT line names, in its order (a switch as 0 or 1; `pretrain_steps` is `settings.qa`'s)
+RESULT_SETTINGS = ("practice_people", "practice_biographies", "practice_one_fact_pages", "practice_sentence_pages",
+                   "practice_share", "practice_questions_people", "pretrain_steps", "written_table",
+                   "row_autoencoding_share", "row_autoencoding_written_only", "writer_passages_by_mentions",
+                   "writer_passages_per_row", "writer_pools_texts", "writer_answer_rows", "writer_reads_answer_rows",
+                   "writer_answer_rows_by_text", "writer_mean_row_probability", "mean_row_probability_at_test",
+                   "entity_key_dim", "writer_dropout", "writer_random_mask_prob", "added_texts",
+                   "fresh_names_like_written_only", "writer_decoy_rows", "written_row_share", "writer_more_steps",
+                   "reader_steps", "reader_names_like_written_only", "reader_row_autoencoding_share",
+                   "reader_fresh_name_share", "reader_decoy_rows", "reader_decoys_for_every_entity")  # fmt: skip
+
+
+def result_fields(
+    settings: GrowthSettings, runs: list[dict], summary: dict, headline: dict, timing: dict
+) -> list[str]:
+    """The RESULT line's `key=value` fields: the run's size and settings, the headline figures, then each model's EM
+    and recall, the bounds and floors, the diagnostics and the time to add."""
+
+    def setting(name: str):
+        value = settings.qa.pretrain_steps if name == "pretrain_steps" else getattr(settings, name)
+        return int(value) if isinstance(value, bool) else value
+
+    def figure(split: str, name: str, mode: str, kind: str = "all") -> float:
+        return summary[split][name][mode][kind]["mean"]
+
+    fields = [f"seeds={len(runs)}", f"people_added={len(runs[0]['held_out'])}"]
+    fields += [f"{name}={setting(name)}" for name in RESULT_SETTINGS]
+    fields += [f"added_questions={runs[0]['questions']['added']}", f"trained_questions={runs[0]['questions']['test']}"]
+    fields += [f"{key}={value}" for key, value in headline.items()]  # fmt: skip
+    for name in summary["added"]:
+        fields += [f"added_em_{name}={figure('added', name, 'free')}",
+                   f"added_em_entity_{name}={figure('added', name, 'free', 'entity')}",
+                   f"added_memory_recall_{name}={summary['added'][name]['memory_recall']['mean']}"]  # fmt: skip
+    for name in summary["test"]:
+        fields += [f"trained_em_{name}={figure('test', name, 'free')}",
+                   f"trained_memory_recall_{name}={summary['test'][name]['memory_recall']['mean']}"]  # fmt: skip
+        if "memory_recall_practice_rows_hidden" in summary["test"][name]:
+            hidden = summary["test"][name]["memory_recall_practice_rows_hidden"]["mean"]
+            fields.append(f"trained_memory_recall_practice_rows_hidden_{name}={hidden}")
+    for name in summary.get("practice", {}):  # questions in pre-training, through written rows for the writer
+        fields.append(f"practice_em_{name}={figure('practice', name, 'free')}")
+    fields += [f"{key}={value['mean']}" for key, value in summary.get("rows_alone", {}).items()]
+    fields += [f"floor_em_{split}={value['mean']}" for split, value in summary["floor"].items()]
+    fields += [f"passage_facts_{draw}={value['all']['mean']}" for draw, value in summary["passage_facts"].items()]
+    for system, figures in summary["diagnostics"].items():
+        fields += [f"{name}_{key}_{system}={value['mean']}" for name, group in figures.items()
+                   for key, value in group.items()]  # fmt: skip
+    for shape, estimators in timing.items():
+        for estimator, sizes in estimators.items():
+            at = "" if shape == "toy_model" else "_at_edmem_base_shape"
+            fields += [f"seconds_to_add_{n}_{estimator}{at}={s}" for n, s in sizes.items()]
+    return fields
