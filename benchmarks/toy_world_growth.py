@@ -319,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--first-stage-only reads its signal on practice_validation: give --validation-practice-people")
     if args.first_stage_only and args.combine:
         parser.error("--combine joins whole runs' results.json files; --first-stage-only writes first_stages.json")
+    if args.combine and (Path(args.out) / "results.json").resolve() in {path.resolve() for path in args.combine}:
+        parser.error("--combine would write over a results file it joins: give it an --out of its own")
     quiet_logging()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -423,6 +423,9 @@ def test_the_writer_s_model_alone_trains_no_default_edmem(bench, tmp_path, capsy
     with pytest.raises(SystemExit):
         bench.main([*recipe, "--out", str(tmp_path / "twice"), *files, str(out / "results.json")])
     assert "a seed comes twice" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main([*recipe, "--out", str(out), *files])
+    assert "write over a results file it joins" in capsys.readouterr().err
 
 
 def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
