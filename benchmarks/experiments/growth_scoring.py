@@ -1,6 +1,7 @@
 """Scoring `toy_world_growth.py`'s models: each model asked each split's questions (EM, free and static decoding;
 the memory's recall at the subject; with practice people, again with their rows hidden), the figures' mean and
-spread over seeds, and the issue's headline figures read from them."""
+spread over seeds (runs made apart joined from their results files), the issue's headline figures read from them,
+and the RESULT line."""
 
 from __future__ import annotations
 
@@ -177,9 +178,9 @@ def combined_runs(paths: list[Path], settings: dict) -> list[dict]:
     file's recipe is not `settings`' (the command line's, as results.json records it) beyond its seeds, or a seed
     comes twice: the figures would mix recipes or count a seed twice."""
 
-    def recipe(settings: dict) -> dict:  # the settings but the seeds, `qa`'s flattened
-        qa = {f"qa.{key}": value for key, value in settings["qa"].items() if key != "seeds"}
-        return {key: value for key, value in settings.items() if key != "qa"} | qa
+    def recipe(recorded: dict) -> dict:  # recorded settings but the seeds, `qa`'s flattened
+        qa = {f"qa.{key}": value for key, value in recorded["qa"].items() if key != "seeds"}
+        return {key: value for key, value in recorded.items() if key != "qa"} | qa
 
     wanted, runs = recipe(settings), []
     for path in paths:
