@@ -189,10 +189,10 @@ def combined_runs(paths: list[Path], settings: dict) -> list[dict]:
         if differ := sorted(key for key in wanted.keys() | found.keys() if wanted.get(key) != found.get(key)):
             raise ValueError(f"{path} is a run of another recipe than the command line's: {', '.join(differ)} differ")
         runs += result["runs"]
-    seeds = sorted(run["seed"] for run in runs)
-    if len(set(seeds)) < len(seeds):
+    runs.sort(key=lambda run: run["seed"])
+    if len(seeds := [run["seed"] for run in runs]) > len(set(seeds)):
         raise ValueError(f"a seed comes twice among the results files: {seeds}")
-    return sorted(runs, key=lambda run: run["seed"])
+    return runs
 
 
 # The settings the RESULT line names, in its order (a switch as 0 or 1; `pretrain_steps` is `settings.qa`'s)
