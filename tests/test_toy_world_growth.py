@@ -58,7 +58,13 @@ def test_the_plain_command_runs_the_headline_s_recipe(bench, tmp_path, capsys):
     `default_edmem` on trains the default EDMem as before."""
     recorded = json.loads((FAIR_WORLD / HEADLINE_RESULTS).read_text(encoding="utf-8"))["settings"]
     plain = _settings(bench, [])
-    later = {"writer_more_steps", "validation_added_people", "validation_practice_people", "writer_random_mask_prob"}
+    later = {
+        "writer_more_steps",
+        "validation_added_people",
+        "validation_practice_people",
+        "writer_random_mask_prob",
+        "writer_restart_when_flat",
+    }
     assert set(plain) - set(recorded) == later | {"default_edmem"} and not any(plain[key] for key in later)
     assert plain["default_edmem"] is True
     assert set(recorded) <= set(plain)
@@ -367,6 +373,51 @@ def test_the_first_stage_alone_records_its_reading_signal(bench, tmp_path, capsy
     assert stage["reading_learned"] == (stage["signal"][-1]["reading_oracle_em"] >= growth.READING_LEARNED)
 
 
+@pytest.mark.parametrize("halfway, last", [({0: 1.7, 1: 37.5}, 1), ({0: 1.7, 1: 5.0, 2: 0.0}, 2), ({0: 20.0}, 0)])
+def test_a_first_stage_flat_halfway_is_begun_again_with_another_seed(bench, tmp_path, monkeypatch, halfway, last):
+    """`--writer-restart-when-flat`: an attempt whose oracle read at its 6th evaluation is below 20 is trained that far
+    only and set aside, and the stage begun again with the seed + 100 k; the first attempt at 20 or more is trained
+    to its end, and the last runs to its end whatever its signal. Each decision is read from the attempt's log, so a
+    rerun trains no attempt again. Pre-training is stood in for: each call logs the signal `halfway` gives."""
+    calls = []
+
+    def pretrain_variant(variant, corpus, out, settings, seed, ffn_dim, recipe, questions, **options):
+        calls.append((out.name, seed, options.get("max_steps_this_run")))
+        out.mkdir(parents=True, exist_ok=True)
+        record = {"step": 6 * options["eval_steps"], "reading_oracle_em": halfway[(seed - 7) // 100]}
+        with open(out / "log.jsonl", "a", encoding="utf-8") as log:
+            log.write(json.dumps(record) + "\n")
+        return out
+
+    monkeypatch.setattr(growth, "pretrain_variant", pretrain_variant)
+    argv = ["--writer-restart-when-flat", "--validation-practice-people", "2"]
+    settings = bench.growth_settings(bench.command_line().parse_args(argv))
+    plain = replace(settings, reader_steps=0, writer_restart_when_flat=False)  # attempt 0: the plain run's, reused
+    first_stage = tmp_path / f"pretrain-{growth.writer_folder(plain)}"
+    folders = [first_stage] + [tmp_path / f"{first_stage.name}-restart-{k}" for k in (1, 2)]
+    for rerun in (False, True):
+        calls.clear()
+        trained = growth.first_stage_with_restarts(settings, tmp_path / "corpus", first_stage, 7, growth.PAPER, None,
+                                                   {"eval_steps": 5})  # fmt: skip
+        assert trained == folders[last]
+        halfway_runs = [] if rerun else [(folders[k].name, 7 + 100 * k, 30) for k in range(min(last + 1, 2))]
+        assert calls == halfway_runs + [(folders[last].name, 7 + 100 * last, None)]
+    assert growth.first_stage_restarts(tmp_path, settings) == last
+    # the stages after it are models of their own: which attempt they continue is the recipe's
+    assert "-restarts-frozen-writer-10000" in growth.writer_folder(settings) and "restart" not in first_stage.name
+
+
+@pytest.mark.parametrize(
+    "refused, reason",
+    [([], "give --validation-practice-people"), (["--validation-practice-people", "2", "--no-writer"], "--no-writer")],
+)
+def test_restarts_need_the_reading_signal_and_the_writer(bench, tmp_path, capsys, refused, reason):
+    with pytest.raises(SystemExit):
+        bench.main(["--out", str(tmp_path), "--writer-restart-when-flat", *refused])
+    assert reason in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
 def test_the_first_stage_alone_needs_the_practice_validation_group(bench, tmp_path, capsys):
     with pytest.raises(SystemExit):
         bench.main(["--out", str(tmp_path), "--first-stage-only"])
@@ -601,7 +652,7 @@ def test_the_experiment_runs_end_to_end(bench, tmp_path, capsys):
         f"RESULT seeds=1 people_added={len(held)} practice_people=3 practice_biographies=2 practice_one_fact_pages=0 "
         "practice_sentence_pages=0 practice_share=0.5 practice_questions_people=2 pretrain_steps=30 written_table=0 "
         "row_autoencoding_share=0.5 row_autoencoding_written_only=1 writer_passages_by_mentions=1 "
-        "writer_passages_per_row=2 writer_pools_texts=0 writer_answer_rows=1 writer_reads_answer_rows=1 writer_answer_rows_by_text=1 writer_mean_row_probability=1 mean_row_probability_at_test=0 entity_key_dim=8 writer_dropout=None writer_random_mask_prob=None added_texts=own-sentences "
+        "writer_passages_per_row=2 writer_pools_texts=0 writer_answer_rows=1 writer_reads_answer_rows=1 writer_answer_rows_by_text=1 writer_mean_row_probability=1 mean_row_probability_at_test=0 entity_key_dim=8 writer_dropout=None writer_random_mask_prob=None writer_restart_when_flat=0 added_texts=own-sentences "
         "fresh_names_like_written_only=1 writer_decoy_rows=2 written_row_share=0.5 writer_more_steps=4 reader_steps=5 "
         "reader_names_like_written_only=0 reader_row_autoencoding_share=0.5 reader_fresh_name_share=0.5 "
     )
