@@ -394,6 +394,7 @@ def test_a_first_stage_flat_halfway_is_begun_again_with_another_seed(bench, tmp_
     settings = bench.growth_settings(bench.command_line().parse_args(argv))
     plain = replace(settings, reader_steps=0, writer_restart_when_flat=False)  # attempt 0: the plain run's, reused
     first_stage = tmp_path / f"pretrain-{growth.writer_folder(plain)}"
+    assert growth.first_stage_folder(settings) == first_stage.name
     folders = [first_stage] + [tmp_path / f"{first_stage.name}-restart-{k}" for k in (1, 2)]
     for rerun in (False, True):
         calls.clear()

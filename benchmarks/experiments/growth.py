@@ -333,9 +333,8 @@ def pretrain_writer(settings: GrowthSettings, data: dict, out: Path, seed: int, 
     `mean_row_probability_at_test`, a copy read with the mean of row probabilities. Returns the last one's folder."""
     first_stage = replace(settings, reader_steps=0, mean_row_probability_at_test=False)
     options = writer_options(settings, data)
-    attempt = replace(first_stage, writer_more_steps=0, writer_restart_when_flat=False)  # attempt 0: the plain run
-    writer = first_stage_with_restarts(settings, data["corpus"], out / f"pretrain-{writer_folder(attempt)}", seed,
-                                       recipe, questions, options)  # fmt: skip
+    writer = first_stage_with_restarts(settings, data["corpus"], out / first_stage_folder(settings), seed, recipe,
+                                       questions, options)  # fmt: skip
     if settings.writer_more_steps:
         writer = pretrain_variant("edmem", data["corpus"], out / f"pretrain-{writer_folder(first_stage)}",
                                   replace(settings.qa, pretrain_steps=settings.writer_more_steps), seed, None,
@@ -372,10 +371,11 @@ def first_stage_with_restarts(settings: GrowthSettings, corpus: Path, folder: Pa
         attempt = folder if k == 0 else folder.with_name(f"{folder.name}-restart-{k}")
         attempt_seed = seed + RESTART_SEED_STRIDE * k
         if k < RESTARTS:
-            if _oracle_read_at(attempt, check) is None:  # trained up to `check` only, its checkpoints kept
+            halfway = _oracle_read_at(attempt, check)
+            if halfway is None:  # trained up to `check` only, its checkpoints kept
                 pretrain_variant("edmem", corpus, attempt, settings.qa, attempt_seed, None, recipe, questions,
                                  max_steps_this_run=check - _steps_done(attempt), **options)  # fmt: skip
-            halfway = _oracle_read_at(attempt, check)
+                halfway = _oracle_read_at(attempt, check)
             if halfway is None:
                 raise RuntimeError(f"{attempt}: its log holds no reading signal at step {check}")
             if halfway < RESTART_BELOW:
@@ -385,11 +385,17 @@ def first_stage_with_restarts(settings: GrowthSettings, corpus: Path, folder: Pa
     raise AssertionError("unreachable: the last attempt returns")
 
 
-def first_stage_restarts(out: Path, settings: GrowthSettings) -> int:
-    """How many times the writer's first stage in `out` was begun again (`first_stage_with_restarts`' folders)."""
+def first_stage_folder(settings: GrowthSettings) -> str:
+    """The folder of the writer's first stage, its first attempt: the plain run's, with or without restarts (a
+    restart's is this name and `-restart-K`)."""
     plain = replace(settings, reader_steps=0, writer_more_steps=0, writer_restart_when_flat=False,
                     mean_row_probability_at_test=False)  # fmt: skip
-    return len(list(out.glob(f"pretrain-{writer_folder(plain)}-restart-*")))
+    return f"pretrain-{writer_folder(plain)}"
+
+
+def first_stage_restarts(out: Path, settings: GrowthSettings) -> int:
+    """How many times the writer's first stage in `out` was begun again (`first_stage_with_restarts`' folders)."""
+    return len(list(out.glob(f"{first_stage_folder(settings)}-restart-*")))
 
 
 def _oracle_read_at(folder: Path, step: int) -> float | None:
