@@ -16,12 +16,15 @@ headline's) with seed-level intervals (seeds, then questions, both systems drawn
 against the project's goal: EDMem's literal EM at least EncDec's - 3, its entity EM at least EncDec's + 5.
 
     python benchmarks/qa_fresh_seeds.py --out runs/qa-fresh-seeds [--seeds 6]
+    python benchmarks/qa_fresh_seeds.py --one-seed --out runs/qa-one-seed   # the shortest run that can show the claim
 
-Each seed is about 90 minutes. As each finishes, its run (the per-question hits) is added to the runs file and its
-pre-trainings' logs are copied beside it: commit them, and a rerun on another machine runs only the seeds the file
-lacks, with the recipes it froze (a rerun with the same `--out` also reuses the seeds' half-done pre-trainings).
+Each seed is about an hour on 2 cores. As each finishes, its run (the per-question hits) is added to the runs file
+and its pre-trainings' logs are copied beside it: commit them, and a rerun on another machine runs only the seeds the
+file lacks, with the recipes it froze (a rerun with the same `--out` also reuses the seeds' half-done pre-trainings).
 Once the three seeds are done the results file (`--results`) and the plots are written. Ends with the claim and one
-line `RESULT key=value ...`.
+line `RESULT key=value ...`. `--one-seed` is a check anyone can run: the frozen recipes on a seed of its own
+(`toy_world_qa.ONE_SEED`), both systems, its figures in `--out` (one seed shows its gaps, not their interval); it
+writes no committed file.
 """
 
 from __future__ import annotations
@@ -265,6 +268,25 @@ def result_line(result: dict) -> str:
     return "RESULT " + " ".join(f"{key}={str(value).replace(' ', '_')}" for key, value in fields.items())
 
 
+def one_seed(recipes: dict[str, FrozenRecipe], record: dict, out: Path) -> dict:
+    """`--one-seed`: the frozen recipes on `toy_world_qa.ONE_SEED`, which no committed run reads, figured as a
+    fresh seed is (`seed_figures`) and kept in `out`/one_seed.json with the recipes as the runs file froze them."""
+    run = run_seed(recipes, qa.ONE_SEED, out / f"seed-{qa.ONE_SEED}")
+    figures = {"seed": qa.ONE_SEED, "group": "test", **seed_figures(run), "recipes": record}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "one_seed.json").write_text(json.dumps(figures, indent=1))
+    return figures
+
+
+def one_seed_line(figures: dict) -> str:
+    fields = {"one_seed": figures["seed"], "group": figures["group"]}
+    fields |= {
+        f"{system}_{kind}_em": figures[system]["test"][kind] for system in ("edmem", "encdec") for kind in GOALS
+    }
+    fields |= {key: figures[key] for key in ("entity_gap_edmem_minus_encdec", "literal_gap_edmem_minus_encdec")}
+    return "RESULT " + " ".join(f"{key}={value}" for key, value in fields.items())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("runs/qa-fresh-seeds"), help="working directory (reused)")
@@ -278,18 +300,27 @@ def main(argv: list[str] | None = None) -> int:
                              "(committed: a rerun elsewhere runs only the seeds it lacks)")  # fmt: skip
     parser.add_argument("--seeds", type=int, nargs="+", choices=SEEDS, default=list(SEEDS),
                         help="the fresh seeds to run now (the results file waits for all three)")  # fmt: skip
+    parser.add_argument("--one-seed", action="store_true",
+                        help=f"a check anyone can run: the frozen recipes on seed {qa.ONE_SEED} (no committed run's), "
+                             "both systems side by side, about an hour on 2 cores; figures in --out/one_seed.json, "
+                             "no committed file written")  # fmt: skip
     parser.add_argument("--no-plots", action="store_true")
     args = parser.parse_args(argv)
     out = args.out
     try:
         recipes, ledgers = frozen_recipes(args.ledger, args.edmem_ledger)
-        if args.results.exists():
+        if args.results.exists() and not args.one_seed:
             raise Refused(f"{args.results} exists: the fresh seeds' test group was read; give --results elsewhere")
-        record = freeze(recipes, ledgers, args.ledger, args.runs)
+        if args.one_seed and not args.runs.exists():
+            raise Refused(f"{args.runs} does not exist: --one-seed runs the recipes the fresh seeds froze")
+        record = freeze(recipes, ledgers, args.ledger, args.runs)  # refused where the recipes moved since
     except Refused as reason:
         print(f"qa_fresh_seeds.py refused: {reason}", file=sys.stderr)
         return 1
     quiet_logging()
+    if args.one_seed:
+        print(one_seed_line(one_seed(recipes, record, out)))
+        return 0
     runs = json.loads(args.runs.read_text())["runs"]
     for seed in sorted(set(args.seeds) - {run["seed"] for run in runs}):
         runs.append(json.loads(json.dumps(run_seed(recipes, seed, out / f"seed-{seed}"))))  # as a rerun reads it

@@ -27,7 +27,6 @@ paper` runs the paper's (7,500 steps, the questions on the pages, fine-tuning, e
     python benchmarks/toy_world_qa.py --out runs/toy-qa                  # the headline's recipe, 3 seeds
     python benchmarks/toy_world_qa.py --setup paper --out runs/toy-qa-paper
     python benchmarks/toy_world_qa.py --quick --out runs/toy-qa-quick    # a smoke run: the pipeline, not the claim
-    python benchmarks/toy_world_qa.py --one-seed --out runs/toy-qa-one   # the shortest run that can show the claim
 
 A rerun with the same `--out` reuses what is done (corpus, pre-training, fine-tuning, predictions).
 Ends with one line `RESULT key=value ...` (means over seeds).
@@ -180,10 +179,10 @@ def pretraining_curve(settings: Settings, seed: int, out: Path, budgets: list[in
 # Said by every --quick run: at its size no seed has answered a question about a person it only read of.
 SMOKE_RUN = ("--quick is a smoke run: 40 people, one seed, the paper's recipe, sized to show the pipeline in minutes, "
              "not the claim (no system answers above the floor at this size: docs/evidence.md); the shortest run "
-             "that can show the claim is --one-seed")  # fmt: skip
+             "that can show the claim is benchmarks/qa_fresh_seeds.py --one-seed")  # fmt: skip
 # Seeds no committed run of this experiment has used (0-2 chose the recipes and read their test groups, --quick's
 # smoke runs used 3-5 at its size): the fresh-seed protocol's (qa_fresh_seeds.py), whose test groups are read once;
-# --one-seed's is another, so that a check anyone runs reads none of theirs.
+# `qa_fresh_seeds.py --one-seed`'s is another, so that a check anyone runs reads none of theirs.
 FRESH_SEEDS = (6, 7, 8)
 ONE_SEED = 9
 
@@ -196,9 +195,6 @@ def qa_parser() -> argparse.ArgumentParser:
                              "EncDec; paper: the paper's, 7,500 steps, the questions on the pages, 60 epochs of "
                              "fine-tuning, EncMem, a matched EncDec and the ablations beside them. The options below "
                              "change either; --quick is a small world of the paper's setup")  # fmt: skip
-    parser.add_argument("--one-seed", action="store_true",
-                        help=f"the headline on one seed no run has used ({ONE_SEED}), both systems side by side on "
-                             "2 cores (about 90 minutes): the shortest run that can show the claim")  # fmt: skip
     parser.add_argument("--curve", type=int, nargs="+", metavar="STEPS",
                         help="also EDMem and EncDec pre-trained for each of these step budgets on the first seed's "
                              "world (EM against pre-training steps)")  # fmt: skip
@@ -224,10 +220,6 @@ def qa_settings(args: argparse.Namespace) -> Settings:
     overrides and switches."""
     if args.quick and args.setup:
         raise ValueError("--quick is a small world of the paper's setup: give --quick or --setup")
-    if args.one_seed and (args.quick or args.setup or args.seeds):
-        raise ValueError("--one-seed runs the headline on one fresh seed: leave --quick, --setup and --seeds out")
-    if args.one_seed:
-        args.seeds, args.pretrain_jobs = [ONE_SEED], args.pretrain_jobs or 2
     settings = with_overrides(QUICK if args.quick else SETUPS[args.setup or "headline"], args)
     if args.recipes:
         settings = replace(settings, recipes=tuple(args.recipes))

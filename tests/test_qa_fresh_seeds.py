@@ -266,10 +266,10 @@ def test_nothing_runs_without_a_choice_or_with_recipes_that_moved(fresh, tmp_pat
 
     runs = tmp_path / "runs.json"
 
-    def refused(ledger: Path, results: Path = tmp_path / "results.json", edmem: Path = tried) -> str:
+    def refused(ledger: Path, results: Path = tmp_path / "results.json", edmem: Path = tried, *more: str) -> str:
         capsys.readouterr()
         argv = ["--out", str(out), "--ledger", str(ledger), "--results", str(results), "--edmem-ledger", str(edmem),
-                "--runs", str(runs)]  # fmt: skip
+                "--runs", str(runs), *more]  # fmt: skip
         assert fresh.main(argv) == 1
         said = capsys.readouterr().err.strip()
         assert len(said.splitlines()) == 1 and said.startswith("qa_fresh_seeds.py refused: ")
@@ -282,6 +282,8 @@ def test_nothing_runs_without_a_choice_or_with_recipes_that_moved(fresh, tmp_pat
     ledger = write_ledger(tmp_path, "lr_1e-3", tuning.SETTINGS)
     said = refused(ledger, edmem=tmp_path / "no_edmem_ledger.json")
     assert "EDMem has not been tried with EncDec's choice 'lr_1e-3'" in said and not runs.exists()
+    said = refused(ledger, tmp_path / "results.json", tried, "--one-seed")  # the check runs frozen recipes only
+    assert "--one-seed runs the recipes the fresh seeds froze" in said and not runs.exists()
     fresh.freeze(*fresh.frozen_recipes(ledger, tried), ledger, runs)  # a run began with lr_1e-3
     dropout = write_edmem_ledger(tmp_path, "dropout_0", better=False)
     assert "differ from those" in refused(write_ledger(tmp_path, "dropout_0", tuning.SETTINGS), edmem=dropout)
@@ -307,7 +309,7 @@ def test_the_fresh_seeds_run_end_to_end_at_a_tiny_size(fresh, tmp_path, monkeypa
     ledger's dropout, EDMem with the headline's, no better with it on validation). One seed first, on one machine;
     the other two on another (a new --out), which reads the first seed's run from the runs file rather than running
     it again; then the results file, held to the frozen recipes, each seed's pre-training logs, the claim and the
-    RESULT line."""
+    RESULT line; and `--one-seed`, the check anyone can run, on a seed of its own."""
     tiny = dataclasses.replace(fresh.qa.HEADLINE, num_people=16, pretrain_steps=20, d_model=32, bootstrap_samples=50)
     monkeypatch.setattr(fresh.qa, "HEADLINE", tiny)
     ledger = write_ledger(tmp_path, "dropout_0", fresh.tuning.SETTINGS)
@@ -352,3 +354,16 @@ def test_the_fresh_seeds_run_end_to_end_at_a_tiny_size(fresh, tmp_path, monkeypa
                 "edmem_setting=headline"):  # fmt: skip
         assert f" {key}" in last
     assert run("elsewhere") == 1  # read once: the results file exists
+    # --one-seed, the check anyone can run: the frozen recipes on a seed of its own, no committed file touched
+    written = {path: path.read_bytes() for path in (results, runs)}
+    assert run("check", "--one-seed") == 0
+    check = json.loads((tmp_path / "check" / "one_seed.json").read_text())
+    assert check["seed"] == fresh.qa.ONE_SEED and check["recipes"] == result["recipes"]
+    assert set(check["edmem"]) == set(check["encdec"]) == {"validation", "test"}
+    gap = round(check["edmem"]["test"]["entity"] - check["encdec"]["test"]["entity"], 2)
+    assert check["entity_gap_edmem_minus_encdec"] == gap
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith(f"RESULT one_seed={fresh.qa.ONE_SEED} group=test edmem_entity_em=")
+    assert f" entity_gap_edmem_minus_encdec={gap}" in last
+    assert {path: path.read_bytes() for path in (results, runs)} == written
+    assert (tmp_path / "check" / f"seed-{fresh.qa.ONE_SEED}" / "pretrain-encdec-dropout_0").is_dir()

@@ -118,13 +118,6 @@ def test_the_plain_command_runs_the_headline_s_recipe_and_setup_paper_the_paper_
     with pytest.raises(SystemExit):  # --quick is the paper's setup, small: refused before any work
         bench.main(["--quick", "--setup", "headline", "--out", str(tmp_path / "run")])
     assert not (tmp_path / "run").exists()
-    # --one-seed: the headline on one seed no run has used, both systems side by side (issue 65, item 4)
-    one = settings(["--one-seed"])
-    assert one == {**recorded("test_3seeds_questions_in_batches_30000_steps_el_per_token.json"),
-                   "seeds": [bench.ONE_SEED], "pretrain_jobs": 2}  # fmt: skip
-    assert bench.ONE_SEED not in recorded("test_3seeds_questions_in_batches_30000_steps_el_per_token.json")["seeds"]
-    with pytest.raises(SystemExit):
-        bench.main(["--one-seed", "--seeds", "0", "--out", str(tmp_path / "run")])
 
 
 def test_shuffled_questions_sit_on_pages_of_their_own(bench, tmp_path):
