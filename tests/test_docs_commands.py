@@ -434,7 +434,7 @@ def programs_and_options(words: list[str]) -> list[tuple[tuple, list[str]]]:
     while position < len(words):
         word, following = words[position], words[position + 1 : position + 2]
         program = None
-        if word in ("edmem", "edmem_hf.cli") and following:
+        if word in ("edmem", "edmem_hf.cli") and following and not following[0].startswith("-"):  # not a value
             program, position = ("edmem", following[0]), position + 1
         elif word == "accelerate" and following == ["launch"]:
             program, position = ("accelerate",), position + 1
@@ -510,14 +510,17 @@ def test_a_wrong_option_in_prose_is_caught(tmp_path):
     page.write_text(
         "```bash\nedmem build-corpus --dump d.xml --out c/\n```\n"
         "`--passage_overlap N` (`--passage-stride`), `--passage_stride`; `edmem pretrain --max_grad_norm`, "
-        "`edmem pretrain --num_proc`; `python benchmarks/bench_training_throughput.py --d-model 1024 --d_model 4`\n"
+        "`edmem pretrain --num_proc`; `python benchmarks/bench_training_throughput.py --d-model 1024 --d_model 4`; "
+        "`python benchmarks/qa_tuning.py --system edmem --settings dropout_0 --sytem edmem`\n"  # edmem: a value here
     )
     assert unknown_prose_options(page) == [
         "`--passage_stride`: --passage_stride is not an option of "
-        "benchmarks/bench_training_throughput.py, edmem build-corpus, edmem pretrain",
+        "benchmarks/bench_training_throughput.py, benchmarks/qa_tuning.py, edmem build-corpus, edmem pretrain",
         "`edmem pretrain --num_proc`: --num_proc is not an option of edmem pretrain",
         "`python benchmarks/bench_training_throughput.py --d-model 1024 --d_model 4`: --d_model is not an option "
         "of benchmarks/bench_training_throughput.py",
+        "`python benchmarks/qa_tuning.py --system edmem --settings dropout_0 --sytem edmem`: --sytem is not an option "
+        "of benchmarks/qa_tuning.py",
     ]
 
 
