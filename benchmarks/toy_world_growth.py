@@ -44,9 +44,9 @@ read's beside them (`..._plain`). `--validation-added-people` and `--validation-
 groups of their own (`added_validation`, `practice_validation`, never in a batch; the writer's first stage then logs
 its reading signal, `edmem_hf.research.reading_signal`); the test groups are read once a recipe (`test_group_reads`).
 `--first-stage-only`: that first stage alone, its signal in `first_stages.json`, what a first-stage lever is chosen
-on. `--writer-restart-when-flat` begins the first stage again with another training seed where that signal is flat
-halfway, at most twice (`growth.first_stage_with_restarts`). `--no-default-edmem` trains the writer's model alone (no
-default EDMem, no ceiling).
+on. `--writer-restart-unless-learned` begins the first stage again with another training seed where it ends without
+reading learnt, at most twice (`growth.first_stage_with_restarts`). `--no-default-edmem` trains the writer's model
+alone (no default EDMem, no ceiling).
 
 Scored by `edmem evaluate`'s code, free and static decoding: *added*, the six questions about each added person;
 *trained*, the questions about the test-half people (read in pre-training, never fine-tuned on), before and after
@@ -183,9 +183,9 @@ class GrowthSettings:
     entity_key_dim: int | None = None  # the writer's model: a row's columns that queries score (the rest its value)
     writer_dropout: float | None = None  # the writer's model's pre-training dropout (None: every model's, 0.1)
     writer_random_mask_prob: float | None = None  # ... and its per-token mask rate (None: every model's, 0.3)
-    # the writer's first stage begun again with another training seed where its reading signal on
-    # practice_validation is flat halfway (`growth.first_stage_with_restarts`; needs validation_practice_people)
-    writer_restart_when_flat: bool = False
+    # the writer's first stage begun again with another training seed where it ends without reading learnt on
+    # practice_validation (`growth.first_stage_with_restarts`; needs validation_practice_people)
+    writer_restart_unless_learned: bool = False
     # what the writer writes an added (and a rewritten) person's row from: "passages", the windows around their
     # mentions that `edmem add-entities` takes; "own-sentences", each sentence of their own page, a row the mean of
     # one-sentence rows (as one-fact practice people's rows were written in training)

@@ -31,8 +31,6 @@ from edmem_hf.knowledge_world import (
 )
 from edmem_hf.pretraining import (
     LOG_NAME,
-    TRAINER_STATE_NAME,
-    list_checkpoints,
     load_corpus,
     pretrain,
     pretraining_options,
@@ -275,7 +273,7 @@ def writer_folder(settings: GrowthSettings) -> str:
     name += f"-dropout-{settings.writer_dropout}" if settings.writer_dropout is not None else ""
     masked = settings.writer_random_mask_prob
     name += f"-random-mask-{masked}" if masked is not None else ""
-    name += "-restarts" if settings.writer_restart_when_flat else ""
+    name += "-restarts" if settings.writer_restart_unless_learned else ""
     name += f"-more-{settings.writer_more_steps}" if settings.writer_more_steps else ""
     if settings.reader_steps:
         name += f"-frozen-writer-{settings.reader_steps}"
@@ -348,47 +346,40 @@ def pretrain_writer(settings: GrowthSettings, data: dict, out: Path, seed: int, 
 
 
 READING_LEARNED = 50.0  # % answered with the read forced onto the subjects' rows (oracle read): reading is learnt
-# `writer_restart_when_flat` (issue 64's rule, choice_rule.json): at the 6th of the first stage's SIGNALS_A_STAGE
-# evaluations (half its steps) an attempt whose oracle read is below RESTART_BELOW is set aside and the stage begun
-# again with the seed + RESTART_SEED_STRIDE * k (initialisation, batch order, masking; the world is the seed's), at
-# most RESTARTS times; the last attempt runs to its end whatever its signal.
-RESTART_AT_SIGNAL = 6
-RESTART_BELOW = 20.0
+# `writer_restart_unless_learned` (issue 64's rule, choice_rule.json): a first stage that ends without reading learnt
+# on practice_validation is set aside and begun again with the seed + RESTART_SEED_STRIDE * k (initialisation, batch
+# order, masking; the world is the seed's), at most RESTARTS times; the last attempt is kept whatever its signal.
 RESTARTS = 2
 RESTART_SEED_STRIDE = 100
 
 
 def first_stage_with_restarts(settings: GrowthSettings, corpus: Path, folder: Path, seed: int, recipe: Recipe,
                               questions: Path | None, options: dict) -> Path:  # fmt: skip
-    """The writer's first stage in `folder` (`options`: `writer_options`'); with `writer_restart_when_flat`, begun
-    again in `folder-restart-K` where the reading signal is flat halfway (the constants above). Each decision is read
-    from its attempt's log, so a rerun takes the same path and trains nothing twice. Returns the attempt trained to
-    its end."""
-    if not settings.writer_restart_when_flat:
-        return pretrain_variant("edmem", corpus, folder, settings.qa, seed, None, recipe, questions, **options)
-    check = RESTART_AT_SIGNAL * options["eval_steps"]
-    for k in range(RESTARTS + 1):
+    """The writer's first stage in `folder` (`options`: `writer_options`'); with `writer_restart_unless_learned`,
+    begun again in `folder-restart-K` where it ends without reading learnt (the constants above). A rerun reuses each
+    attempt trained, so it takes the same path. Returns the attempt kept."""
+    for k in range(RESTARTS + 1 if settings.writer_restart_unless_learned else 1):
         attempt = folder if k == 0 else folder.with_name(f"{folder.name}-restart-{k}")
-        attempt_seed = seed + RESTART_SEED_STRIDE * k
-        if k < RESTARTS:
-            halfway = _oracle_read_at(attempt, check)
-            if halfway is None:  # trained up to `check` only, its checkpoints kept
-                pretrain_variant("edmem", corpus, attempt, settings.qa, attempt_seed, None, recipe, questions,
-                                 max_steps_this_run=check - _steps_done(attempt), **options)  # fmt: skip
-                halfway = _oracle_read_at(attempt, check)
-            if halfway is None:
-                raise RuntimeError(f"{attempt}: its log holds no reading signal at step {check}")
-            if halfway < RESTART_BELOW:
-                continue
-        return pretrain_variant("edmem", corpus, attempt, settings.qa, attempt_seed, None, recipe, questions,
-                                **options)  # fmt: skip
-    raise AssertionError("unreachable: the last attempt returns")
+        trained = pretrain_variant("edmem", corpus, attempt, settings.qa, seed + RESTART_SEED_STRIDE * k, None,
+                                   recipe, questions, **options)  # fmt: skip
+        if settings.writer_restart_unless_learned and reading_learned(trained):
+            break
+    return trained
+
+
+def reading_learned(model: Path) -> bool:
+    """Whether the writer's first stage in `model` ended reading written rows: the last reading_oracle_em its log
+    holds (the reading signal on practice_validation) at least READING_LEARNED."""
+    signal = [record["reading_oracle_em"] for record in read_jsonl(model / LOG_NAME) if "reading_oracle_em" in record]
+    if not signal:
+        raise RuntimeError(f"{model / LOG_NAME} holds no reading signal: the first stage needs practice_validation")
+    return signal[-1] >= READING_LEARNED
 
 
 def first_stage_folder(settings: GrowthSettings) -> str:
     """The folder of the writer's first stage, its first attempt: the plain run's, with or without restarts (a
     restart's is this name and `-restart-K`)."""
-    plain = replace(settings, reader_steps=0, writer_more_steps=0, writer_restart_when_flat=False,
+    plain = replace(settings, reader_steps=0, writer_more_steps=0, writer_restart_unless_learned=False,
                     mean_row_probability_at_test=False)  # fmt: skip
     return f"pretrain-{writer_folder(plain)}"
 
@@ -396,20 +387,6 @@ def first_stage_folder(settings: GrowthSettings) -> str:
 def first_stage_restarts(out: Path, settings: GrowthSettings) -> int:
     """How many times the writer's first stage in `out` was begun again (`first_stage_with_restarts`' folders)."""
     return len(list(out.glob(f"{first_stage_folder(settings)}-restart-*")))
-
-
-def _oracle_read_at(folder: Path, step: int) -> float | None:
-    """The reading signal's `reading_oracle_em` that `folder`'s log holds for `step` (the last, after a resume)."""
-    log = folder / LOG_NAME
-    records = read_jsonl(log) if log.exists() else []
-    found = [r["reading_oracle_em"] for r in records if r.get("step") == step and "reading_oracle_em" in r]
-    return found[-1] if found else None
-
-
-def _steps_done(folder: Path) -> int:
-    """The optimizer steps of `folder`'s last complete checkpoint, where a resumed pre-training goes on from."""
-    checkpoints = list_checkpoints(str(folder))
-    return json.loads((Path(checkpoints[-1]) / TRAINER_STATE_NAME).read_text())["global_step"] if checkpoints else 0
 
 
 def first_stage_signal(settings: GrowthSettings, seed: int, out: Path, recipe: Recipe = PAPER) -> dict:
@@ -423,10 +400,9 @@ def first_stage_signal(settings: GrowthSettings, seed: int, out: Path, recipe: R
     keys = ("reading_em", "reading_oracle_em", "written_fact_share")
     records = read_jsonl(model / LOG_NAME)
     signal = [{"step": r["step"], **{key: r[key] for key in keys}} for r in records if "reading_em" in r]
-    last = signal[-1] if signal else {}
     restarts = first_stage_restarts(models_folder(out, settings), settings)
     return {"seed": seed, "model": str(model), "signal": signal, "restarts": restarts,
-            "reading_learned": last.get("reading_oracle_em", 0.0) >= READING_LEARNED}  # fmt: skip
+            "reading_learned": reading_learned(model)}  # fmt: skip
 
 
 def writer_options(settings: GrowthSettings, data: dict) -> dict:

@@ -21,8 +21,8 @@ OVERRIDES = ("fit_steps", "continued_steps", "writer", "default_edmem", "written
              "row_autoencoding_share", "row_autoencoding_written_only", "writer_passages_by_mentions",
              "writer_passages_per_row", "writer_pools_texts", "writer_answer_rows", "writer_reads_answer_rows",
              "writer_answer_rows_by_text", "writer_mean_row_probability", "mean_row_probability_at_test",
-             "entity_key_dim", "writer_dropout", "writer_random_mask_prob", "writer_restart_when_flat", "added_texts",
-             "fresh_names_like_written_only", "writer_decoy_rows", "writer_more_steps", "reader_steps",
+             "entity_key_dim", "writer_dropout", "writer_random_mask_prob", "writer_restart_unless_learned",
+             "added_texts", "fresh_names_like_written_only", "writer_decoy_rows", "writer_more_steps", "reader_steps",
              "reader_names_like_written_only", "reader_row_autoencoding_share", "reader_fresh_name_share",
              "reader_decoy_rows", "reader_decoys_for_every_entity", "time_the_base_shape", "validation_added_people",
              "validation_practice_people")  # fmt: skip
@@ -119,9 +119,9 @@ def growth_parser(description: str, setups: tuple[str, ...], recipes: tuple[str,
     parser.add_argument("--writer-random-mask-prob", type=float,
                         help="the writer's model's per-token mask rate in pre-training, both stages (default: every "
                              "model's, 0.3; the tiny world passes fewer seeds with it: docs/evidence_history.md)")  # fmt: skip
-    parser.add_argument("--writer-restart-when-flat", action="store_true", default=None,
-                        help="the writer's first stage begun again with another training seed where its reading "
-                             "signal on practice_validation is flat halfway, at most twice (needs "
+    parser.add_argument("--writer-restart-unless-learned", action="store_true", default=None,
+                        help="the writer's first stage begun again with another training seed where it ends "
+                             "without reading learnt on practice_validation, at most twice (needs "
                              "--validation-practice-people; default: off)")  # fmt: skip
     parser.add_argument("--added-texts", choices=ADDED_TEXTS,
                         help="what the writer writes an added person's row from: the passages around their mentions, "
@@ -184,9 +184,11 @@ def with_growth_overrides(settings: GrowthSettings, args: argparse.Namespace) ->
         settings = replace(settings, estimators=tuple(args.estimators))
     if args.timed_estimators:
         settings = replace(settings, timed_estimators=tuple(args.timed_estimators))
-    if settings.writer_restart_when_flat and not settings.validation_practice_people:
-        raise ValueError("--writer-restart-when-flat reads the reading signal on practice_validation: give "
+    if settings.writer_restart_unless_learned and not settings.validation_practice_people:
+        raise ValueError("--writer-restart-unless-learned reads the reading signal on practice_validation: give "
                          "--validation-practice-people")  # fmt: skip
-    if settings.writer_restart_when_flat and not settings.writer:
-        raise ValueError("--writer-restart-when-flat restarts the writer's training, and --no-writer trains no writer")
+    if settings.writer_restart_unless_learned and not settings.writer:
+        raise ValueError(
+            "--writer-restart-unless-learned restarts the writer's training, and --no-writer trains no writer"
+        )
     return settings

@@ -201,7 +201,7 @@ RESULT_SETTINGS = ("practice_people", "practice_biographies", "practice_one_fact
                    "row_autoencoding_share", "row_autoencoding_written_only", "writer_passages_by_mentions",
                    "writer_passages_per_row", "writer_pools_texts", "writer_answer_rows", "writer_reads_answer_rows",
                    "writer_answer_rows_by_text", "writer_mean_row_probability", "mean_row_probability_at_test",
-                   "entity_key_dim", "writer_dropout", "writer_random_mask_prob", "writer_restart_when_flat",
+                   "entity_key_dim", "writer_dropout", "writer_random_mask_prob", "writer_restart_unless_learned",
                    "added_texts", "fresh_names_like_written_only", "writer_decoy_rows", "written_row_share",
                    "writer_more_steps", "reader_steps", "reader_names_like_written_only",
                    "reader_row_autoencoding_share", "reader_fresh_name_share", "reader_decoy_rows",
