@@ -353,6 +353,25 @@ def test_the_headline_reads_the_worst_seed_and_the_seeds_that_read_rows():
     assert mean == 0.433  # the mean's ratio, (25.67 - 4) / (54 - 4), hides the seed at the floor
 
 
+def test_the_trained_people_s_change_on_adding_compares_one_read():
+    """`growth_scoring.headline_figures` with name-guided copies: the trained people's change on adding is the guided
+    model's after adding against the guided model's before (a cost of adding), not against the plain read's (whose
+    gap is what the read gains, `trained_em_name_guided` beside `trained_em`); the plain read's change beside it."""
+    from experiments import growth_scoring
+
+    run = {"seed": 0, "results": {
+        "test": {"writer_before": {"free": {"all": 48.0}}, "writer": {"free": {"all": 47.0}},
+                 "writer_before_name_guided": {"free": {"all": 60.0}}, "writer_name_guided": {"free": {"all": 58.0}}},
+        "added": {"writer": {"free": {"all": 40.0}, "memory_recall": 56.0},
+                  "writer_name_guided": {"free": {"all": 80.0}, "memory_recall": 100.0}},
+        "floor": {"added": 4.0, "test": 4.0},
+        "diagnostics": {"writer": {"row_swap": {"follow": 0.0}, "oracle_read": {"oracle": 80.0}}}}}  # fmt: skip
+    figures = growth_scoring.headline_figures(growth_scoring.summarise([run]), writer=True)
+    assert figures["trained_em_change"] == -2.0 and figures["trained_em_change_plain"] == -1.0
+    assert (figures["trained_em"], figures["trained_em_name_guided"]) == (48.0, 60.0)
+    assert figures["added_over_trained_em"] == 1.357 and figures["added_recall"] == 100.0  # (80 - 4) / (60 - 4)
+
+
 def test_the_first_stage_alone_records_its_reading_signal(bench, tmp_path, capsys):
     """`--first-stage-only`: the writer's first stage and nothing else (no default EDMem, no second stage), its
     reading signal on practice_validation as training went, and whether reading was learnt read from its last."""

@@ -89,8 +89,8 @@ def headline_figures(summary: dict, writer: bool) -> dict:
     the diagnostics); and the trained people's EM lost to training the writer (the default EDMem's less the
     writer's, before adding). Where the models were also read guided by names (`growth.with_name_guided_read`), the
     added people's figures are the name-guided models' (their ratio over the name-guided trained EM), the trained
-    people's change is the grown name-guided model's against the plain model before adding, and the plain read's
-    figures are beside them (`..._plain`). With practice people, the same EMs with their rows hidden from the memory
+    people's change the name-guided models' on adding (what the read gains them is `trained_em_name_guided` against
+    `trained_em`, not a change on adding), and the plain read's figures are beside them (`..._plain`). With practice people, the same EMs with their rows hidden from the memory
     (`..._practice_rows_hidden`): they are scaffolding of the writer's training, asked nothing at test. A ratio whose
     trained EM is at its floor is None."""
 
@@ -125,7 +125,7 @@ def headline_figures(summary: dict, writer: bool) -> dict:
         figures.update({
             "added_over_trained_em": above_floor(guided_added, guided_trained),
             "added_recall": mean("added", system + NAME_GUIDED, "memory_recall"),
-            "trained_em_change": round(mean("test", system + NAME_GUIDED, "free", "all") - trained, 2),
+            "trained_em_change": round(mean("test", system + NAME_GUIDED, "free", "all") - guided_trained, 2),
             "added_em": guided_added, "trained_em_name_guided": guided_trained,
         })  # fmt: skip
     default_edmem = "before" in summary["test"]  # trained beside the writer (toy_world_growth's --no-default-edmem)
