@@ -90,9 +90,9 @@ def headline_figures(summary: dict, writer: bool) -> dict:
     writer's, before adding). Where the models were also read guided by names (`growth.with_name_guided_read`), the
     added people's figures are the name-guided models' (their ratio over the name-guided trained EM), the trained
     people's change the name-guided models' on adding (what the read gains them is `trained_em_name_guided` against
-    `trained_em`, not a change on adding), and the plain read's figures are beside them (`..._plain`). With practice people, the same EMs with their rows hidden from the memory
-    (`..._practice_rows_hidden`): they are scaffolding of the writer's training, asked nothing at test. A ratio whose
-    trained EM is at its floor is None."""
+    `trained_em`, not a change on adding), and the plain read's figures are beside them (`..._plain`). With practice
+    people, the same EMs with their rows hidden from the memory (`..._practice_rows_hidden`): they are scaffolding of
+    the writer's training, asked nothing at test. A ratio whose trained EM is at its floor is None."""
 
     def mean(*path: str) -> float:
         node = summary
